@@ -1,0 +1,211 @@
+//! Typed configuration: one struct per component, from flags with `HOOKD_*` (and
+//! `DATABASE_URL`) environment equivalents. `--help` shows every doc comment here.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::db::PoolSettings;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "hookd",
+    version,
+    about = "Kubernetes-native webhook gateway on the transactional outbox pattern"
+)]
+pub struct Cli {
+    /// Log filter (tracing env-filter syntax), e.g. `info` or `hookd=debug,info`
+    #[arg(long, env = "HOOKD_LOG", default_value = "info", global = true)]
+    pub log: String,
+    /// Log format: `text` or `json`
+    #[arg(long, env = "HOOKD_LOG_FORMAT", default_value = "text", global = true)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply the database migrations (idempotent)
+    Migrate(DbArgs),
+    /// Serve the ingest and operations API
+    Api(ApiArgs),
+    /// Run a dispatcher: claim due deliveries and send them
+    Dispatch(DispatchArgs),
+    /// Apply WebhookEndpoint and Secret YAML documents straight to Postgres
+    Apply(ApplyArgs),
+    /// Print the CustomResourceDefinitions as YAML
+    Crd,
+    /// Run everything in one process for a laptop (throwaway Postgres when DATABASE_URL is unset)
+    Dev(DevArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DbArgs {
+    /// Postgres connection URL, e.g. postgres://hookd@db:5432/hookd
+    #[arg(long = "database-url", env = "DATABASE_URL")]
+    pub database_url: String,
+    /// Most connections this process opens
+    #[arg(long, env = "HOOKD_DB_MAX_CONNECTIONS", default_value_t = 16)]
+    pub db_max_connections: u32,
+    /// How long a request waits for a free connection before it is answered 503
+    #[arg(long, env = "HOOKD_DB_ACQUIRE_TIMEOUT_MS", default_value_t = 5000)]
+    pub db_acquire_timeout_ms: u64,
+}
+
+impl DbArgs {
+    pub fn pool_settings(&self) -> PoolSettings {
+        PoolSettings {
+            url: self.database_url.clone(),
+            max_connections: self.db_max_connections,
+            acquire_timeout: Duration::from_millis(self.db_acquire_timeout_ms),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ApiArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub api: ApiSettings,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ApiSettings {
+    /// Address the API listens on
+    #[arg(long, env = "HOOKD_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+    /// Largest accepted payload, in bytes (413 above it)
+    #[arg(long, env = "HOOKD_MAX_PAYLOAD_BYTES", default_value_t = 256 * 1024)]
+    pub max_payload_bytes: usize,
+    /// Most messages in one POST /v1/messages/batch
+    #[arg(long, env = "HOOKD_MAX_BATCH", default_value_t = 100)]
+    pub max_batch: usize,
+    /// Ingest committer tasks; concurrent requests share their transactions (group commit)
+    #[arg(long, env = "HOOKD_INGEST_COMMITTERS", default_value_t = 4)]
+    pub ingest_committers: usize,
+    /// Most messages one shared ingest transaction carries
+    #[arg(long, env = "HOOKD_INGEST_MAX_GROUP", default_value_t = 256)]
+    pub ingest_max_group: usize,
+    /// Send a coalesced NOTIFY after each commit to wake dispatchers at once
+    #[arg(long, env = "HOOKD_NOTIFY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub notify: bool,
+}
+
+impl ApiSettings {
+    pub fn limits(&self) -> crate::api::Limits {
+        // The envelope around a payload (tenant, type, key, quoting) is small; 16 KiB of
+        // slack keeps the 413 about the payload, with its exact size in the message.
+        let max_body_bytes = self.max_payload_bytes + 16 * 1024;
+        crate::api::Limits {
+            max_payload_bytes: self.max_payload_bytes,
+            max_body_bytes,
+            max_batch: self.max_batch,
+            max_batch_body_bytes: max_body_bytes
+                .saturating_mul(self.max_batch.max(1))
+                .min(64 << 20),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DispatchArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub dispatch: DispatchSettings,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DispatchSettings {
+    /// Address for /healthz, /readyz and /metrics
+    #[arg(long, env = "HOOKD_LISTEN", default_value = "0.0.0.0:8081")]
+    pub listen: SocketAddr,
+    /// Lease on a claimed delivery, in seconds; must exceed the request timeout
+    #[arg(long, env = "HOOKD_LEASE_SECS", default_value_t = 60)]
+    pub lease_secs: u64,
+    /// Timeout of one delivery request, in seconds (an endpoint's own timeout may be lower)
+    #[arg(long, env = "HOOKD_REQUEST_TIMEOUT_SECS", default_value_t = 15)]
+    pub request_timeout_secs: u64,
+    /// Deliveries in flight at once in this process
+    #[arg(long, env = "HOOKD_CONCURRENCY", default_value_t = 256)]
+    pub concurrency: usize,
+    /// Deliveries in flight at once per endpoint in this process (an endpoint's maxInFlight may be lower)
+    #[arg(long, env = "HOOKD_ENDPOINT_CONCURRENCY", default_value_t = 32)]
+    pub endpoint_concurrency: usize,
+    /// Destinations admitted despite being private/loopback/link-local (comma-separated CIDRs)
+    #[arg(long, env = "HOOKD_ALLOWED_DESTINATIONS", default_value = "")]
+    pub allowed_destinations: String,
+    /// Delays before each retry, in seconds (comma-separated); the default is the common webhook schedule
+    #[arg(
+        long,
+        env = "HOOKD_RETRY_SCHEDULE",
+        default_value = "5,300,1800,7200,18000,36000,36000"
+    )]
+    pub retry_schedule: String,
+    /// Attempts before a delivery is dead (default: one more than the retry schedule's length)
+    #[arg(long, env = "HOOKD_MAX_ATTEMPTS")]
+    pub max_attempts: Option<u32>,
+    /// Jitter applied to each retry delay, as a fraction (0.2 = ±20%)
+    #[arg(long, env = "HOOKD_RETRY_JITTER", default_value_t = 0.2)]
+    pub retry_jitter: f64,
+    /// Longest Retry-After honoured, in seconds (longer values are capped)
+    #[arg(long, env = "HOOKD_MAX_RETRY_AFTER_SECS", default_value_t = 3600)]
+    pub max_retry_after_secs: u64,
+    /// Consecutive failures that open an endpoint's circuit
+    #[arg(long, env = "HOOKD_CIRCUIT_FAILURES", default_value_t = 5)]
+    pub circuit_failures: u32,
+    /// How long an open circuit waits before one probe, in seconds
+    #[arg(long, env = "HOOKD_CIRCUIT_COOLDOWN_SECS", default_value_t = 30)]
+    pub circuit_cooldown_secs: u64,
+    /// Fallback poll interval when no NOTIFY arrives, in milliseconds
+    #[arg(long, env = "HOOKD_POLL_MS", default_value_t = 1000)]
+    pub poll_ms: u64,
+    /// LISTEN for the API's NOTIFY wake-ups (polling still runs)
+    #[arg(long, env = "HOOKD_NOTIFY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub notify: bool,
+    /// On SIGTERM, how long in-flight deliveries may take to finish, in seconds
+    #[arg(long, env = "HOOKD_SHUTDOWN_GRACE_SECS", default_value_t = 20)]
+    pub shutdown_grace_secs: u64,
+    /// Bytes of each response body kept in the attempt log
+    #[arg(long, env = "HOOKD_RESPONSE_SNIPPET_BYTES", default_value_t = 1024)]
+    pub response_snippet_bytes: usize,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ApplyArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// YAML files with WebhookEndpoint and Secret documents
+    #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
+    pub files: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DevArgs {
+    /// Postgres URL; when unset, a throwaway cluster is started and removed on exit
+    #[arg(long = "database-url", env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Address of the API
+    #[arg(long, env = "HOOKD_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Address of the built-in example receiver
+    #[arg(
+        long,
+        env = "HOOKD_DEV_RECEIVER_LISTEN",
+        default_value = "127.0.0.1:9000"
+    )]
+    pub receiver_listen: SocketAddr,
+    /// Folder of WebhookEndpoint YAML to apply at start
+    #[arg(long, env = "HOOKD_DEV_EXAMPLES", default_value = "examples")]
+    pub examples: PathBuf,
+}

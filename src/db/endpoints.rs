@@ -1,0 +1,274 @@
+//! `hookd.endpoints`: upserts from the endpoint sync core, state changes, circuit breaker.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::DbError;
+
+/// The endpoint row as the sync core wants it (identity + declared policy + state).
+#[derive(Debug, Clone)]
+pub struct EndpointUpsert {
+    pub namespace: String,
+    pub name: String,
+    pub uid: Option<String>,
+    pub tenant: String,
+    pub url: String,
+    pub event_types: Vec<String>,
+    /// `active` or `paused`
+    pub state: &'static str,
+    pub state_reason: Option<String>,
+    pub timeout_ms: Option<i32>,
+    pub max_attempts: Option<i32>,
+    pub retry_schedule_secs: Option<Vec<i32>>,
+    pub max_in_flight: Option<i32>,
+    pub headers: serde_json::Value,
+    pub secret_grace_secs: i32,
+    pub spec_fingerprint: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpsertResult {
+    pub id: Uuid,
+    pub created: bool,
+    pub changed: bool,
+    pub state: String,
+}
+
+/// Inserts or updates the endpoint declared as namespace/name. The id is fixed at first
+/// insert. An endpoint disabled by its receiver (410) keeps that state while the
+/// declaration is unchanged; a changed declaration resets it. A changed URL closes the
+/// circuit, since the failures belonged to the old destination.
+pub async fn upsert(conn: &mut PgConnection, e: &EndpointUpsert) -> Result<UpsertResult, DbError> {
+    let row: (Uuid, bool, bool, String) = sqlx::query_as(
+        r#"
+        WITH prev AS (
+            SELECT id, spec_fingerprint, state FROM hookd.endpoints
+            WHERE k8s_namespace = $1 AND k8s_name = $2
+        ), up AS (
+            INSERT INTO hookd.endpoints AS t (
+                id, k8s_namespace, k8s_name, k8s_uid, tenant, url, event_types, state, state_reason,
+                timeout_ms, max_attempts, retry_schedule_secs, max_in_flight,
+                headers, secret_grace_secs, spec_fingerprint)
+            VALUES (hookd.uuid_v7(), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+            ON CONFLICT (k8s_namespace, k8s_name) DO UPDATE SET
+                k8s_uid = EXCLUDED.k8s_uid,
+                tenant = EXCLUDED.tenant,
+                url = EXCLUDED.url,
+                event_types = EXCLUDED.event_types,
+                state = CASE WHEN t.state = 'disabled' AND t.spec_fingerprint = EXCLUDED.spec_fingerprint
+                             THEN t.state ELSE EXCLUDED.state END,
+                state_reason = CASE WHEN t.state = 'disabled' AND t.spec_fingerprint = EXCLUDED.spec_fingerprint
+                                    THEN t.state_reason ELSE EXCLUDED.state_reason END,
+                timeout_ms = EXCLUDED.timeout_ms,
+                max_attempts = EXCLUDED.max_attempts,
+                retry_schedule_secs = EXCLUDED.retry_schedule_secs,
+                max_in_flight = EXCLUDED.max_in_flight,
+                headers = EXCLUDED.headers,
+                secret_grace_secs = EXCLUDED.secret_grace_secs,
+                spec_fingerprint = EXCLUDED.spec_fingerprint,
+                circuit_state = CASE WHEN t.url <> EXCLUDED.url THEN 'closed' ELSE t.circuit_state END,
+                circuit_failures = CASE WHEN t.url <> EXCLUDED.url THEN 0 ELSE t.circuit_failures END,
+                circuit_open_until = CASE WHEN t.url <> EXCLUDED.url THEN NULL ELSE t.circuit_open_until END,
+                updated_at = now()
+            WHERE t.spec_fingerprint IS DISTINCT FROM EXCLUDED.spec_fingerprint
+               OR t.k8s_uid IS DISTINCT FROM EXCLUDED.k8s_uid
+            RETURNING t.id, t.state
+        )
+        SELECT coalesce(up.id, prev.id) AS id,
+               prev.id IS NULL AS created,
+               up.id IS NOT NULL AS changed,
+               coalesce(up.state, prev.state) AS state
+        FROM (SELECT 1) one
+        LEFT JOIN up ON true
+        LEFT JOIN prev ON true
+        "#,
+    )
+    .bind(&e.namespace)
+    .bind(&e.name)
+    .bind(&e.uid)
+    .bind(&e.tenant)
+    .bind(&e.url)
+    .bind(&e.event_types)
+    .bind(e.state)
+    .bind(&e.state_reason)
+    .bind(e.timeout_ms)
+    .bind(e.max_attempts)
+    .bind(&e.retry_schedule_secs)
+    .bind(e.max_in_flight)
+    .bind(&e.headers)
+    .bind(e.secret_grace_secs)
+    .bind(&e.spec_fingerprint)
+    .fetch_one(conn)
+    .await?;
+    Ok(UpsertResult {
+        id: row.0,
+        created: row.1,
+        changed: row.2,
+        state: row.3,
+    })
+}
+
+/// Marks the endpoint declared as namespace/name disabled (its declaration is gone) and
+/// cancels every delivery that has not reached a terminal state, so they are visible as
+/// `cancelled` rather than silently dropped. History stays. Returns the endpoint id and
+/// the number of cancelled deliveries, or None when no such endpoint exists.
+pub async fn remove_declared(
+    conn: &mut PgConnection,
+    namespace: &str,
+    name: &str,
+    reason: &str,
+) -> Result<Option<(Uuid, i64)>, DbError> {
+    let row: Option<(Uuid, i64)> = sqlx::query_as(
+        r#"
+        WITH ep AS (
+            UPDATE hookd.endpoints SET state = 'disabled', state_reason = $3,
+                   spec_fingerprint = NULL, updated_at = now()
+            WHERE k8s_namespace = $1 AND k8s_name = $2
+            RETURNING id
+        ), cancelled AS (
+            UPDATE hookd.deliveries d
+            SET status = 'cancelled', locked_by = NULL, completed_at = now(), updated_at = now(),
+                last_error = $3
+            FROM ep
+            WHERE d.endpoint_id = ep.id AND d.status IN ('pending', 'in_progress', 'failed')
+            RETURNING d.id
+        )
+        SELECT ep.id, (SELECT count(*) FROM cancelled) FROM ep
+        "#,
+    )
+    .bind(namespace)
+    .bind(name)
+    .bind(reason)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row)
+}
+
+/// Disables an endpoint because its receiver said so (410 Gone). Deliveries stay where
+/// they are: an operator who re-enables the endpoint (by changing its declaration) can
+/// let them drain.
+pub async fn disable(conn: &mut PgConnection, ids: &[Uuid], reason: &str) -> Result<(), DbError> {
+    sqlx::query(
+        "UPDATE hookd.endpoints SET state = 'disabled', state_reason = $2, updated_at = now()
+         WHERE id = ANY($1) AND state <> 'disabled'",
+    )
+    .bind(ids)
+    .bind(reason)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Outcomes of one completion batch for one endpoint, in attempt order collapsed to what
+/// the breaker needs: whether any attempt succeeded, and how many failed after the last
+/// success.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CircuitInput {
+    pub endpoint_id: Uuid,
+    pub any_success: bool,
+    pub trailing_failures: i32,
+}
+
+/// Applies a batch of outcomes to the circuit breakers in one atomic statement, so
+/// concurrent replicas never lose each other's counts. A success closes the circuit; a
+/// failure while half-open, or reaching `threshold` consecutive failures, opens it for
+/// `cooldown`. Endpoints whose breaker is already closed and clean are not written at
+/// all on success (no write per delivery in the steady state). Returns the endpoints
+/// that this batch opened.
+pub async fn record_circuit(
+    conn: &mut PgConnection,
+    inputs: &[CircuitInput],
+    threshold: i32,
+    cooldown_secs: f64,
+) -> Result<Vec<Uuid>, DbError> {
+    if inputs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = inputs.iter().map(|i| i.endpoint_id).collect();
+    let ok: Vec<bool> = inputs.iter().map(|i| i.any_success).collect();
+    let fails: Vec<i32> = inputs.iter().map(|i| i.trailing_failures).collect();
+    let rows: Vec<(Uuid, String, bool)> = sqlx::query_as(
+        r#"
+        WITH i AS (
+            SELECT * FROM unnest($1::uuid[], $2::bool[], $3::int[]) AS i(id, any_success, trailing_failures)
+        ), old AS (
+            SELECT e.id, e.circuit_state, e.circuit_failures FROM hookd.endpoints e JOIN i USING (id)
+            WHERE i.trailing_failures > 0 OR e.circuit_failures <> 0 OR e.circuit_state <> 'closed'
+            ORDER BY e.id
+            FOR NO KEY UPDATE OF e
+        ), calc AS (
+            SELECT old.id, old.circuit_state AS was,
+                   (CASE WHEN i.any_success THEN 0 ELSE old.circuit_failures END) + i.trailing_failures AS failures,
+                   i.trailing_failures > 0
+                     AND ((old.circuit_state <> 'closed' AND NOT i.any_success)
+                          OR (CASE WHEN i.any_success THEN 0 ELSE old.circuit_failures END) + i.trailing_failures >= $4)
+                     AS open_now
+            FROM old JOIN i USING (id)
+        )
+        UPDATE hookd.endpoints e SET
+            circuit_failures = calc.failures,
+            circuit_state = CASE WHEN calc.open_now THEN 'open'
+                                 WHEN calc.failures = 0 THEN 'closed'
+                                 ELSE e.circuit_state END,
+            circuit_open_until = CASE WHEN calc.open_now THEN now() + make_interval(secs => $5)
+                                      WHEN calc.failures = 0 THEN NULL
+                                      ELSE e.circuit_open_until END
+        FROM calc
+        WHERE e.id = calc.id
+        RETURNING e.id, calc.was, calc.open_now
+        "#,
+    )
+    .bind(&ids)
+    .bind(&ok)
+    .bind(&fails)
+    .bind(threshold)
+    .bind(cooldown_secs)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter(|(_, was, open_now)| *open_now && was != "open")
+        .map(|(id, _, _)| id)
+        .collect())
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EndpointRow {
+    pub id: Uuid,
+    pub tenant: String,
+    pub k8s_namespace: String,
+    pub k8s_name: String,
+    pub url: String,
+    pub event_types: Vec<String>,
+    pub state: String,
+    pub state_reason: Option<String>,
+    pub circuit_state: String,
+    pub circuit_failures: i32,
+    pub circuit_open_until: Option<DateTime<Utc>>,
+}
+
+pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<EndpointRow>, DbError> {
+    Ok(sqlx::query_as::<_, EndpointRow>(
+        "SELECT id, tenant, k8s_namespace, k8s_name, url, event_types, state, state_reason, circuit_state, circuit_failures, circuit_open_until
+         FROM hookd.endpoints WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await?)
+}
+
+pub async fn get_declared(
+    pool: &PgPool,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<EndpointRow>, DbError> {
+    Ok(sqlx::query_as::<_, EndpointRow>(
+        "SELECT id, tenant, k8s_namespace, k8s_name, url, event_types, state, state_reason, circuit_state, circuit_failures, circuit_open_until
+         FROM hookd.endpoints WHERE k8s_namespace = $1 AND k8s_name = $2",
+    )
+    .bind(namespace)
+    .bind(name)
+    .fetch_optional(pool)
+    .await?)
+}

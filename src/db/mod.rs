@@ -1,0 +1,156 @@
+//! The storage layer: every SQL statement hookd runs lives under this module, one file
+//! per table. Callers get typed functions and row structs, never SQL text.
+
+pub mod attempts;
+pub mod dead_letters;
+pub mod deliveries;
+pub mod endpoints;
+pub mod events;
+pub mod secrets;
+
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+
+/// The migrations compiled into this binary.
+pub static MIGRATOR: Migrator = sqlx::migrate!();
+
+/// Errors of the storage layer, classified for the layers above: an outage must be told
+/// apart from a bug, because the API answers the first with 503 and the dispatcher
+/// simply retries it.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("database unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    #[error("database error: {0}")]
+    Query(#[source] sqlx::Error),
+}
+
+impl From<sqlx::Error> for DbError {
+    fn from(e: sqlx::Error) -> Self {
+        if is_unavailable(&e) {
+            DbError::Unavailable(e)
+        } else {
+            DbError::Query(e)
+        }
+    }
+}
+
+impl DbError {
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, DbError::Unavailable(_))
+    }
+}
+
+/// True when the error means "the database cannot be reached right now" rather than
+/// "this statement is wrong": connection failures, pool exhaustion, and the server-side
+/// states a restarting or failing-over Postgres reports.
+pub fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            // 08: connection exception, 57P0x: admin/crash shutdown, cannot connect now,
+            // 53: insufficient resources, 40001/40P01 are retryable too.
+            code.starts_with("08")
+                || code.starts_with("57P")
+                || code.starts_with("53")
+                || code == "40001"
+                || code == "40P01"
+        }
+        _ => false,
+    }
+}
+
+/// Connection settings shared by every component.
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    pub url: String,
+    pub max_connections: u32,
+    pub acquire_timeout: Duration,
+}
+
+/// Opens a pool. Connecting is lazy so that a component started before its database
+/// comes up reports "not ready" instead of crashing; `check_schema` is the gate.
+pub fn connect_lazy(settings: &PoolSettings) -> Result<PgPool, DbError> {
+    let opts: PgConnectOptions = settings
+        .url
+        .parse::<PgConnectOptions>()
+        .map_err(DbError::Query)?
+        // statement logging at info would print payloads; keep it at debug
+        .log_statements(tracing::log::LevelFilter::Debug)
+        .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_millis(500));
+    Ok(PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .min_connections(0)
+        .acquire_timeout(settings.acquire_timeout)
+        .connect_lazy_with(opts))
+}
+
+/// Why a component refuses to start on this database.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    #[error(
+        "database is not migrated (missing migration {version} {description}); run `hookd migrate` first"
+    )]
+    Missing { version: i64, description: String },
+    #[error(
+        "database schema has migration {0} that this hookd binary does not know; it is newer than this binary, upgrade hookd"
+    )]
+    Newer(i64),
+    #[error("migration {0} is marked failed (dirty); repair it and rerun `hookd migrate`")]
+    Dirty(i64),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+/// Applies the migrations (idempotent: applied ones are skipped by version and checksum).
+pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
+    MIGRATOR.run(pool).await
+}
+
+/// Refuses an unmigrated, partially migrated or newer schema with a clear message.
+pub async fn check_schema(pool: &PgPool) -> Result<(), SchemaError> {
+    let exists: bool =
+        sqlx::query_scalar("SELECT to_regclass('public._sqlx_migrations') IS NOT NULL")
+            .fetch_one(pool)
+            .await
+            .map_err(DbError::from)?;
+    let applied: Vec<(i64, bool)> = if exists {
+        sqlx::query_as("SELECT version, success FROM public._sqlx_migrations ORDER BY version")
+            .fetch_all(pool)
+            .await
+            .map_err(DbError::from)?
+    } else {
+        Vec::new()
+    };
+    for (version, success) in &applied {
+        if !success {
+            return Err(SchemaError::Dirty(*version));
+        }
+        if !MIGRATOR.iter().any(|m| m.version == *version) {
+            return Err(SchemaError::Newer(*version));
+        }
+    }
+    for m in MIGRATOR.iter() {
+        if !applied.iter().any(|(v, _)| *v == m.version) {
+            return Err(SchemaError::Missing {
+                version: m.version,
+                description: m.description.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Cheap liveness probe for `/readyz`.
+pub async fn ping(pool: &PgPool) -> Result<(), DbError> {
+    sqlx::query("SELECT 1").execute(pool).await?;
+    Ok(())
+}

@@ -1,0 +1,187 @@
+//! One HTTP attempt: sign, send, read a capped snippet, classify.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+
+use super::policy::{AttemptResult, parse_retry_after};
+use crate::db::deliveries::ClaimedDelivery;
+use crate::outbound::{self, AllowList};
+use crate::signing::{self, SigningSecret};
+
+pub struct AttemptReport {
+    pub result: AttemptResult,
+    pub started_at: chrono::DateTime<Utc>,
+    pub duration: Duration,
+    pub snippet: Option<String>,
+}
+
+pub struct Sender<'a> {
+    pub client: &'a reqwest::Client,
+    pub allow: &'a AllowList,
+    pub max_timeout: Duration,
+    pub snippet_bytes: usize,
+}
+
+impl Sender<'_> {
+    pub async fn send(&self, d: &ClaimedDelivery) -> AttemptReport {
+        let started_at = Utc::now();
+        let t0 = Instant::now();
+        let (result, snippet) = self.attempt(d).await;
+        AttemptReport {
+            result,
+            started_at,
+            duration: t0.elapsed(),
+            snippet,
+        }
+    }
+
+    async fn attempt(&self, d: &ClaimedDelivery) -> (AttemptResult, Option<String>) {
+        let url = match reqwest::Url::parse(&d.url) {
+            Ok(u) => u,
+            Err(e) => {
+                return (
+                    AttemptResult::Permanent {
+                        class: "invalid_url",
+                        error: format!("endpoint url is invalid: {e}"),
+                    },
+                    None,
+                );
+            }
+        };
+        // IP-literal hosts bypass the guarded resolver; host names are checked (and
+        // pinned) by it when the connection is made.
+        if let Err(e) = outbound::check_url(&url, self.allow) {
+            return (
+                AttemptResult::Permanent {
+                    class: "destination_forbidden",
+                    error: e.to_string(),
+                },
+                None,
+            );
+        }
+        let secrets: Vec<SigningSecret> = d
+            .secrets
+            .iter()
+            .filter_map(|s| SigningSecret::parse(s).ok())
+            .collect();
+        if secrets.is_empty() {
+            // Never send unsigned. Secrets are validated at reconcile time, so this means
+            // the endpoint lost its secret between claim and send: retry later.
+            return (
+                AttemptResult::Retryable {
+                    status: None,
+                    class: "no_signing_secret",
+                    error: "endpoint has no usable signing secret".into(),
+                    retry_after: None,
+                },
+                None,
+            );
+        }
+        let id = d.id.to_string();
+        let ts = Utc::now().timestamp();
+        let body = d.payload.as_bytes();
+        let signature = signing::signature_header(&secrets, &id, ts, body);
+
+        let mut headers = HeaderMap::with_capacity(12);
+        // Static endpoint headers first, so the protocol headers below always win.
+        if let Some(map) = d.headers.0.as_object() {
+            for (k, v) in map {
+                if let (Ok(name), Some(Ok(value))) = (
+                    HeaderName::from_bytes(k.as_bytes()),
+                    v.as_str().map(HeaderValue::from_str),
+                ) {
+                    headers.insert(name, value);
+                }
+            }
+        }
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let id_value = HeaderValue::from_str(&id).expect("uuid is a header value");
+        headers.insert("webhook-id", id_value.clone());
+        headers.insert("idempotency-key", id_value);
+        headers.insert("webhook-timestamp", HeaderValue::from(ts));
+        if let Ok(v) = HeaderValue::from_str(&signature) {
+            headers.insert("webhook-signature", v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&d.event_type) {
+            headers.insert("hookd-event-type", v);
+        }
+        headers.insert("hookd-attempt", HeaderValue::from(d.attempts));
+
+        let timeout = d
+            .timeout_ms
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(Duration::from_millis)
+            .map_or(self.max_timeout, |t| t.min(self.max_timeout));
+
+        let resp = self
+            .client
+            .post(url)
+            .headers(headers)
+            .timeout(timeout)
+            .body(d.payload.clone())
+            .send()
+            .await;
+        let resp = match resp {
+            Ok(r) => r,
+            Err(e) => {
+                let class = outbound::classify_error(&e);
+                let error = error_chain(&e);
+                let result = if class == "destination_forbidden" {
+                    AttemptResult::Permanent { class, error }
+                } else {
+                    AttemptResult::Retryable {
+                        status: None,
+                        class,
+                        error,
+                        retry_after: None,
+                    }
+                };
+                return (result, None);
+            }
+        };
+        let status = resp.status();
+        let retry_after = resp
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, Utc::now()));
+        let (snippet, _truncated) = outbound::read_capped(resp, self.snippet_bytes).await;
+        let snippet = (!snippet.is_empty()).then_some(snippet);
+        let code = status.as_u16();
+        let result = if status.is_success() {
+            AttemptResult::Success { status: code }
+        } else if code == 410 {
+            AttemptResult::Gone
+        } else {
+            AttemptResult::Retryable {
+                status: Some(code),
+                class: "http_status",
+                error: format!("HTTP {code}"),
+                retry_after,
+            }
+        };
+        (result, snippet)
+    }
+}
+
+/// reqwest's Display hides the cause ("error sending request"); the chain says why.
+fn error_chain(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(cause) = src {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        src = cause.source();
+    }
+    // the url in reqwest's message may carry a query string with tenant data: keep it short
+    if s.len() > 500 {
+        let cut = (0..=500)
+            .rev()
+            .find(|&i| s.is_char_boundary(i))
+            .unwrap_or(0);
+        s.truncate(cut);
+    }
+    s
+}

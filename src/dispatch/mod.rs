@@ -1,0 +1,410 @@
+//! `hookd dispatch`: claims due deliveries with leases and sends them.
+//!
+//! One claimer loop leases as many rows as there are free slots (a global semaphore)
+//! and spawns a task per delivery, so a slow endpoint only ever occupies its own slots
+//! (bounded per endpoint by the claim's quota) and never delays another endpoint's
+//! deliveries. Outcomes go to the batch completer. Wake-ups come from NOTIFY, a timer to
+//! the next due row, freed slots, and a poll fallback.
+
+mod completer;
+mod deliver;
+pub mod policy;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use rand::SeedableRng;
+use sqlx::PgPool;
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::config::DispatchSettings;
+use crate::db::{
+    self, deliveries::ClaimRequest, deliveries::ClaimedDelivery, deliveries::Completion,
+};
+use crate::metrics::{Metrics, Outcome};
+use crate::outbound::{self, AllowList, ClientOptions};
+use completer::Finished;
+use policy::{AttemptResult, Decision, RetryPolicy};
+
+/// Validated dispatcher configuration.
+#[derive(Debug, Clone)]
+pub struct DispatchConfig {
+    pub worker_id: Uuid,
+    pub lease: Duration,
+    pub request_timeout: Duration,
+    pub concurrency: usize,
+    pub endpoint_concurrency: usize,
+    pub allow: AllowList,
+    pub retry: RetryPolicy,
+    pub circuit_threshold: u32,
+    pub circuit_cooldown: Duration,
+    pub poll_interval: Duration,
+    pub notify: bool,
+    pub shutdown_grace: Duration,
+    pub snippet_bytes: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "HOOKD_LEASE_SECS ({lease}s) must exceed HOOKD_REQUEST_TIMEOUT_SECS ({timeout}s) by at least 5s, or a slow request could outlive its lease and be sent twice concurrently"
+    )]
+    LeaseTooShort { lease: u64, timeout: u64 },
+    #[error("HOOKD_ALLOWED_DESTINATIONS: {0}")]
+    AllowList(String),
+    #[error("HOOKD_RETRY_SCHEDULE: {0:?} is not a comma-separated list of positive seconds")]
+    Schedule(String),
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+}
+
+impl DispatchConfig {
+    pub fn from_settings(s: &DispatchSettings) -> Result<Self, ConfigError> {
+        if s.lease_secs < s.request_timeout_secs + 5 {
+            return Err(ConfigError::LeaseTooShort {
+                lease: s.lease_secs,
+                timeout: s.request_timeout_secs,
+            });
+        }
+        if s.concurrency == 0 {
+            return Err(ConfigError::Zero("HOOKD_CONCURRENCY"));
+        }
+        if s.endpoint_concurrency == 0 {
+            return Err(ConfigError::Zero("HOOKD_ENDPOINT_CONCURRENCY"));
+        }
+        let schedule = s
+            .retry_schedule
+            .split(',')
+            .map(|p| {
+                p.trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|v| *v > 0)
+                    .map(Duration::from_secs)
+            })
+            .collect::<Option<Vec<_>>>()
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| ConfigError::Schedule(s.retry_schedule.clone()))?;
+        let max_attempts = s
+            .max_attempts
+            .unwrap_or(u32::try_from(schedule.len() + 1).unwrap_or(u32::MAX));
+        Ok(DispatchConfig {
+            worker_id: Uuid::now_v7(),
+            lease: Duration::from_secs(s.lease_secs),
+            request_timeout: Duration::from_secs(s.request_timeout_secs),
+            concurrency: s.concurrency,
+            endpoint_concurrency: s.endpoint_concurrency,
+            allow: AllowList::parse(&s.allowed_destinations).map_err(ConfigError::AllowList)?,
+            retry: RetryPolicy {
+                schedule,
+                max_attempts: max_attempts.max(1),
+                jitter: s.retry_jitter.clamp(0.0, 1.0),
+                max_retry_after: Duration::from_secs(s.max_retry_after_secs),
+            },
+            circuit_threshold: s.circuit_failures.max(1),
+            circuit_cooldown: Duration::from_secs(s.circuit_cooldown_secs),
+            poll_interval: Duration::from_millis(s.poll_ms.max(10)),
+            notify: s.notify,
+            shutdown_grace: Duration::from_secs(s.shutdown_grace_secs),
+            snippet_bytes: s.response_snippet_bytes,
+        })
+    }
+}
+
+/// `hookd dispatch`: the dispatcher plus its health/metrics listener.
+pub async fn run(
+    pool: PgPool,
+    settings: DispatchSettings,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let cfg = DispatchConfig::from_settings(&settings)?;
+    let metrics = Metrics::new();
+    let health = crate::api::health_app(pool.clone(), metrics.clone());
+    let listener = tokio::net::TcpListener::bind(settings.listen).await?;
+    tracing::info!(listen = %settings.listen, worker = %cfg.worker_id, "dispatcher starting");
+    let server = tokio::spawn(crate::api::serve_on(listener, health, shutdown.clone()));
+    run_dispatcher(pool, cfg, metrics, shutdown).await;
+    server.await??;
+    Ok(())
+}
+
+/// In-flight bookkeeping shared by the claimer and delivery tasks.
+#[derive(Default)]
+struct InFlight {
+    per_endpoint: HashMap<Uuid, i32>,
+    /// delivery id -> attempt, to hand leases back if the shutdown deadline passes
+    leases: HashMap<Uuid, i32>,
+}
+
+/// The dispatcher loop, until `shutdown`; then drains in-flight deliveries within the
+/// grace period, hands back the leases of any it had to abandon, and flushes outcomes.
+pub async fn run_dispatcher(
+    pool: PgPool,
+    cfg: DispatchConfig,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) {
+    let cfg = Arc::new(cfg);
+    let client = Arc::new(outbound::build_client(ClientOptions {
+        allow: cfg.allow.clone(),
+        resolver: None,
+        connect_timeout: Duration::from_secs(5).min(cfg.request_timeout),
+        user_agent: format!("hookd/{}", env!("CARGO_PKG_VERSION")),
+        pool_max_idle_per_host: cfg.endpoint_concurrency,
+    }));
+    let slots = Arc::new(Semaphore::new(cfg.concurrency));
+    let in_flight = Arc::new(Mutex::new(InFlight::default()));
+    let wake = Arc::new(Notify::new());
+    let slot_freed = Arc::new(Notify::new());
+    if cfg.notify {
+        crate::notify::spawn_listener(pool.clone(), wake.clone(), shutdown.clone());
+    }
+    spawn_backlog_sampler(pool.clone(), metrics.clone(), shutdown.clone());
+    let (done_tx, completer) = completer::spawn(
+        pool.clone(),
+        completer::CompleterConfig {
+            worker_id: cfg.worker_id,
+            max_batch: 512,
+            circuit_threshold: i32::try_from(cfg.circuit_threshold).unwrap_or(i32::MAX),
+            circuit_cooldown: cfg.circuit_cooldown,
+        },
+        metrics.clone(),
+    );
+    let mut tasks = JoinSet::new();
+    let mut error_backoff = Duration::from_millis(100);
+
+    while !shutdown.is_cancelled() {
+        // reap finished tasks so the JoinSet does not grow
+        while tasks.try_join_next().is_some() {}
+        let free = slots.available_permits();
+        if free == 0 {
+            tokio::select! {
+                _ = slot_freed.notified() => {}
+                _ = shutdown.cancelled() => break,
+            }
+            continue;
+        }
+        let busy: Vec<(Uuid, i32)> = {
+            let f = in_flight.lock().expect("in-flight lock");
+            f.per_endpoint.iter().map(|(k, v)| (*k, *v)).collect()
+        };
+        let limit = free.min(1000);
+        let started = std::time::Instant::now();
+        let claimed = db::deliveries::claim(
+            &pool,
+            &ClaimRequest {
+                worker_id: cfg.worker_id,
+                limit: limit as i64,
+                lease_secs: cfg.lease.as_secs_f64(),
+                per_endpoint_cap: i32::try_from(cfg.endpoint_concurrency).unwrap_or(i32::MAX),
+                busy,
+                now: None,
+            },
+        )
+        .await;
+        metrics
+            .claim_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let rows = match claimed {
+            Ok(rows) => {
+                error_backoff = Duration::from_millis(100);
+                rows
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "claim failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(error_backoff) => {}
+                    _ = shutdown.cancelled() => break,
+                }
+                error_backoff = (error_backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        let got = rows.len();
+        metrics.claimed.inc_by(got as u64);
+        for row in rows {
+            let permit = slots
+                .clone()
+                .try_acquire_owned()
+                .expect("claimed no more rows than free slots");
+            {
+                let mut f = in_flight.lock().expect("in-flight lock");
+                *f.per_endpoint.entry(row.endpoint_id).or_insert(0) += 1;
+                f.leases.insert(row.id, row.attempts);
+            }
+            metrics.deliveries_in_flight.inc();
+            let (cfg, client, done_tx, in_flight, slot_freed, metrics) = (
+                cfg.clone(),
+                client.clone(),
+                done_tx.clone(),
+                in_flight.clone(),
+                slot_freed.clone(),
+                metrics.clone(),
+            );
+            tasks.spawn(async move {
+                let endpoint_id = row.endpoint_id;
+                let delivery_id = row.id;
+                let finished = deliver_one(&cfg, &client, &metrics, row).await;
+                let _ = done_tx.send(finished);
+                {
+                    let mut f = in_flight.lock().expect("in-flight lock");
+                    if let Some(n) = f.per_endpoint.get_mut(&endpoint_id) {
+                        *n -= 1;
+                        if *n <= 0 {
+                            f.per_endpoint.remove(&endpoint_id);
+                        }
+                    }
+                    f.leases.remove(&delivery_id);
+                }
+                metrics.deliveries_in_flight.dec();
+                drop(permit);
+                slot_freed.notify_one();
+            });
+        }
+        if got == limit {
+            continue; // a full batch: more is probably due right now
+        }
+        // Nothing more is claimable now: sleep until something may be.
+        let next_due = db::deliveries::next_due(&pool).await.ok().flatten();
+        let mut sleep_for = cfg.poll_interval;
+        if let Some(at) = next_due {
+            if let Ok(d) = (at - Utc::now()).to_std() {
+                sleep_for = sleep_for.min(d + Duration::from_millis(1));
+            }
+        }
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(sleep_for) => {}
+            // a freed slot may unblock an endpoint that was at its cap; a short pause
+            // lets several completions accumulate into one claim
+            _ = slot_freed.notified(), if got > 0 || !in_flight.lock().expect("in-flight lock").per_endpoint.is_empty() => {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            _ = shutdown.cancelled() => break,
+        }
+    }
+
+    // Shutdown: no more claims. Let in-flight deliveries finish within the grace period.
+    let pending = tasks.len();
+    if pending > 0 {
+        tracing::info!(in_flight = pending, grace = ?cfg.shutdown_grace, "draining in-flight deliveries");
+    }
+    let drained = tokio::time::timeout(cfg.shutdown_grace, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        let leases: Vec<(Uuid, i32)> = {
+            let f = in_flight.lock().expect("in-flight lock");
+            f.leases.iter().map(|(k, v)| (*k, *v)).collect()
+        };
+        match db::deliveries::release(&pool, cfg.worker_id, &leases).await {
+            Ok(n) => tracing::warn!(
+                released = n,
+                "grace period over; handed back leases of unfinished deliveries"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not hand back leases; they lapse by themselves")
+            }
+        }
+    }
+    drop(done_tx);
+    let _ = completer.await;
+    tracing::info!("dispatcher stopped");
+}
+
+async fn deliver_one(
+    cfg: &DispatchConfig,
+    client: &reqwest::Client,
+    metrics: &Metrics,
+    row: ClaimedDelivery,
+) -> Finished {
+    let sender = deliver::Sender {
+        client,
+        allow: &cfg.allow,
+        max_timeout: cfg.request_timeout,
+        snippet_bytes: cfg.snippet_bytes,
+    };
+    let report = sender.send(&row).await;
+    metrics
+        .delivery_seconds
+        .observe(report.duration.as_secs_f64());
+    let attempt = u32::try_from(row.attempts).unwrap_or(1);
+    let policy = cfg
+        .retry
+        .for_endpoint(row.retry_schedule_secs.as_deref(), row.max_attempts);
+    let mut rng = rand::rngs::SmallRng::from_os_rng();
+    let decision = policy.decide(attempt, &report.result, Utc::now(), &mut rng);
+    let (status_code, error_class, error) = match &report.result {
+        AttemptResult::Success { status } => (Some(i32::from(*status)), None, None),
+        AttemptResult::Gone => (Some(410), Some("gone"), Some("HTTP 410 Gone".to_string())),
+        AttemptResult::Retryable {
+            status,
+            class,
+            error,
+            ..
+        } => (status.map(i32::from), Some(*class), Some(error.clone())),
+        AttemptResult::Permanent { class, error } => (None, Some(*class), Some(error.clone())),
+    };
+    let (status, retry_at, dead_reason, outcome) = match decision {
+        Decision::Succeeded => ("succeeded", None, None, "succeeded"),
+        Decision::Retry { at } => (
+            "failed",
+            Some(at),
+            None,
+            if matches!(report.result, AttemptResult::Gone) {
+                "gone"
+            } else {
+                "retry"
+            },
+        ),
+        Decision::Dead { reason } => ("dead", None, Some(reason), "dead"),
+    };
+    metrics
+        .delivery_attempts
+        .get_or_create(&Outcome { outcome })
+        .inc();
+    Finished {
+        endpoint_id: row.endpoint_id,
+        success: matches!(report.result, AttemptResult::Success { .. }),
+        failure: matches!(report.result, AttemptResult::Retryable { .. }),
+        gone: matches!(report.result, AttemptResult::Gone),
+        completion: Completion {
+            delivery_id: row.id,
+            attempt: row.attempts,
+            status,
+            retry_at,
+            started_at: report.started_at,
+            duration_ms: i32::try_from(report.duration.as_millis()).unwrap_or(i32::MAX),
+            status_code,
+            error_class,
+            error,
+            response_snippet: report.snippet,
+            dead_reason,
+        },
+    }
+}
+
+/// Samples backlog gauges every few seconds with bounded, index-only queries, so a
+/// scrape never costs a table scan.
+fn spawn_backlog_sampler(pool: PgPool, metrics: Metrics, shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            if let Ok((backlog, oldest)) = db::deliveries::backlog_sample(&pool).await {
+                metrics.backlog.set(backlog);
+                metrics.oldest_due_age_seconds.set(oldest);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    });
+}

@@ -1,0 +1,217 @@
+//! The endpoint sync core: a `WebhookEndpoint` plus its resolved signing secret becomes
+//! an endpoint row and secret rows. `hookd apply` and the controller both go through
+//! `desired_endpoint` (pure) and `apply_endpoint` (database), so a YAML file applied
+//! locally and a CR reconciled in a cluster produce the same rows.
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use sha2::{Digest, Sha256};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::crd::WebhookEndpoint;
+use crate::db::{self, DbError, endpoints::EndpointUpsert};
+use crate::signing::SigningSecret;
+
+pub const DEFAULT_SECRET_GRACE_SECS: u32 = 86_400;
+
+/// Why an endpoint's signing secret cannot be used. Each becomes a `SecretResolved=False`
+/// reason in the controller and a refusal in `hookd apply`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretProblem {
+    #[error("Secret {namespace}/{name} not found")]
+    NotFound { namespace: String, name: String },
+    #[error("Secret {namespace}/{name} has no key {key:?}")]
+    MissingKey {
+        namespace: String,
+        name: String,
+        key: String,
+    },
+    #[error("Secret {namespace}/{name} key {key:?} is not a valid signing secret: {reason}")]
+    Malformed {
+        namespace: String,
+        name: String,
+        key: String,
+        reason: String,
+    },
+}
+
+impl SecretProblem {
+    /// CamelCase reason for a status condition.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SecretProblem::NotFound { .. } => "SecretNotFound",
+            SecretProblem::MissingKey { .. } => "SecretKeyMissing",
+            SecretProblem::Malformed { .. } => "SecretMalformed",
+        }
+    }
+}
+
+/// A validated signing secret ready to store.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ResolvedSecret {
+    pub value: String,
+    pub fingerprint: Vec<u8>,
+}
+
+impl std::fmt::Debug for ResolvedSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ResolvedSecret(..)")
+    }
+}
+
+/// Reads `key` from a Secret (`data`, or `stringData` as written in a YAML file) and
+/// checks it is `whsec_` + base64 of 24-64 bytes. Never falls back to anything.
+pub fn resolve_secret(
+    namespace: &str,
+    name: &str,
+    key: &str,
+    secret: Option<&Secret>,
+) -> Result<ResolvedSecret, SecretProblem> {
+    let Some(secret) = secret else {
+        return Err(SecretProblem::NotFound {
+            namespace: namespace.into(),
+            name: name.into(),
+        });
+    };
+    let raw: Option<Vec<u8>> = secret
+        .string_data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|s| s.as_bytes().to_vec())
+        .or_else(|| {
+            secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .map(|b| b.0.clone())
+        });
+    let Some(raw) = raw else {
+        return Err(SecretProblem::MissingKey {
+            namespace: namespace.into(),
+            name: name.into(),
+            key: key.into(),
+        });
+    };
+    let malformed = |reason: String| SecretProblem::Malformed {
+        namespace: namespace.into(),
+        name: name.into(),
+        key: key.into(),
+        reason,
+    };
+    let text = String::from_utf8(raw).map_err(|_| malformed("not UTF-8 text".into()))?;
+    // `echo whsec_... > file` leaves a newline; the secret itself is the trimmed text
+    let value = text.trim().to_string();
+    SigningSecret::parse(&value).map_err(|e| malformed(e.to_string()))?;
+    let fingerprint = Sha256::digest(value.as_bytes()).to_vec();
+    Ok(ResolvedSecret { value, fingerprint })
+}
+
+/// What the database should hold for one endpoint.
+#[derive(Debug, Clone)]
+pub struct DesiredEndpoint {
+    pub row: EndpointUpsert,
+    /// None while the secret cannot be resolved: the row is then `paused` with the
+    /// problem as its reason, so deliveries are held, never sent unsigned or dropped.
+    pub secret: Option<ResolvedSecret>,
+}
+
+/// Pure: the desired endpoint row for a CR and the outcome of resolving its secret.
+pub fn desired_endpoint(
+    ep: &WebhookEndpoint,
+    secret: Result<ResolvedSecret, SecretProblem>,
+) -> DesiredEndpoint {
+    let namespace = ep.namespace().unwrap_or_else(|| "default".into());
+    let spec = &ep.spec;
+    let tenant = spec.tenant.clone().unwrap_or_else(|| namespace.clone());
+    let (state, state_reason, secret) = match (spec.paused, secret) {
+        (_, Err(problem)) => ("paused", Some(problem.to_string()), None),
+        (true, Ok(s)) => ("paused", Some("paused by spec".to_string()), Some(s)),
+        (false, Ok(s)) => ("active", None, Some(s)),
+    };
+    let headers = serde_json::to_value(&spec.headers).unwrap_or_default();
+    let to_i32 = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
+    // The fingerprint covers everything declared plus the desired state, so "same
+    // declaration" means exactly that (see db::endpoints::upsert on disabled endpoints).
+    let mut h = Sha256::new();
+    h.update(serde_json::to_vec(spec).unwrap_or_default());
+    h.update(tenant.as_bytes());
+    h.update(state.as_bytes());
+    h.update(state_reason.as_deref().unwrap_or("").as_bytes());
+    let row = EndpointUpsert {
+        namespace,
+        name: ep.name_any(),
+        uid: ep.uid(),
+        tenant,
+        url: spec.url.clone(),
+        event_types: spec.event_types.clone(),
+        state,
+        state_reason,
+        timeout_ms: spec.timeout_seconds.map(|s| to_i32(s.saturating_mul(1000))),
+        max_attempts: spec.max_attempts.map(to_i32),
+        retry_schedule_secs: spec
+            .retry_schedule
+            .as_ref()
+            .map(|v| v.iter().copied().map(to_i32).collect()),
+        max_in_flight: spec.max_in_flight.map(to_i32),
+        headers,
+        secret_grace_secs: to_i32(
+            spec.secret_rotation_grace_seconds
+                .unwrap_or(DEFAULT_SECRET_GRACE_SECS),
+        ),
+        spec_fingerprint: h.finalize().to_vec(),
+    };
+    DesiredEndpoint { row, secret }
+}
+
+/// What applying one endpoint changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncOutcome {
+    pub endpoint_id: Uuid,
+    pub created: bool,
+    pub changed: bool,
+    pub secret_rotated: bool,
+    pub active_secrets: i64,
+    pub state: String,
+}
+
+/// Writes the desired endpoint (idempotent: an unchanged endpoint writes nothing). Runs
+/// on the caller's connection so several endpoints can share one transaction.
+pub async fn apply_endpoint(
+    conn: &mut PgConnection,
+    desired: &DesiredEndpoint,
+) -> Result<SyncOutcome, DbError> {
+    let up = db::endpoints::upsert(conn, &desired.row).await?;
+    let (rotated, active) = match &desired.secret {
+        Some(s) => {
+            let r = db::secrets::set_current(
+                conn,
+                up.id,
+                &s.value,
+                &s.fingerprint,
+                desired.row.secret_grace_secs,
+            )
+            .await?;
+            // A brand-new endpoint's first secret is not a rotation.
+            (r.rotated && !up.created, r.active)
+        }
+        None => (false, 0),
+    };
+    Ok(SyncOutcome {
+        endpoint_id: up.id,
+        created: up.created,
+        changed: up.changed,
+        secret_rotated: rotated,
+        active_secrets: active,
+        state: up.state,
+    })
+}
+
+/// The declaration is gone: disable the row and cancel what was still pending.
+pub async fn remove_endpoint(
+    conn: &mut PgConnection,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<(Uuid, i64)>, DbError> {
+    db::endpoints::remove_declared(conn, namespace, name, "WebhookEndpoint deleted").await
+}

@@ -1,0 +1,18 @@
+//! hookd: a Kubernetes-native webhook gateway on the transactional outbox pattern.
+//!
+//! Components (each with one `run` entry point): [`api`], [`dispatch`], and the
+//! endpoint sync core in [`k8s`]. All SQL lives in [`db`].
+
+pub mod api;
+pub mod apply;
+pub mod config;
+pub mod db;
+pub mod dispatch;
+pub mod k8s;
+pub mod metrics;
+pub mod notify;
+pub mod outbound;
+pub mod outbox;
+pub mod pgtemp;
+pub mod runtime;
+pub mod signing;

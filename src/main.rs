@@ -1,0 +1,59 @@
+//! `hookd`: parses the command line and runs the chosen component.
+
+use clap::Parser;
+
+use hookd::config::{Cli, Command};
+use hookd::{api, apply, db, dispatch, k8s, runtime};
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    runtime::init_tracing(&cli.log, cli.log_format);
+    match run(cli.command).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hookd: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Crd => {
+            print!("{}", k8s::crds_yaml());
+            Ok(())
+        }
+        Command::Migrate(args) => {
+            let pool = db::connect_lazy(&args.pool_settings())?;
+            db::migrate(&pool).await?;
+            eprintln!("migrations applied");
+            Ok(())
+        }
+        Command::Apply(args) => {
+            let pool = runtime::open_checked(&args.db).await?;
+            for (name, outcome) in apply::apply_files(&pool, &args.files).await? {
+                let what = match (outcome.created, outcome.changed, outcome.secret_rotated) {
+                    (true, _, _) => "created",
+                    (_, _, true) => "secret rotated",
+                    (_, true, _) => "configured",
+                    _ => "unchanged",
+                };
+                println!(
+                    "webhookendpoint/{name} {what} (id {}, state {}, {} active secret(s))",
+                    outcome.endpoint_id, outcome.state, outcome.active_secrets
+                );
+            }
+            Ok(())
+        }
+        Command::Api(args) => {
+            let pool = runtime::open_checked(&args.db).await?;
+            api::run(pool, args.api, runtime::shutdown_on_signals()).await
+        }
+        Command::Dispatch(args) => {
+            let pool = runtime::open_checked(&args.db).await?;
+            dispatch::run(pool, args.dispatch, runtime::shutdown_on_signals()).await
+        }
+        Command::Dev(_args) => anyhow::bail!("hookd dev is not implemented yet"),
+    }
+}

@@ -1,0 +1,100 @@
+//! Wake-ups between the API and dispatchers: a coalesced NOTIFY sender and a LISTEN
+//! waker. Both are optimisations only (invariant 7): a lost notification costs latency,
+//! never a delivery, because dispatchers also poll and keep a timer to the next due row.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+pub const CHANNEL: &str = "hookd_deliveries";
+
+/// Sends at most one NOTIFY per `window` however many commits asked for one. Callers
+/// call `wake()` after their commit; it never blocks and never touches the database on
+/// the caller's task, so the response path does not wait for it.
+#[derive(Clone)]
+pub struct Notifier {
+    pending: Option<Arc<Notify>>,
+}
+
+impl Notifier {
+    /// A notifier that never sends (NOTIFY disabled).
+    pub fn disabled() -> Self {
+        Notifier { pending: None }
+    }
+
+    pub fn spawn(pool: PgPool, window: Duration, shutdown: CancellationToken) -> Self {
+        let pending = Arc::new(Notify::new());
+        let signal = pending.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = signal.notified() => {}
+                    _ = shutdown.cancelled() => break,
+                }
+                if let Err(e) = sqlx::query("SELECT pg_notify($1, '')")
+                    .bind(CHANNEL)
+                    .execute(&pool)
+                    .await
+                {
+                    tracing::debug!(error = %e, "NOTIFY failed; dispatchers fall back to polling");
+                }
+                tokio::time::sleep(window).await;
+            }
+        });
+        Notifier {
+            pending: Some(pending),
+        }
+    }
+
+    pub fn wake(&self) {
+        if let Some(p) = &self.pending {
+            // notify_one stores a single permit when nobody waits: that is the coalescing
+            p.notify_one();
+        }
+    }
+}
+
+/// Listens on the channel and pokes `wake` on every notification, and also after a
+/// reconnect (notifications sent while disconnected are lost, so assume work arrived).
+pub fn spawn_listener(pool: PgPool, wake: Arc<Notify>, shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            let mut listener = match PgListener::connect_with(&pool).await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::debug!(error = %e, "LISTEN connect failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                        _ = shutdown.cancelled() => return,
+                    }
+                }
+            };
+            if let Err(e) = listener.listen(CHANNEL).await {
+                tracing::debug!(error = %e, "LISTEN failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+            wake.notify_one();
+            loop {
+                tokio::select! {
+                    msg = listener.try_recv() => match msg {
+                        Ok(Some(_)) => wake.notify_one(),
+                        // None: the connection dropped; reconnect and assume we missed some
+                        Ok(None) => { wake.notify_one(); continue; }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "LISTEN connection lost");
+                            break;
+                        }
+                    },
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+        }
+    });
+}

@@ -1,0 +1,50 @@
+//! Process plumbing shared by every subcommand: logging, signals, database start-up.
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{DbArgs, LogFormat};
+use crate::db;
+
+pub fn init_tracing(filter: &str, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+/// A token cancelled on the first SIGTERM or SIGINT.
+pub fn shutdown_on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        let ctrl_c = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("install SIGTERM handler");
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = ctrl_c.await;
+        tracing::info!("shutdown requested");
+        t.cancel();
+    });
+    token
+}
+
+/// Connects and refuses to go on with an unmigrated or newer schema.
+pub async fn open_checked(db_args: &DbArgs) -> anyhow::Result<PgPool> {
+    let pool = db::connect_lazy(&db_args.pool_settings())?;
+    db::check_schema(&pool).await?;
+    Ok(pool)
+}

@@ -1,0 +1,507 @@
+//! Shared test kit: fixtures that go through the real code paths (sync core, API router,
+//! dispatcher), a real HTTP receiver that verifies every delivery with the official
+//! Standard Webhooks verifier, and condition waits (no fixed sleeps).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use hookd::config::{ApiSettings, DispatchSettings};
+use hookd::k8s::crd::{SecretKeyRef, WebhookEndpoint, WebhookEndpointSpec};
+use hookd::k8s::sync;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// Vector A's secret from the Standard Webhooks test vectors.
+pub const SECRET_A: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+/// Vector B's secret.
+pub const SECRET_B: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+
+pub fn init() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// A `postgres://` URL for the database behind `pool` (for child processes).
+pub fn database_url(pool: &PgPool) -> String {
+    let o = pool.connect_options();
+    format!(
+        "postgres://{}@{}:{}/{}",
+        o.get_username(),
+        o.get_host(),
+        o.get_port(),
+        o.get_database().unwrap_or("postgres")
+    )
+}
+
+pub fn hookd_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_hookd"))
+}
+
+/// Waits until `check` returns true, polling every 20 ms; false on timeout.
+pub async fn wait_until<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ---- endpoints through the real sync core ----
+
+#[derive(Debug, Clone)]
+pub struct EndpointOpts {
+    pub namespace: String,
+    pub name: String,
+    pub tenant: Option<String>,
+    pub url: String,
+    pub event_types: Vec<String>,
+    pub secret: String,
+    pub paused: bool,
+    pub max_attempts: Option<u32>,
+    pub retry_schedule: Option<Vec<u32>>,
+    pub max_in_flight: Option<u32>,
+    pub timeout_seconds: Option<u32>,
+    pub grace_seconds: Option<u32>,
+}
+
+impl Default for EndpointOpts {
+    fn default() -> Self {
+        EndpointOpts {
+            namespace: "team-a".into(),
+            name: format!("ep-{}", Uuid::now_v7().simple()),
+            tenant: None,
+            url: "http://127.0.0.1:9/unused".into(),
+            event_types: vec![],
+            secret: SECRET_A.into(),
+            paused: false,
+            max_attempts: None,
+            retry_schedule: None,
+            max_in_flight: None,
+            timeout_seconds: None,
+            grace_seconds: None,
+        }
+    }
+}
+
+pub fn webhook_endpoint(o: &EndpointOpts) -> WebhookEndpoint {
+    let mut ep = WebhookEndpoint::new(
+        &o.name,
+        WebhookEndpointSpec {
+            url: o.url.clone(),
+            event_types: o.event_types.clone(),
+            secret_ref: SecretKeyRef {
+                name: format!("{}-secret", o.name),
+                key: "secret".into(),
+            },
+            tenant: o.tenant.clone(),
+            paused: o.paused,
+            timeout_seconds: o.timeout_seconds,
+            max_attempts: o.max_attempts,
+            retry_schedule: o.retry_schedule.clone(),
+            max_in_flight: o.max_in_flight,
+            headers: BTreeMap::new(),
+            secret_rotation_grace_seconds: o.grace_seconds,
+        },
+    );
+    ep.metadata.namespace = Some(o.namespace.clone());
+    ep
+}
+
+/// A v1 Secret holding `value` under key `secret`.
+pub fn secret(namespace: &str, name: &str, value: &str) -> k8s_openapi::api::core::v1::Secret {
+    let mut s = k8s_openapi::api::core::v1::Secret::default();
+    s.metadata.name = Some(name.into());
+    s.metadata.namespace = Some(namespace.into());
+    s.string_data = Some(BTreeMap::from([("secret".to_string(), value.to_string())]));
+    s
+}
+
+/// Declares an endpoint through the sync core (as `hookd apply` would); returns its id.
+pub async fn endpoint(pool: &PgPool, o: EndpointOpts) -> Uuid {
+    let ep = webhook_endpoint(&o);
+    let s = secret(&o.namespace, &format!("{}-secret", o.name), &o.secret);
+    let resolved = sync::resolve_secret(
+        &o.namespace,
+        &format!("{}-secret", o.name),
+        "secret",
+        Some(&s),
+    );
+    let desired = sync::desired_endpoint(&ep, resolved);
+    let mut conn = pool.acquire().await.unwrap();
+    sync::apply_endpoint(&mut conn, &desired)
+        .await
+        .unwrap()
+        .endpoint_id
+}
+
+// ---- the API, in process, on an ephemeral port ----
+
+pub fn api_settings() -> ApiSettings {
+    ApiSettings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        max_payload_bytes: 256 * 1024,
+        max_batch: 100,
+        ingest_committers: 4,
+        ingest_max_group: 256,
+        notify: true,
+    }
+}
+
+pub struct TestApi {
+    pub base: String,
+    pub client: reqwest::Client,
+    shutdown: CancellationToken,
+}
+
+impl Drop for TestApi {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl TestApi {
+    pub async fn start(pool: &PgPool) -> TestApi {
+        Self::start_with(pool, api_settings()).await
+    }
+
+    pub async fn start_with(pool: &PgPool, settings: ApiSettings) -> TestApi {
+        init();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let metrics = hookd::metrics::Metrics::new();
+        let notifier = hookd::notify::Notifier::spawn(
+            pool.clone(),
+            Duration::from_millis(2),
+            shutdown.clone(),
+        );
+        let outbox = hookd::outbox::Outbox::start(
+            pool.clone(),
+            hookd::outbox::OutboxConfig {
+                committers: settings.ingest_committers,
+                max_group: settings.ingest_max_group,
+            },
+            notifier.clone(),
+            metrics.clone(),
+        );
+        let state = hookd::api::AppState {
+            pool: pool.clone(),
+            outbox,
+            notifier,
+            metrics,
+            limits: settings.limits(),
+        };
+        tokio::spawn(hookd::api::serve_on(
+            listener,
+            hookd::api::app(state),
+            shutdown.clone(),
+        ));
+        TestApi {
+            base: format!("http://{addr}"),
+            client: reqwest::Client::new(),
+            shutdown,
+        }
+    }
+
+    /// POST JSON text (sent byte for byte) and return (status, parsed body).
+    pub async fn post(&self, path: &str, body: &str) -> (StatusCode, serde_json::Value) {
+        let r = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let status = StatusCode::from_u16(r.status().as_u16()).unwrap();
+        let text = r.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        )
+    }
+
+    pub async fn get(&self, path: &str) -> (StatusCode, serde_json::Value) {
+        let r = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        let status = StatusCode::from_u16(r.status().as_u16()).unwrap();
+        let text = r.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        )
+    }
+
+    /// Enqueues one message and returns (eventId, deliveryIds); panics unless 201.
+    pub async fn enqueue(
+        &self,
+        tenant: &str,
+        event_type: &str,
+        payload: &str,
+    ) -> (Uuid, Vec<Uuid>) {
+        let body =
+            format!(r#"{{"tenant":"{tenant}","eventType":"{event_type}","payload":{payload}}}"#);
+        let (status, v) = self.post("/v1/messages", &body).await;
+        assert_eq!(status, StatusCode::CREATED, "{v}");
+        ids(&v)
+    }
+}
+
+pub fn ids(v: &serde_json::Value) -> (Uuid, Vec<Uuid>) {
+    let event = v["eventId"].as_str().unwrap().parse().unwrap();
+    let deliveries = v["deliveryIds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap().parse().unwrap())
+        .collect();
+    (event, deliveries)
+}
+
+// ---- a real receiver ----
+
+/// One delivery as received, after verification.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub webhook_id: String,
+    pub idempotency_key: Option<String>,
+    pub signature: String,
+    pub event_type: Option<String>,
+    pub body: Bytes,
+    /// verified with the official `standardwebhooks` crate under each configured secret
+    pub verified_by: Vec<bool>,
+    pub at: std::time::Instant,
+}
+
+/// How the receiver answers.
+#[derive(Debug, Clone)]
+pub struct Behavior {
+    pub status: u16,
+    pub delay: Duration,
+    pub retry_after: Option<String>,
+}
+
+impl Default for Behavior {
+    fn default() -> Self {
+        Behavior {
+            status: 200,
+            delay: Duration::ZERO,
+            retry_after: None,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct ReceiverState {
+    secrets: Vec<String>,
+    received: Arc<Mutex<Vec<Received>>>,
+    behavior: Arc<Mutex<Behavior>>,
+}
+
+pub struct Receiver {
+    pub addr: SocketAddr,
+    pub received: Arc<Mutex<Vec<Received>>>,
+    pub behavior: Arc<Mutex<Behavior>>,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl Receiver {
+    /// A receiver on 127.0.0.1 that verifies each delivery against each of `secrets`.
+    pub async fn start(secrets: &[&str]) -> Receiver {
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let behavior = Arc::new(Mutex::new(Behavior::default()));
+        let state = ReceiverState {
+            secrets: secrets.iter().map(|s| s.to_string()).collect(),
+            received: received.clone(),
+            behavior: behavior.clone(),
+        };
+        let app = axum::Router::new()
+            .fallback(axum::routing::post(receive))
+            .with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let s = shutdown.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(s.cancelled_owned())
+                .await
+                .ok();
+        });
+        Receiver {
+            addr,
+            received,
+            behavior,
+            shutdown,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn set(&self, b: Behavior) {
+        *self.behavior.lock().unwrap() = b;
+    }
+
+    pub fn count(&self) -> usize {
+        self.received.lock().unwrap().len()
+    }
+
+    pub fn all(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+
+    pub fn ids(&self) -> Vec<String> {
+        self.received
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.webhook_id.clone())
+            .collect()
+    }
+}
+
+async fn receive(State(st): State<ReceiverState>, headers: HeaderMap, body: Bytes) -> Response {
+    let behavior = st.behavior.lock().unwrap().clone();
+    let h = |n: &str| {
+        headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let verified_by = st
+        .secrets
+        .iter()
+        .map(|s| {
+            standardwebhooks::Webhook::new(s)
+                .map(|w| w.verify(&body, &headers).is_ok())
+                .unwrap_or(false)
+        })
+        .collect();
+    if !behavior.delay.is_zero() {
+        tokio::time::sleep(behavior.delay).await;
+    }
+    st.received.lock().unwrap().push(Received {
+        webhook_id: h("webhook-id").unwrap_or_default(),
+        idempotency_key: h("idempotency-key"),
+        signature: h("webhook-signature").unwrap_or_default(),
+        event_type: h("hookd-event-type"),
+        body,
+        verified_by,
+        at: std::time::Instant::now(),
+    });
+    let mut resp = (StatusCode::from_u16(behavior.status).unwrap(), "ok").into_response();
+    if let Some(ra) = behavior.retry_after {
+        resp.headers_mut()
+            .insert("retry-after", ra.parse().unwrap());
+    }
+    resp
+}
+
+// ---- the dispatcher, in process ----
+
+/// Fast settings for tests: loopback admitted, short schedule, quick polling.
+pub fn dispatch_settings() -> DispatchSettings {
+    DispatchSettings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        lease_secs: 30,
+        request_timeout_secs: 10,
+        concurrency: 64,
+        endpoint_concurrency: 16,
+        allowed_destinations: "127.0.0.0/8".into(),
+        retry_schedule: "1,1,1".into(),
+        max_attempts: None,
+        retry_jitter: 0.0,
+        max_retry_after_secs: 3600,
+        circuit_failures: 5,
+        circuit_cooldown_secs: 30,
+        poll_ms: 50,
+        notify: true,
+        shutdown_grace_secs: 5,
+        response_snippet_bytes: 256,
+    }
+}
+
+pub struct TestDispatcher {
+    shutdown: CancellationToken,
+    handle: Option<tokio::task::JoinHandle<()>>,
+    pub worker_id: Uuid,
+}
+
+impl TestDispatcher {
+    pub async fn start(pool: &PgPool, settings: DispatchSettings) -> TestDispatcher {
+        init();
+        let cfg = hookd::dispatch::DispatchConfig::from_settings(&settings).unwrap();
+        let worker_id = cfg.worker_id;
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(hookd::dispatch::run_dispatcher(
+            pool.clone(),
+            cfg,
+            hookd::metrics::Metrics::new(),
+            shutdown.clone(),
+        ));
+        TestDispatcher {
+            shutdown,
+            handle: Some(handle),
+            worker_id,
+        }
+    }
+
+    /// Graceful stop (as on SIGTERM), waiting for it to finish.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(h) = self.handle.take() {
+            h.await.unwrap();
+        }
+    }
+}
+
+impl Drop for TestDispatcher {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Status of one delivery straight from the table.
+pub async fn delivery_status(pool: &PgPool, id: Uuid) -> (String, i32) {
+    sqlx::query_as("SELECT status, attempts FROM hookd.deliveries WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
