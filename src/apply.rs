@@ -95,6 +95,10 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
                 // The CRD's CEL rules, evaluated locally: the same refusals kubectl would give.
                 ep.validate_cel()
                     .map_err(|e| invalid(object.clone(), e.to_string()))?;
+                // validate_cel runs only the x-kubernetes-validations rules; the schema's
+                // own bounds (minimum/maximum, lengths, item counts) are the API server's
+                // job in a cluster, so check them here too.
+                schema_bounds(&ep).map_err(|e| invalid(object.clone(), e))?;
                 docs.push(Document::Endpoint(Box::new(ep)));
             }
             (Some("v1"), Some("Secret")) => {
@@ -121,6 +125,84 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
         }
     }
     Ok(docs)
+}
+
+/// Checks `ep` against the OpenAPI bounds of the CRD schema (what `kubectl apply` would
+/// refuse before any CEL rule runs). Returns every violation, `path: problem`, joined.
+fn schema_bounds(ep: &WebhookEndpoint) -> Result<(), String> {
+    use kube::CustomResourceExt;
+    use serde_json::Value;
+
+    fn walk(schema: &Value, v: &Value, path: &str, errs: &mut Vec<String>) {
+        let num = |k: &str| schema.get(k).and_then(Value::as_f64);
+        let len = |k: &str| schema.get(k).and_then(Value::as_u64);
+        match v {
+            Value::Number(n) => {
+                let x = n.as_f64().unwrap_or_default();
+                if let Some(min) = num("minimum").filter(|m| x < *m) {
+                    errs.push(format!("{path}: {n} is less than the minimum {min}"));
+                }
+                if let Some(max) = num("maximum").filter(|m| x > *m) {
+                    errs.push(format!("{path}: {n} is greater than the maximum {max}"));
+                }
+            }
+            Value::String(s) => {
+                let n = s.chars().count() as u64;
+                if let Some(min) = len("minLength").filter(|m| n < *m) {
+                    errs.push(format!("{path}: must be at least {min} characters"));
+                }
+                if let Some(max) = len("maxLength").filter(|m| n > *m) {
+                    errs.push(format!("{path}: must be at most {max} characters"));
+                }
+            }
+            Value::Array(items) => {
+                let n = items.len() as u64;
+                if let Some(min) = len("minItems").filter(|m| n < *m) {
+                    errs.push(format!("{path}: must have at least {min} items"));
+                }
+                if let Some(max) = len("maxItems").filter(|m| n > *m) {
+                    errs.push(format!("{path}: must have at most {max} items"));
+                }
+                if let Some(item) = schema.get("items") {
+                    for (i, x) in items.iter().enumerate() {
+                        walk(item, x, &format!("{path}[{i}]"), errs);
+                    }
+                }
+            }
+            Value::Object(map) => {
+                let props = schema.get("properties").and_then(Value::as_object);
+                let extra = schema.get("additionalProperties").filter(|a| a.is_object());
+                for (k, x) in map {
+                    let sub = props.and_then(|p| p.get(k)).or(extra);
+                    if let Some(sub) = sub {
+                        let p = if path.is_empty() {
+                            k.clone()
+                        } else {
+                            format!("{path}.{k}")
+                        };
+                        walk(sub, x, &p, errs);
+                    }
+                }
+            }
+            Value::Null | Value::Bool(_) => {}
+        }
+    }
+
+    let crd = WebhookEndpoint::crd();
+    let schema = crd.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .map(|s| serde_json::to_value(s).unwrap_or_default())
+        .unwrap_or_default();
+    let object = serde_json::to_value(ep).map_err(|e| e.to_string())?;
+    let mut errs = Vec::new();
+    walk(&schema, &object, "", &mut errs);
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs.join("; "))
+    }
 }
 
 /// The validated plan: each endpoint with its resolved secret.

@@ -272,10 +272,10 @@ pub async fn run_dispatcher(
         // Nothing more is claimable now: sleep until something may be.
         let next_due = db::deliveries::next_due(&pool).await.ok().flatten();
         let mut sleep_for = cfg.poll_interval;
-        if let Some(at) = next_due {
-            if let Ok(d) = (at - Utc::now()).to_std() {
-                sleep_for = sleep_for.min(d + Duration::from_millis(1));
-            }
+        if let Some(at) = next_due
+            && let Ok(d) = (at - Utc::now()).to_std()
+        {
+            sleep_for = sleep_for.min(d + Duration::from_millis(1));
         }
         tokio::select! {
             _ = wake.notified() => {}

@@ -224,7 +224,7 @@ mod tests {
         let p = policy(0.0);
         let now = Utc::now();
         let mut rng = StdRng::seed_from_u64(1);
-        let at = |ra| match p.decide(1, &fail(ra), now, &mut rng) {
+        let mut at = |ra| match p.decide(1, &fail(ra), now, &mut rng) {
             Decision::Retry { at } => (at - now).num_seconds(),
             d => panic!("{d:?}"),
         };

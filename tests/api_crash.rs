@@ -1,0 +1,220 @@
+//! Crash safety of the ingest API (issue 3, DESIGN.md §1.1 and §6): a real `hookd api`
+//! process under concurrent load is SIGKILLed; every event it acknowledged with a 2xx
+//! must exist afterwards with all of its deliveries.
+
+mod common;
+
+use std::collections::{BTreeSet, HashMap};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use sqlx::PgPool;
+use tokio::sync::Mutex;
+use uuid::Uuid;
+
+const CLIENTS: usize = 32;
+const MAX_REQUESTS: u64 = 20_000;
+const LOAD_BEFORE_KILL: Duration = Duration::from_secs(3);
+
+/// (eventId, deliveryIds) of every 2xx answer
+type Acked = Arc<Mutex<Vec<(Uuid, Vec<Uuid>)>>>;
+
+/// Acknowledged-but-lost == 0: with 32 concurrent producers looping against a real
+/// `hookd api` (fan-out 2), SIGKILL lands while requests are in flight (asserted), and
+/// afterwards every eventId that got a 2xx exists in hookd.events with exactly the
+/// deliveries its response listed.
+#[sqlx::test]
+async fn sigkill_under_load_loses_no_acknowledged_event(pool: PgPool) {
+    init();
+    let a = endpoint(&pool, EndpointOpts::default()).await;
+    let b = endpoint(&pool, EndpointOpts::default()).await;
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut child = Command::new(hookd_bin())
+        .arg("api")
+        .env("DATABASE_URL", database_url(&pool))
+        .env("HOOKD_LISTEN", format!("127.0.0.1:{port}"))
+        .env("HOOKD_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let ready = wait_until(Duration::from_secs(30), || async {
+        matches!(
+            client.get(format!("{base}/readyz")).send().await,
+            Ok(r) if r.status() == 200
+        )
+    })
+    .await;
+    assert!(ready, "hookd api never became ready");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let killed = Arc::new(AtomicBool::new(false));
+    let unanswered = Arc::new(AtomicU64::new(0));
+    let started = Arc::new(AtomicU64::new(0));
+    let in_flight = Arc::new(AtomicI64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let non_2xx = Arc::new(AtomicU64::new(0));
+    let acked: Acked = Arc::default();
+    let mut clients = Vec::new();
+    for c in 0..CLIENTS {
+        let (client, base, stop, killed, unanswered) = (
+            client.clone(),
+            base.clone(),
+            stop.clone(),
+            killed.clone(),
+            unanswered.clone(),
+        );
+        let (started, in_flight, errors, non_2xx, acked) = (
+            started.clone(),
+            in_flight.clone(),
+            errors.clone(),
+            non_2xx.clone(),
+            acked.clone(),
+        );
+        clients.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                if started.fetch_add(1, Ordering::SeqCst) >= MAX_REQUESTS {
+                    break;
+                }
+                n += 1;
+                let body = format!(
+                    r#"{{"tenant":"team-a","eventType":"load.tick","payload":{{"client":{c},"n":{n}}}}}"#
+                );
+                in_flight.fetch_add(1, Ordering::SeqCst);
+                let before_kill = !killed.load(Ordering::SeqCst);
+                let result = async {
+                    let r = client
+                        .post(format!("{base}/v1/messages"))
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .send()
+                        .await?;
+                    let status = r.status();
+                    let text = r.text().await?;
+                    Ok::<_, reqwest::Error>((status, text))
+                }
+                .await;
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                match result {
+                    Ok((status, text)) if status.is_success() => {
+                        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                        acked.lock().await.push(ids(&v));
+                    }
+                    Ok(_) => {
+                        non_2xx.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::SeqCst);
+                        if before_kill {
+                            unanswered.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }
+            }
+        }));
+    }
+
+    // Load until a few seconds have passed or most of the request budget is spent, so
+    // the kill always lands with the clients still busy.
+    let load_started = Instant::now();
+    while load_started.elapsed() < LOAD_BEFORE_KILL
+        && started.load(Ordering::SeqCst) < MAX_REQUESTS * 3 / 4
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    killed.store(true, Ordering::SeqCst);
+    child.kill().unwrap(); // SIGKILL
+    let in_flight_at_kill = in_flight.load(Ordering::SeqCst);
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(9), "hookd api died of SIGKILL");
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        c.await.unwrap();
+    }
+
+    let acked = std::mem::take(&mut *acked.lock().await);
+    let errors = errors.load(Ordering::SeqCst);
+    let non_2xx = non_2xx.load(Ordering::SeqCst);
+    let unanswered = unanswered.load(Ordering::SeqCst);
+    println!(
+        "requests started {}, acknowledged {}, in flight at kill {in_flight_at_kill} \
+         (of which never answered {unanswered}), transport errors {errors}, non-2xx {non_2xx}",
+        started.load(Ordering::SeqCst).min(MAX_REQUESTS),
+        acked.len()
+    );
+    assert!(
+        in_flight_at_kill > 0,
+        "the kill must land with requests in flight, or this test proves nothing"
+    );
+    assert!(
+        unanswered > 0,
+        "some request sent before the kill must have died without an answer"
+    );
+    assert!(
+        !acked.is_empty(),
+        "some requests were acknowledged before the kill"
+    );
+    assert_eq!(non_2xx, 0, "the API answered only 2xx before it died");
+
+    // every acknowledged event exists with exactly the deliveries it was answered with
+    let event_ids: Vec<Uuid> = acked.iter().map(|(e, _)| *e).collect();
+    let rows: Vec<(Uuid, Uuid, Uuid)> = sqlx::query_as(
+        "SELECT e.id, d.id, d.endpoint_id FROM hookd.events e
+         JOIN hookd.deliveries d ON d.event_id = e.id
+         WHERE e.id = ANY($1)",
+    )
+    .bind(&event_ids)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut stored: HashMap<Uuid, BTreeSet<Uuid>> = HashMap::new();
+    for (e, d, endpoint) in &rows {
+        assert!(*endpoint == a || *endpoint == b);
+        stored.entry(*e).or_default().insert(*d);
+    }
+    let mut lost = 0;
+    let mut incomplete = 0;
+    for (event, deliveries) in &acked {
+        assert_eq!(deliveries.len(), 2, "fan-out is 2");
+        match stored.get(event) {
+            None => lost += 1,
+            Some(s) if *s != deliveries.iter().copied().collect::<BTreeSet<_>>() => incomplete += 1,
+            Some(_) => {}
+        }
+    }
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM hookd.events")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    println!(
+        "events stored {total} (acknowledged {}, committed but unacknowledged {})",
+        acked.len(),
+        total - acked.len() as i64 + lost
+    );
+    assert_eq!(lost, 0, "acknowledged-but-lost events");
+    assert_eq!(incomplete, 0, "acknowledged events missing deliveries");
+    // no event was committed with a partial fan-out either
+    let partial: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM hookd.events e
+         WHERE (SELECT count(*) FROM hookd.deliveries d WHERE d.event_id = e.id) <> 2",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(partial, 0);
+}
