@@ -242,11 +242,8 @@ pub fn plan(files: &[(PathBuf, Vec<Document>)]) -> Result<Vec<sync::DesiredEndpo
     Ok(out)
 }
 
-/// Reads, validates and applies the files in one transaction.
-pub async fn apply_files(
-    pool: &PgPool,
-    paths: &[PathBuf],
-) -> Result<Vec<(String, SyncOutcome)>, ApplyError> {
+/// Reads and validates the files into a plan; nothing is written.
+pub fn load(paths: &[PathBuf]) -> Result<Vec<sync::DesiredEndpoint>, ApplyError> {
     let mut files = Vec::new();
     for p in paths {
         let text = std::fs::read_to_string(p).map_err(|source| ApplyError::Read {
@@ -255,13 +252,29 @@ pub async fn apply_files(
         })?;
         files.push((p.clone(), parse_documents(p, &text)?));
     }
-    let desired = plan(&files)?;
+    plan(&files)
+}
+
+/// Applies a validated plan in one transaction.
+pub async fn apply_plan(
+    pool: &PgPool,
+    desired: &[sync::DesiredEndpoint],
+) -> Result<Vec<(String, SyncOutcome)>, ApplyError> {
     let mut tx = pool.begin().await.map_err(DbError::from)?;
     let mut results = Vec::new();
-    for d in &desired {
+    for d in desired {
         let outcome = sync::apply_endpoint(&mut tx, d).await?;
         results.push((format!("{}/{}", d.row.namespace, d.row.name), outcome));
     }
     tx.commit().await.map_err(DbError::from)?;
     Ok(results)
+}
+
+/// Reads, validates and applies the files in one transaction.
+pub async fn apply_files(
+    pool: &PgPool,
+    paths: &[PathBuf],
+) -> Result<Vec<(String, SyncOutcome)>, ApplyError> {
+    let desired = load(paths)?;
+    apply_plan(pool, &desired).await
 }

@@ -7,6 +7,7 @@ pub mod api;
 pub mod apply;
 pub mod config;
 pub mod db;
+pub mod dev;
 pub mod dispatch;
 pub mod k8s;
 pub mod metrics;

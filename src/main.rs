@@ -54,6 +54,6 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let pool = runtime::open_checked(&args.db).await?;
             dispatch::run(pool, args.dispatch, runtime::shutdown_on_signals()).await
         }
-        Command::Dev(_args) => anyhow::bail!("hookd dev is not implemented yet"),
+        Command::Dev(args) => hookd::dev::run(args, runtime::shutdown_on_signals()).await,
     }
 }

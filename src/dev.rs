@@ -1,0 +1,143 @@
+//! `hookd dev`: everything in one process for a laptop. A throwaway Postgres when
+//! DATABASE_URL is unset, migrations, the example WebhookEndpoints applied, the API and a
+//! dispatcher (the same `run` functions as in a cluster), and a receiver for the examples
+//! that verifies each delivery's signature and prints it.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ApiSettings, DevArgs, DispatchSettings};
+use crate::db::{self, PoolSettings};
+use crate::pgtemp::TempPostgres;
+use crate::signing::{self, SigningSecret};
+
+/// Defaults of each component's settings, with HOOKD_* from the environment applied
+/// (one parser each: both components have a `--listen`).
+#[derive(Parser)]
+struct ApiDefaults {
+    #[command(flatten)]
+    s: ApiSettings,
+}
+
+#[derive(Parser)]
+struct DispatchDefaults {
+    #[command(flatten)]
+    s: DispatchSettings,
+}
+
+pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let temp = match &args.database_url {
+        Some(_) => None,
+        None => {
+            eprintln!("hookd dev: DATABASE_URL is unset; starting a throwaway Postgres…");
+            Some(TempPostgres::start().await?)
+        }
+    };
+    let url = args
+        .database_url
+        .clone()
+        .or_else(|| temp.as_ref().map(TempPostgres::url))
+        .expect("a database url");
+    let pool = db::connect_lazy(&PoolSettings {
+        url: url.clone(),
+        max_connections: 16,
+        acquire_timeout: std::time::Duration::from_secs(5),
+    })?;
+    db::migrate(&pool).await?;
+
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&args.examples)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.examples.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    let plan = crate::apply::load(&files)?;
+    let secrets: Vec<SigningSecret> = plan
+        .iter()
+        .filter_map(|d| d.secret.as_ref())
+        .filter_map(|s| SigningSecret::parse(&s.value).ok())
+        .collect();
+    for (name, outcome) in crate::apply::apply_plan(&pool, &plan).await? {
+        eprintln!(
+            "hookd dev: webhookendpoint/{name} applied (id {})",
+            outcome.endpoint_id
+        );
+    }
+
+    let mut api = ApiDefaults::parse_from(["hookd"]).s;
+    api.listen = args.listen;
+    let mut dispatch = DispatchDefaults::parse_from(["hookd"]).s;
+    if dispatch.allowed_destinations.is_empty() {
+        // the example receiver lives on loopback, which is refused by default
+        dispatch.allowed_destinations = "127.0.0.0/8,::1/128".into();
+    }
+    let cfg = crate::dispatch::DispatchConfig::from_settings(&dispatch)?;
+
+    let receiver = tokio::net::TcpListener::bind(args.receiver_listen).await?;
+    let receiver_app = axum::Router::new()
+        .fallback(axum::routing::post(print_delivery))
+        .with_state(Arc::new(secrets));
+    tokio::spawn(crate::api::serve_on(
+        receiver,
+        receiver_app,
+        shutdown.clone(),
+    ));
+
+    let dispatcher = tokio::spawn(crate::dispatch::run_dispatcher(
+        pool.clone(),
+        cfg,
+        crate::metrics::Metrics::new(),
+        shutdown.clone(),
+    ));
+    println!(
+        "hookd dev: API on http://{}, example receiver on http://{}",
+        args.listen, args.receiver_listen
+    );
+    println!("hookd dev: database {url}");
+    println!("hookd dev: send a first event with:");
+    println!(
+        "curl -sS -X POST http://{}/v1/messages -H 'content-type: application/json' -d '{{\"tenant\":\"default\",\"eventType\":\"invoice.paid\",\"payload\":{{\"invoice\":\"in_1\",\"amount\":4200}}}}'",
+        args.listen
+    );
+    let api_result = crate::api::run(pool, api, shutdown.clone()).await;
+    shutdown.cancel();
+    let _ = dispatcher.await;
+    if let Some(t) = temp {
+        t.shutdown().await?;
+        eprintln!("hookd dev: throwaway Postgres removed");
+    }
+    api_result
+}
+
+async fn print_delivery(
+    State(secrets): State<Arc<Vec<SigningSecret>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> &'static str {
+    let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+    let now = chrono::Utc::now().timestamp();
+    let verified = secrets.iter().any(|s| {
+        signing::verify(
+            s,
+            h("webhook-id"),
+            h("webhook-timestamp"),
+            h("webhook-signature"),
+            &body,
+            now,
+        )
+        .is_ok()
+    });
+    println!(
+        "receiver: {} webhook-id={} signature={} body={}",
+        h("hookd-event-type").unwrap_or("?"),
+        h("webhook-id").unwrap_or("?"),
+        if verified { "verified" } else { "INVALID" },
+        String::from_utf8_lossy(&body)
+    );
+    "ok"
+}

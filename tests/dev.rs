@@ -1,0 +1,137 @@
+//! `hookd dev` as a user runs it: the printed `curl ` line, pasted into a shell, answers
+//! with the 201 JSON of the messages API, and the example receiver prints the delivery
+//! with a verified signature.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[sqlx::test]
+async fn dev_prints_a_working_curl_line(pool: PgPool) {
+    common::init();
+    let (api, rx_port) = (free_port(), free_port());
+    // The example endpoint points at 127.0.0.1:9000; give dev a copy aimed at our port.
+    let dir = tempdir();
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/endpoint.yaml"
+    ))
+    .unwrap();
+    std::fs::write(
+        dir.join("endpoint.yaml"),
+        example.replace("127.0.0.1:9000", &format!("127.0.0.1:{rx_port}")),
+    )
+    .unwrap();
+    let mut child = Command::new(common::hookd_bin())
+        .args([
+            "dev",
+            "--listen",
+            &format!("127.0.0.1:{api}"),
+            "--receiver-listen",
+            &format!("127.0.0.1:{rx_port}"),
+        ])
+        .arg("--examples")
+        .arg(&dir)
+        .env("DATABASE_URL", common::database_url(&pool))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    let (tx, lines) = mpsc::channel::<String>();
+    let stdout = child.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let next_matching = |pred: &dyn Fn(&str) -> bool| loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(30))
+            .expect("hookd dev kept printing");
+        if pred(&line) {
+            return line;
+        }
+    };
+    let curl = next_matching(&|l| l.starts_with("curl "));
+    // wait until the API answers before pasting the line
+    assert!(
+        common::wait_until(Duration::from_secs(20), || async {
+            reqwest::get(format!("http://127.0.0.1:{api}/readyz"))
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        })
+        .await
+    );
+    let out = Command::new("sh")
+        .args(["-c", &format!("{curl} -w '\\n%{{http_code}}'")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (body, code) = text.trim().rsplit_once('\n').unwrap();
+    assert_eq!(code, "201", "{text}");
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    let delivery = v["deliveryIds"][0].as_str().unwrap().to_string();
+    let received = next_matching(&|l| l.starts_with("receiver: "));
+    assert!(
+        received.contains(&format!("webhook-id={delivery}")),
+        "{received}"
+    );
+    assert!(received.contains("signature=verified"), "{received}");
+    // Ctrl-C, as a user stops it
+    let pid = child.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(
+        child.0.wait().unwrap().success(),
+        "hookd dev exits 0 on Ctrl-C"
+    );
+    // its connections close asynchronously; the test database can only be dropped after
+    assert!(
+        common::wait_until(Duration::from_secs(10), || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+                == 0
+        })
+        .await
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A failing assertion must not leave `hookd dev` running (and holding the test database).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("hookd-dev-test-{}", uuid::Uuid::now_v7().simple()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
