@@ -35,7 +35,7 @@ async fn dev_prints_a_working_curl_line(pool: PgPool) {
         example.replace("127.0.0.1:9000", &format!("127.0.0.1:{rx_port}")),
     )
     .unwrap();
-    let mut child = Command::new(common::hookd_bin())
+    let child = Command::new(common::hookd_bin())
         .args([
             "dev",
             "--listen",

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::db::{self, DbError, deliveries::Completion, endpoints::CircuitInput};
@@ -32,6 +33,9 @@ pub struct CompleterConfig {
     pub max_batch: usize,
     pub circuit_threshold: i32,
     pub circuit_cooldown: Duration,
+    /// after shutdown, how long to keep retrying outcome writes against an unreachable
+    /// database before giving up
+    pub shutdown_grace: Duration,
 }
 
 /// Spawns the completer; it drains the channel and exits once every sender is dropped.
@@ -39,6 +43,7 @@ pub fn spawn(
     pool: PgPool,
     cfg: CompleterConfig,
     metrics: Metrics,
+    shutdown: CancellationToken,
 ) -> (mpsc::UnboundedSender<Finished>, tokio::task::JoinHandle<()>) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Finished>();
     let handle = tokio::spawn(async move {
@@ -52,9 +57,22 @@ pub fn spawn(
                 }
             }
             let mut delay = Duration::from_millis(100);
+            let mut give_up_at: Option<tokio::time::Instant> = None;
             loop {
                 match write_batch(&pool, &cfg, &batch, &metrics).await {
                     Ok(()) => break,
+                    Err(e)
+                        if shutdown.is_cancelled()
+                            && tokio::time::Instant::now()
+                                >= *give_up_at.get_or_insert_with(|| {
+                                    tokio::time::Instant::now() + cfg.shutdown_grace
+                                }) =>
+                    {
+                        // Stopping with the database unreachable: unwritten outcomes are
+                        // safe to drop, since their leases lapse and the rows are resent.
+                        tracing::warn!(error = %e, dropped = batch.len(), "shutting down without writing outcomes; those deliveries will be retried");
+                        break;
+                    }
                     Err(e) => {
                         // Keep the outcomes and retry: while the database is down nothing
                         // else can make progress either. If leases lapse meanwhile, the

@@ -172,8 +172,10 @@ pub async fn run_dispatcher(
             max_batch: 512,
             circuit_threshold: i32::try_from(cfg.circuit_threshold).unwrap_or(i32::MAX),
             circuit_cooldown: cfg.circuit_cooldown,
+            shutdown_grace: cfg.shutdown_grace,
         },
         metrics.clone(),
+        shutdown.clone(),
     );
     let mut tasks = JoinSet::new();
     let mut error_backoff = Duration::from_millis(100);
