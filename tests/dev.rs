@@ -11,18 +11,10 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[sqlx::test]
 async fn dev_prints_a_working_curl_line(pool: PgPool) {
     common::init();
-    let (api, rx_port) = (free_port(), free_port());
+    let (api, rx_port) = (common::free_port(), common::free_port());
     // The example endpoint points at 127.0.0.1:9000; give dev a copy aimed at our port.
     let dir = tempdir();
     let example = std::fs::read_to_string(concat!(

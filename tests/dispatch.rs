@@ -18,7 +18,7 @@ use hookd::db::endpoints::{self, CircuitInput};
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::DropGuard;
 use uuid::Uuid;
 
 // ---- helpers local to this binary ----
@@ -123,16 +123,7 @@ impl Tap {
                 }
             },
         ));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = CancellationToken::new();
-        let s = stop.clone();
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(s.cancelled_owned())
-                .await
-                .ok();
-        });
+        let (addr, stop) = serve_local(app).await;
         Tap {
             addr,
             got,

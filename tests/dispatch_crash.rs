@@ -70,16 +70,7 @@ impl SlowReceiver {
                 "ok"
             }
         }));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = CancellationToken::new();
-        let s = stop.clone();
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(s.cancelled_owned())
-                .await
-                .ok();
-        });
+        let (addr, stop) = serve_local(app).await;
         SlowReceiver {
             addr,
             in_flight,
@@ -91,14 +82,6 @@ impl SlowReceiver {
     fn answered(&self) -> usize {
         self.answered.lock().unwrap().len()
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn spawn_dispatcher(database_url: &str) -> tokio::process::Child {

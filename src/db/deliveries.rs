@@ -1,7 +1,8 @@
 //! `hookd.deliveries`: the queue. Claim, fenced batch completion, replay and reads.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgPool};
+use sqlx::postgres::PgArguments;
+use sqlx::{Arguments, PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::DbError;
@@ -110,40 +111,40 @@ const CLAIM_SQL: &str = r#"
 /// and its backlog is not re-deferred. Due rows include in_progress rows whose lease
 /// lapsed: the lease expiry lives in the same visibility column.
 pub async fn claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<ClaimedDelivery>, DbError> {
-    let busy_ids: Vec<Uuid> = req.busy.iter().map(|b| b.0).collect();
-    let busy_counts: Vec<i32> = req.busy.iter().map(|b| b.1).collect();
-    let rows = sqlx::query_as::<_, ClaimedDelivery>(CLAIM_SQL)
-        .bind(req.worker_id)
-        .bind(req.limit)
-        .bind(req.lease_secs)
-        .bind(&busy_ids)
-        .bind(&busy_counts)
-        .bind(req.now)
-        .bind(req.per_endpoint_cap)
+    let rows = sqlx::query_as_with::<_, ClaimedDelivery, _>(CLAIM_SQL, claim_arguments(req)?)
         .fetch_all(pool)
         .await?;
     Ok(rows)
+}
+
+/// The claim's parameters, shared by `claim` and `explain_claim` so the plan a test
+/// inspects is the plan production runs.
+fn claim_arguments(req: &ClaimRequest) -> Result<PgArguments, DbError> {
+    let busy_ids: Vec<Uuid> = req.busy.iter().map(|b| b.0).collect();
+    let busy_counts: Vec<i32> = req.busy.iter().map(|b| b.1).collect();
+    let mut args = PgArguments::default();
+    let encode = |e| DbError::Query(sqlx::Error::Encode(e));
+    args.add(req.worker_id).map_err(encode)?;
+    args.add(req.limit).map_err(encode)?;
+    args.add(req.lease_secs).map_err(encode)?;
+    args.add(busy_ids).map_err(encode)?;
+    args.add(busy_counts).map_err(encode)?;
+    args.add(req.now).map_err(encode)?;
+    args.add(req.per_endpoint_cap).map_err(encode)?;
+    Ok(args)
 }
 
 /// `EXPLAIN (ANALYZE, BUFFERS)` of the claim statement with `req`'s parameters, executed in
 /// a transaction that is rolled back (nothing is leased). For tests and benchmarks that
 /// prove the claim is an index range scan whatever the backlog. One line per plan line.
 pub async fn explain_claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<String>, DbError> {
-    let busy_ids: Vec<Uuid> = req.busy.iter().map(|b| b.0).collect();
-    let busy_counts: Vec<i32> = req.busy.iter().map(|b| b.1).collect();
     let sql = format!("EXPLAIN (ANALYZE, BUFFERS) {CLAIM_SQL}");
     let mut tx = pool.begin().await?;
     // the only dynamic part is a constant prefix on the constant claim text
-    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(req.worker_id)
-        .bind(req.limit)
-        .bind(req.lease_secs)
-        .bind(&busy_ids)
-        .bind(&busy_counts)
-        .bind(req.now)
-        .bind(req.per_endpoint_cap)
-        .fetch_all(&mut *tx)
-        .await?;
+    let plan: Vec<String> =
+        sqlx::query_scalar_with(sqlx::AssertSqlSafe(sql), claim_arguments(req)?)
+            .fetch_all(&mut *tx)
+            .await?;
     tx.rollback().await?;
     Ok(plan)
 }

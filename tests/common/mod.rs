@@ -70,6 +70,30 @@ where
     }
 }
 
+/// A free TCP port on 127.0.0.1 (for child processes that bind it themselves).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Serves `app` on an ephemeral 127.0.0.1 port until the returned token is cancelled.
+pub async fn serve_local(app: axum::Router) -> (SocketAddr, CancellationToken) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(s.cancelled_owned())
+            .await
+            .ok();
+    });
+    (addr, stop)
+}
+
 // ---- endpoints through the real sync core ----
 
 #[derive(Debug, Clone)]
@@ -352,16 +376,7 @@ impl Receiver {
         let app = axum::Router::new()
             .fallback(axum::routing::post(receive))
             .with_state(state);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        let s = shutdown.clone();
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(s.cancelled_owned())
-                .await
-                .ok();
-        });
+        let (addr, shutdown) = serve_local(app).await;
         Receiver {
             addr,
             received,
