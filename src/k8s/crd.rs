@@ -127,3 +127,153 @@ pub struct WebhookEndpointStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure_time: Option<Time>,
 }
+
+/// A pool of dispatcher pods (hookd.dev/v1alpha1 WebhookDispatcher). The controller
+/// server-side-applies one owned Deployment running `hookd dispatch` per object and, with
+/// `autoscaling`, sets its replicas from the due backlog in Postgres.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "hookd.dev",
+    version = "v1alpha1",
+    kind = "WebhookDispatcher",
+    namespaced,
+    shortname = "whd",
+    status = "WebhookDispatcherStatus",
+    cel,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".status.replicas"}"#,
+    printcolumn = r#"{"name":"Available","type":"integer","jsonPath":".status.readyReplicas"}"#,
+    printcolumn = r#"{"name":"Backlog","type":"integer","jsonPath":".status.backlog"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = Rule::new("(has(self.leaseSeconds) ? self.leaseSeconds : 60) >= (has(self.requestTimeoutSeconds) ? self.requestTimeoutSeconds : 15) + 5").message("leaseSeconds must exceed requestTimeoutSeconds by at least 5 (defaults: 60 and 15), or a slow request could outlive its lease and be sent twice at once"))]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookDispatcherSpec {
+    /// Dispatcher pods when `autoscaling` is not set. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub replicas: Option<i32>,
+
+    /// Scale between min and max replicas from the due backlog in Postgres.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<DispatcherAutoscaling>,
+
+    /// Deliveries in flight at once per pod (HOOKD_CONCURRENCY). Default 256.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub concurrency: Option<u32>,
+
+    /// Deliveries in flight at once per endpoint per pod (HOOKD_ENDPOINT_CONCURRENCY). Default 32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub endpoint_concurrency: Option<u32>,
+
+    /// Lease on a claimed delivery, in seconds (HOOKD_LEASE_SECS). Default 60.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 3600))]
+    pub lease_seconds: Option<u32>,
+
+    /// Timeout of one delivery request, in seconds (HOOKD_REQUEST_TIMEOUT_SECS). Default 15.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 300))]
+    pub request_timeout_seconds: Option<u32>,
+
+    /// Container image. Default: the controller's own image (HOOKD_IMAGE).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
+
+    /// Image pull policy: Always, IfNotPresent or Never. Default IfNotPresent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self in ['Always', 'IfNotPresent', 'Never']").message("imagePullPolicy must be Always, IfNotPresent or Never"))]
+    pub image_pull_policy: Option<String>,
+
+    /// The Secret (same namespace) holding the database URL. Default key `url`.
+    pub database_secret_ref: DatabaseSecretRef,
+
+    /// The Secret holding HOOKD_ENCRYPTION_KEY, which decrypts signing secrets.
+    /// Default: Secret `hookd-encryption`, key `key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption_key_secret_ref: Option<EncryptionKeySecretRef>,
+
+    /// Destinations admitted despite the outbound policy (CIDRs), e.g. in-cluster receivers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = Rule::new(r"self.all(c, c.matches('^[0-9A-Fa-f:.]+/[0-9]{1,3}$'))").message("allowedDestinations entries must be CIDRs such as 10.0.0.0/8 or fd00::/8"))]
+    #[schemars(length(max = 64))]
+    pub allowed_destinations: Vec<String>,
+
+    /// Compute resources of the dispatcher container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+
+    /// Service account of the pods. Default `hookd-dispatcher` (no API access needed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_account_name: Option<String>,
+
+    /// Extra environment (any `hookd dispatch` setting, e.g. HOOKD_RETRY_SCHEDULE).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub env: Vec<k8s_openapi::api::core::v1::EnvVar>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[x_kube(validation = Rule::new("self.minReplicas <= self.maxReplicas").message("autoscaling.minReplicas must not exceed maxReplicas"))]
+#[serde(rename_all = "camelCase")]
+pub struct DispatcherAutoscaling {
+    #[schemars(range(min = 0, max = 100))]
+    pub min_replicas: i32,
+    #[schemars(range(min = 1, max = 100))]
+    pub max_replicas: i32,
+    /// Due deliveries one pod is expected to handle; replicas = ceil(backlog / this).
+    #[schemars(range(min = 1, max = 1000000))]
+    pub target_backlog_per_replica: i64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct DatabaseSecretRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key within the Secret. Default `url`.
+    #[serde(default = "default_database_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+fn default_database_key() -> String {
+    "url".into()
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct EncryptionKeySecretRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key within the Secret. Default `key`.
+    #[serde(default = "default_encryption_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+fn default_encryption_key() -> String {
+    "key".into()
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookDispatcherStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The Deployment this object manages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
+    /// Replicas the controller asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    /// Due deliveries of claimable endpoints, as last sampled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backlog: Option<i64>,
+}

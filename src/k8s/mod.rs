@@ -6,11 +6,14 @@ pub mod sync;
 
 use kube::CustomResourceExt;
 
-pub use crd::{WebhookEndpoint, WebhookEndpointSpec, WebhookEndpointStatus};
+pub use crd::{
+    WebhookDispatcher, WebhookDispatcherSpec, WebhookDispatcherStatus, WebhookEndpoint,
+    WebhookEndpointSpec, WebhookEndpointStatus,
+};
 
 /// Every CRD hookd defines, as one multi-document YAML stream (`hookd crd`, `crds/`).
 pub fn crds_yaml() -> String {
-    let crds = [crd::WebhookEndpoint::crd()];
+    let crds = [crd::WebhookEndpoint::crd(), crd::WebhookDispatcher::crd()];
     crds.iter()
         .map(|c| serde_yaml::to_string(c).expect("CRDs serialize to YAML"))
         .collect::<Vec<_>>()
