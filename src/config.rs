@@ -40,6 +40,8 @@ pub enum Command {
     Api(ApiArgs),
     /// Run a dispatcher: claim due deliveries and send them
     Dispatch(DispatchArgs),
+    /// Run the Kubernetes controller (WebhookEndpoint and WebhookDispatcher)
+    Controller(ControllerArgs),
     /// Apply WebhookEndpoint and Secret YAML documents straight to Postgres
     Apply(ApplyArgs),
     /// Print the CustomResourceDefinitions as YAML
@@ -179,6 +181,73 @@ pub struct DispatchSettings {
     /// Bytes of each response body kept in the attempt log
     #[arg(long, env = "HOOKD_RESPONSE_SNIPPET_BYTES", default_value_t = 1024)]
     pub response_snippet_bytes: usize,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ControllerArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub controller: ControllerSettings,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ControllerSettings {
+    /// Address for /healthz, /readyz and /metrics
+    #[arg(long, env = "HOOKD_LISTEN", default_value = "0.0.0.0:8082")]
+    pub listen: SocketAddr,
+    /// Watch WebhookEndpoints (and their Secrets) in this namespace only; unset = all namespaces
+    #[arg(long, env = "HOOKD_WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+    /// Reconcile only while holding the leader Lease (turn off for a single local replica)
+    #[arg(long, env = "HOOKD_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+    /// Name of the leader Lease
+    #[arg(long, env = "HOOKD_LEASE_NAME", default_value = "hookd-controller")]
+    pub lease_name: String,
+    /// Namespace of the leader Lease and of WebhookDispatchers (default: POD_NAMESPACE, else the service account's namespace, else hookd-system)
+    #[arg(long, env = "HOOKD_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// This replica's identity for the Lease (set from the downward API; default: the host name)
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    /// This replica's namespace (downward API)
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+    /// Image of dispatcher Deployments when a WebhookDispatcher names none (set it to the controller's own image)
+    #[arg(long, env = "HOOKD_IMAGE", default_value = concat!("hookd:", env!("CARGO_PKG_VERSION")))]
+    pub image: String,
+    /// How often status figures are refreshed from Postgres and autoscaling is sampled, in seconds
+    #[arg(long, env = "HOOKD_STATUS_INTERVAL_SECS", default_value_t = 10)]
+    pub status_interval_secs: u64,
+}
+
+/// Where an in-cluster process finds its own namespace.
+const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+impl ControllerSettings {
+    /// Namespace of the Lease and of the WebhookDispatchers this controller manages.
+    pub fn install_namespace(&self) -> String {
+        self.lease_namespace
+            .clone()
+            .or_else(|| self.pod_namespace.clone())
+            .or_else(|| {
+                std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
+                    .ok()
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+            })
+            .unwrap_or_else(|| "hookd-system".into())
+    }
+
+    /// A unique identity per replica for the Lease: the pod name, else the host name.
+    pub fn identity(&self) -> String {
+        self.pod_name
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| format!("hookd-controller-{}", uuid::Uuid::now_v7().simple()))
+    }
 }
 
 #[derive(Debug, Clone, Args)]

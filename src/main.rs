@@ -54,6 +54,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let pool = runtime::open_checked(&args.db).await?;
             dispatch::run(pool, args.dispatch, runtime::shutdown_on_signals()).await
         }
+        Command::Controller(args) => {
+            let pool = runtime::open_checked(&args.db).await?;
+            k8s::run(pool, args.controller, runtime::shutdown_on_signals()).await
+        }
         Command::Dev(args) => hookd::dev::run(args, runtime::shutdown_on_signals()).await,
     }
 }

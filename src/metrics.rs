@@ -21,6 +21,18 @@ pub struct Outcome {
     pub outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReconcileResult {
+    pub controller: &'static str,
+    /// `ok` or `error`
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabel {
+    pub controller: &'static str,
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     registry: Arc<Registry>,
@@ -39,6 +51,13 @@ pub struct Metrics {
     pub endpoints_disabled: Counter,
     pub backlog: Gauge,
     pub oldest_due_age_seconds: Gauge,
+    pub reconciles: Family<ReconcileResult, Counter>,
+    pub reconcile_seconds: Family<ControllerLabel, Histogram>,
+    pub leader: Gauge,
+}
+
+fn reconcile_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
 
 impl Default for Metrics {
@@ -140,6 +159,26 @@ impl Metrics {
             "Age of the oldest due delivery of an active endpoint (sampled)",
             oldest_due_age_seconds.clone(),
         );
+        let reconciles = Family::<ReconcileResult, Counter>::default();
+        r.register(
+            "reconciles",
+            "Controller reconciliations by controller and result",
+            reconciles.clone(),
+        );
+        let reconcile_seconds = Family::<ControllerLabel, Histogram>::new_with_constructor(
+            reconcile_histogram as fn() -> Histogram,
+        );
+        r.register(
+            "reconcile_seconds",
+            "Duration of one reconciliation",
+            reconcile_seconds.clone(),
+        );
+        let leader = Gauge::default();
+        r.register(
+            "leader",
+            "1 while this controller replica holds the leader lease",
+            leader.clone(),
+        );
         Metrics {
             registry: Arc::new(r),
             http_requests,
@@ -157,6 +196,9 @@ impl Metrics {
             endpoints_disabled,
             backlog,
             oldest_due_age_seconds,
+            reconciles,
+            reconcile_seconds,
+            leader,
         }
     }
 

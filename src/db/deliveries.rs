@@ -449,3 +449,27 @@ pub async fn backlog_sample(pool: &PgPool) -> Result<(i64, i64), DbError> {
     .fetch_one(pool)
     .await?)
 }
+
+/// The work dispatchers have right now, for the autoscaler: deliveries that are due or in
+/// flight, of endpoints a claim would serve (active, circuit closed or ready for a probe).
+/// Retries waiting for their time and held endpoints do not need pods. One bounded range
+/// scan of `deliveries_claimable` per active endpoint, each stopping at `cap_per_endpoint`.
+pub async fn dispatch_backlog(pool: &PgPool, cap_per_endpoint: i64) -> Result<i64, DbError> {
+    Ok(sqlx::query_scalar(
+        r#"
+        SELECT coalesce(sum(c.n), 0)::bigint FROM hookd.endpoints e
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS n FROM (
+                SELECT 1 FROM hookd.deliveries d
+                WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'in_progress', 'failed')
+                  AND (d.visible_at <= now() OR d.status = 'in_progress')
+                LIMIT $1) x
+        ) c
+        WHERE e.state = 'active'
+          AND (e.circuit_state = 'closed' OR e.circuit_open_until <= now())
+        "#,
+    )
+    .bind(cap_per_endpoint)
+    .fetch_one(pool)
+    .await?)
+}

@@ -170,11 +170,12 @@ pub struct CircuitInput {
     pub trailing_failures: i32,
 }
 
-/// Applies a batch of outcomes to the circuit breakers in one atomic statement, so
-/// concurrent replicas never lose each other's counts. A success closes the circuit; a
+/// Applies a batch of outcomes to the circuit breakers (and the last success/failure times
+/// the controller reports) in one atomic statement, so concurrent replicas never lose each
+/// other's counts. A success closes the circuit; a
 /// failure while half-open, or reaching `threshold` consecutive failures, opens it for
-/// `cooldown`. Endpoints whose breaker is already closed and clean are not written at
-/// all on success (no write per delivery in the steady state). Returns the endpoints
+/// `cooldown`. An endpoint whose breaker is closed and clean is written on success at most
+/// once a second (to refresh last_success_at), not per delivery. Returns the endpoints
 /// that this batch opened.
 pub async fn record_circuit(
     conn: &mut PgConnection,
@@ -195,10 +196,13 @@ pub async fn record_circuit(
         ), old AS (
             SELECT e.id, e.circuit_state, e.circuit_failures FROM hookd.endpoints e JOIN i USING (id)
             WHERE i.trailing_failures > 0 OR e.circuit_failures <> 0 OR e.circuit_state <> 'closed'
+               -- last_success_at is kept to the second, not per delivery
+               OR (i.any_success AND (e.last_success_at IS NULL
+                                      OR e.last_success_at < now() - interval '1 second'))
             ORDER BY e.id
             FOR NO KEY UPDATE OF e
         ), calc AS (
-            SELECT old.id, old.circuit_state AS was,
+            SELECT old.id, old.circuit_state AS was, i.any_success, i.trailing_failures,
                    (CASE WHEN i.any_success THEN 0 ELSE old.circuit_failures END) + i.trailing_failures AS failures,
                    i.trailing_failures > 0
                      AND ((old.circuit_state <> 'closed' AND NOT i.any_success)
@@ -213,7 +217,9 @@ pub async fn record_circuit(
                                  ELSE e.circuit_state END,
             circuit_open_until = CASE WHEN calc.open_now THEN now() + make_interval(secs => $5)
                                       WHEN calc.failures = 0 THEN NULL
-                                      ELSE e.circuit_open_until END
+                                      ELSE e.circuit_open_until END,
+            last_success_at = CASE WHEN calc.any_success THEN now() ELSE e.last_success_at END,
+            last_failure_at = CASE WHEN calc.trailing_failures > 0 THEN now() ELSE e.last_failure_at END
         FROM calc
         WHERE e.id = calc.id
         RETURNING e.id, calc.was, calc.open_now
@@ -269,6 +275,48 @@ pub async fn get_declared(
     )
     .bind(namespace)
     .bind(name)
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// What the controller reports in a WebhookEndpoint's status, read in one statement.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct EndpointStats {
+    pub id: Uuid,
+    pub state: String,
+    pub state_reason: Option<String>,
+    pub circuit_state: String,
+    pub circuit_failures: i32,
+    pub circuit_open_until: Option<DateTime<Utc>>,
+    pub last_success_at: Option<DateTime<Utc>>,
+    pub last_failure_at: Option<DateTime<Utc>>,
+    /// claimable deliveries (pending, in progress, waiting for a retry), at most `cap`
+    pub backlog: i64,
+    /// dead letters not yet replayed, at most `cap`
+    pub dead_letters: i64,
+}
+
+/// Status figures for one endpoint. Both counts are bounded range scans of an index whose
+/// leading column is the endpoint (`deliveries_claimable`, `dead_letters_endpoint`), so
+/// sampling every few seconds costs the same however much history the endpoint has; past
+/// `cap` they saturate rather than scan further.
+pub async fn stats(pool: &PgPool, id: Uuid, cap: i64) -> Result<Option<EndpointStats>, DbError> {
+    Ok(sqlx::query_as::<_, EndpointStats>(
+        r#"
+        SELECT e.id, e.state, e.state_reason, e.circuit_state, e.circuit_failures,
+               e.circuit_open_until, e.last_success_at, e.last_failure_at,
+               (SELECT count(*) FROM (
+                   SELECT 1 FROM hookd.deliveries d
+                   WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'in_progress', 'failed')
+                   LIMIT $2) b) AS backlog,
+               (SELECT count(*) FROM (
+                   SELECT 1 FROM hookd.dead_letters dl WHERE dl.endpoint_id = e.id LIMIT $2) x)
+                 AS dead_letters
+        FROM hookd.endpoints e WHERE e.id = $1
+        "#,
+    )
+    .bind(id)
+    .bind(cap)
     .fetch_optional(pool)
     .await?)
 }

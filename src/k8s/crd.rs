@@ -273,7 +273,10 @@ pub struct WebhookDispatcherStatus {
     pub replicas: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_replicas: Option<i32>,
-    /// Due deliveries of claimable endpoints, as last sampled.
+    /// Due and in-flight deliveries of claimable endpoints, as last sampled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backlog: Option<i64>,
+    /// When the autoscaler last changed `replicas` (scale-down waits for a quiet period).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<Time>,
 }

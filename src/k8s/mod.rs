@@ -1,10 +1,41 @@
 //! Kubernetes: the custom resource types, the endpoint sync core shared by `hookd apply`
-//! and the controller, and CRD generation.
+//! and the controller, and `hookd controller` itself (both controllers behind a leader
+//! Lease, with health and metrics).
+//!
+//! `run` is the one entry point. Reconcilers live in `endpoint_controller` and
+//! `dispatcher_controller`, each with `reconcile` + `error_policy` and pure functions for
+//! the desired state that tests call without a cluster.
 
+pub mod conditions;
 pub mod crd;
+pub mod dispatcher_controller;
+pub mod endpoint_controller;
+mod leader;
 pub mod sync;
 
-use kube::CustomResourceExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::PartialObjectMeta;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{Controller, Predicate, WatchStreamExt, predicates, watcher};
+use kube::{Api, Client, CustomResourceExt, Resource};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ControllerSettings;
+use crate::db::DbError;
+use crate::metrics::{ControllerLabel, Metrics, ReconcileResult};
 
 pub use crd::{
     WebhookDispatcher, WebhookDispatcherSpec, WebhookDispatcherStatus, WebhookEndpoint,
@@ -18,4 +49,496 @@ pub fn crds_yaml() -> String {
         .map(|c| serde_yaml::to_string(c).expect("CRDs serialize to YAML"))
         .collect::<Vec<_>>()
         .join("---\n")
+}
+
+/// Server-side apply field manager of every object and status the controller writes.
+pub const FIELD_MANAGER: &str = "hookd-controller";
+
+/// One Kubernetes API permission a component needs, for the RBAC manifests and the test
+/// that checks them against this list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    pub component: &'static str,
+    pub group: &'static str,
+    pub resource: &'static str,
+    pub verbs: &'static [&'static str],
+    /// false: only in the controller's own (install) namespace
+    pub cluster_wide: bool,
+}
+
+/// What `hookd controller` calls, and where. Keep in step with the code: the controller
+/// tests record every request the reconcilers make and check it against this list.
+pub const REQUIRED_ACCESS: &[Access] = &[
+    // the WebhookEndpoint watch (list+watch), the finalizer (patch), status (SSA patch)
+    Access {
+        component: "controller",
+        group: "hookd.dev",
+        resource: "webhookendpoints",
+        verbs: &["list", "watch", "patch"],
+        cluster_wide: true,
+    },
+    Access {
+        component: "controller",
+        group: "hookd.dev",
+        resource: "webhookendpoints/status",
+        verbs: &["patch"],
+        cluster_wide: true,
+    },
+    // metadata-only watch of Secrets, and a GET of each referenced one
+    Access {
+        component: "controller",
+        group: "",
+        resource: "secrets",
+        verbs: &["get", "list", "watch"],
+        cluster_wide: true,
+    },
+    Access {
+        component: "controller",
+        group: "events.k8s.io",
+        resource: "events",
+        verbs: &["create", "patch"],
+        cluster_wide: true,
+    },
+    Access {
+        component: "controller",
+        group: "hookd.dev",
+        resource: "webhookdispatchers",
+        verbs: &["list", "watch"],
+        cluster_wide: false,
+    },
+    Access {
+        component: "controller",
+        group: "hookd.dev",
+        resource: "webhookdispatchers/status",
+        verbs: &["patch"],
+        cluster_wide: false,
+    },
+    // owner references with blockOwnerDeletion need this where the
+    // OwnerReferencesPermissionEnforcement admission plugin runs (e.g. OpenShift)
+    Access {
+        component: "controller",
+        group: "hookd.dev",
+        resource: "webhookdispatchers/finalizers",
+        verbs: &["update"],
+        cluster_wide: false,
+    },
+    // metadata-only watch of owned Deployments; server-side apply creates or patches them
+    Access {
+        component: "controller",
+        group: "apps",
+        resource: "deployments",
+        verbs: &["list", "watch", "create", "patch"],
+        cluster_wide: false,
+    },
+    Access {
+        component: "controller",
+        group: "coordination.k8s.io",
+        resource: "leases",
+        verbs: &["get", "create", "patch"],
+        cluster_wide: false,
+    },
+];
+
+/// Errors of a reconcile. Each is retried by `error_policy`; none crashes the controller.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[source] kube::Error),
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error("{0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    #[error("object {0} has no namespace")]
+    NoNamespace(String),
+}
+
+impl Error {
+    /// Outages (the database, the API server) usually end by themselves: retry soon.
+    pub fn retry_after(&self) -> Duration {
+        use kube::runtime::finalizer::Error as F;
+        let inner = match self {
+            Error::Finalizer(f) => match f.as_ref() {
+                F::ApplyFailed(e) | F::CleanupFailed(e) => e,
+                _ => return Duration::from_secs(5),
+            },
+            e => e,
+        };
+        match inner {
+            Error::Db(e) if e.is_unavailable() => Duration::from_secs(5),
+            Error::Kube(_) => Duration::from_secs(5),
+            _ => Duration::from_secs(30),
+        }
+    }
+}
+
+/// Controller settings after defaults are resolved.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// how often status figures from Postgres are refreshed (and autoscaling sampled)
+    pub status_interval: Duration,
+    /// dispatcher image when a WebhookDispatcher names none
+    pub image: String,
+}
+
+/// What every reconcile gets.
+pub struct Context {
+    pub client: Client,
+    pub pool: PgPool,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    pub settings: Settings,
+}
+
+/// A Kubernetes Event to publish about an object (kube's `Event` has no Debug/PartialEq,
+/// and tests compare these).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectEvent {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub note: String,
+}
+
+impl ObjectEvent {
+    pub fn normal(reason: &'static str, note: String) -> Self {
+        ObjectEvent {
+            warning: false,
+            reason,
+            note,
+        }
+    }
+    pub fn warning(reason: &'static str, note: String) -> Self {
+        ObjectEvent {
+            warning: true,
+            reason,
+            note,
+        }
+    }
+}
+
+/// Records a reconcile's duration when dropped.
+pub struct ReconcileTimer<'a> {
+    metrics: &'a Metrics,
+    controller: &'static str,
+    started: Instant,
+}
+
+impl Drop for ReconcileTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .reconcile_seconds
+            .get_or_create(&ControllerLabel {
+                controller: self.controller,
+            })
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        pool: PgPool,
+        metrics: Metrics,
+        settings: Settings,
+        instance: Option<String>,
+    ) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance,
+            },
+        );
+        Context {
+            client,
+            pool,
+            recorder,
+            metrics,
+            settings,
+        }
+    }
+
+    pub fn reconcile_timer(&self, controller: &'static str) -> ReconcileTimer<'_> {
+        ReconcileTimer {
+            metrics: &self.metrics,
+            controller,
+            started: Instant::now(),
+        }
+    }
+
+    pub fn count_reconcile(&self, controller: &'static str, ok: bool) {
+        self.metrics
+            .reconciles
+            .get_or_create(&ReconcileResult {
+                controller,
+                result: if ok { "ok" } else { "error" },
+            })
+            .inc();
+    }
+
+    /// Publishes an Event, best effort: Events are for people, and a namespace being
+    /// deleted refuses them, which must not block a finalizer.
+    pub async fn publish<K: Resource<DynamicType = ()>>(&self, obj: &K, ev: ObjectEvent) {
+        let event = Event {
+            type_: if ev.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: ev.reason.into(),
+            note: Some(ev.note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+            tracing::debug!(error = %e, reason = ev.reason, "could not publish an Event");
+        }
+    }
+}
+
+/// Liveness and readiness of this replica.
+#[derive(Default)]
+struct Health {
+    leading: AtomicBool,
+    synced: AtomicBool,
+}
+
+/// `hookd controller`: wait for the leader Lease (unless leader election is off), then run
+/// both controllers until shutdown. Losing the Lease ends the process, so that a fresh
+/// replica stands by instead of one that may still hold stale work in memory.
+pub async fn run(
+    pool: PgPool,
+    settings: ControllerSettings,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let client = Client::try_default().await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot reach a Kubernetes cluster (in-cluster service account, KUBECONFIG or ~/.kube/config): {e}"
+        )
+    })?;
+    let metrics = Metrics::new();
+    let health = Arc::new(Health::default());
+    let listener = tokio::net::TcpListener::bind(settings.listen).await?;
+    tracing::info!(listen = %settings.listen, "controller health and metrics listening");
+    let server = tokio::spawn(crate::api::serve_on(
+        listener,
+        health_router(health.clone(), metrics.clone()),
+        shutdown.clone(),
+    ));
+    let install_ns = settings.install_namespace();
+    let identity = settings.identity();
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        pool,
+        metrics.clone(),
+        Settings {
+            status_interval: Duration::from_secs(settings.status_interval_secs.max(1)),
+            image: settings.image.clone(),
+        },
+        Some(identity.clone()),
+    ));
+    let result = if settings.leader_election {
+        leader::run_as_leader(
+            client,
+            &settings.lease_name,
+            &install_ns,
+            &identity,
+            &metrics,
+            shutdown.clone(),
+            |token| {
+                health.leading.store(true, Ordering::SeqCst);
+                run_controllers(
+                    ctx,
+                    settings.watch_namespace.clone(),
+                    install_ns.clone(),
+                    health.clone(),
+                    token,
+                )
+            },
+        )
+        .await
+    } else {
+        health.leading.store(true, Ordering::SeqCst);
+        metrics.leader.set(1);
+        run_controllers(
+            ctx,
+            settings.watch_namespace.clone(),
+            install_ns,
+            health.clone(),
+            shutdown.clone(),
+        )
+        .await;
+        Ok(())
+    };
+    shutdown.cancel();
+    server.await??;
+    result
+}
+
+/// Both controllers until `token` is cancelled.
+async fn run_controllers(
+    ctx: Arc<Context>,
+    watch_namespace: Option<String>,
+    install_namespace: String,
+    health: Arc<Health>,
+    token: CancellationToken,
+) {
+    let client = ctx.client.clone();
+    let (endpoints, endpoint_store) = endpoint_controller_stream(
+        client.clone(),
+        watch_namespace.as_deref(),
+        ctx.clone(),
+        token.clone(),
+    );
+    let (dispatchers, dispatcher_store) =
+        dispatcher_controller_stream(client, &install_namespace, ctx, token.clone());
+    tokio::spawn(async move {
+        let ready = tokio::try_join!(
+            endpoint_store.wait_until_ready(),
+            dispatcher_store.wait_until_ready()
+        );
+        if ready.is_ok() {
+            tracing::info!("watches synced");
+            health.synced.store(true, Ordering::SeqCst);
+        }
+    });
+    tracing::info!(
+        namespaces = watch_namespace.as_deref().unwrap_or("(all)"),
+        dispatcher_namespace = %install_namespace,
+        "controllers running"
+    );
+    tokio::join!(endpoints, dispatchers);
+}
+
+/// The predicate on each controller's own objects: spec changes (generation), finalizer
+/// changes and the start of a deletion pass; status writes — including the controller's
+/// own — do not, or every status patch would trigger the next reconcile.
+fn spec_or_finalizers<K: Resource>(obj: &K) -> Option<u64> {
+    predicates::generation
+        .combine(predicates::finalizers)
+        .hash_property(obj)
+}
+
+fn endpoint_controller_stream(
+    client: Client,
+    namespace: Option<&str>,
+    ctx: Arc<Context>,
+    token: CancellationToken,
+) -> (
+    impl std::future::Future<Output = ()>,
+    Store<WebhookEndpoint>,
+) {
+    // Secrets are watched metadata-only: the controller never holds every Secret of the
+    // cluster in memory, only their names and versions; it GETs the ones it needs.
+    let (endpoints, secrets): (Api<WebhookEndpoint>, Api<PartialObjectMeta<Secret>>) =
+        match namespace {
+            Some(ns) => (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client, ns),
+            ),
+            None => (Api::all(client.clone()), Api::all(client)),
+        };
+    let (reader, writer) = reflector::store();
+    let objects = watcher(endpoints, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(spec_or_finalizers, Default::default());
+    let secret_changes = watcher(secrets, watcher::Config::default())
+        .default_backoff()
+        .touched_objects()
+        .predicate_filter(predicates::resource_version, Default::default());
+    let store = reader.clone();
+    let fut = Controller::for_stream(objects, reader.clone())
+        .watches_stream(secret_changes, move |s| {
+            endpoint_controller::endpoints_for_secret(&store, &s)
+        })
+        .graceful_shutdown_on(token.cancelled_owned())
+        .run(
+            endpoint_controller::reconcile,
+            endpoint_controller::error_policy,
+            ctx,
+        )
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "webhookendpoint controller");
+            }
+        });
+    (fut, reader)
+}
+
+fn dispatcher_controller_stream(
+    client: Client,
+    namespace: &str,
+    ctx: Arc<Context>,
+    token: CancellationToken,
+) -> (
+    impl std::future::Future<Output = ()>,
+    Store<WebhookDispatcher>,
+) {
+    let dispatchers: Api<WebhookDispatcher> = Api::namespaced(client.clone(), namespace);
+    let deployments: Api<PartialObjectMeta<Deployment>> = Api::namespaced(client, namespace);
+    let (reader, writer) = reflector::store();
+    let objects = watcher(dispatchers, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(spec_or_finalizers, Default::default());
+    let (k, v) = dispatcher_controller::MANAGED_BY;
+    let owned = watcher(
+        deployments,
+        watcher::Config::default().labels(&format!("{k}={v}")),
+    )
+    .default_backoff()
+    .touched_objects()
+    .predicate_filter(predicates::resource_version, Default::default());
+    let fut = Controller::for_stream(objects, reader.clone())
+        .owns_stream(owned)
+        .graceful_shutdown_on(token.cancelled_owned())
+        .run(
+            dispatcher_controller::reconcile,
+            dispatcher_controller::error_policy,
+            ctx,
+        )
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "webhookdispatcher controller");
+            }
+        });
+    (fut, reader)
+}
+
+/// `/healthz` (the process is up), `/readyz` (the leader's watches have synced; a standby
+/// replica is ready to take over, so it answers ready too) and `/metrics`.
+fn health_router(health: Arc<Health>, metrics: Metrics) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(
+                |State((health, _)): State<(Arc<Health>, Metrics)>| async move {
+                    if !health.leading.load(Ordering::SeqCst) {
+                        (StatusCode::OK, "standby").into_response()
+                    } else if health.synced.load(Ordering::SeqCst) {
+                        (StatusCode::OK, "ready").into_response()
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "watches not synced yet").into_response()
+                    }
+                },
+            ),
+        )
+        .route(
+            "/metrics",
+            get(
+                |State((_, metrics)): State<(Arc<Health>, Metrics)>| async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        metrics.render(),
+                    )
+                },
+            ),
+        )
+        .with_state((health, metrics))
 }

@@ -27,6 +27,12 @@ pub enum SecretProblem {
         name: String,
         key: String,
     },
+    #[error("Secret {namespace}/{name} cannot be read: {reason}")]
+    Unreadable {
+        namespace: String,
+        name: String,
+        reason: String,
+    },
     #[error("Secret {namespace}/{name} key {key:?} is not a valid signing secret: {reason}")]
     Malformed {
         namespace: String,
@@ -41,6 +47,7 @@ impl SecretProblem {
     pub fn reason(&self) -> &'static str {
         match self {
             SecretProblem::NotFound { .. } => "SecretNotFound",
+            SecretProblem::Unreadable { .. } => "SecretUnreadable",
             SecretProblem::MissingKey { .. } => "SecretKeyMissing",
             SecretProblem::Malformed { .. } => "SecretMalformed",
         }

@@ -1,0 +1,785 @@
+//! The WebhookDispatcher controller: each `WebhookDispatcher` owns one Deployment running
+//! `hookd dispatch`, server-side-applied from a pure `desired_deployment`, with replicas
+//! fixed by the spec or, with `autoscaling`, derived from the backlog in Postgres.
+//!
+//! No finalizer: the Deployment carries an owner reference, so Kubernetes' garbage
+//! collector removes it with its WebhookDispatcher, and there is nothing in Postgres to
+//! clean up (a stopped dispatcher's leases simply lapse).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SeccompProfile, SecretKeySelector, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+
+use super::conditions::{condition, to_time};
+use super::crd::{WebhookDispatcher, WebhookDispatcherSpec, WebhookDispatcherStatus};
+use super::{Context, Error, FIELD_MANAGER, ObjectEvent};
+use crate::db;
+
+pub const CONTROLLER: &str = "webhookdispatcher";
+/// Label selecting every Deployment this controller manages (its owned-object watch).
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "hookd-controller");
+/// Port of `hookd dispatch`'s health and metrics listener.
+pub const METRICS_PORT: i32 = 8081;
+/// The autoscaler scales up at once but down only after this long without a change, so
+/// a backlog that drains in bursts does not make pods come and go.
+pub const SCALE_DOWN_STABILIZATION: Duration = Duration::from_secs(120);
+
+pub const DEFAULT_CONCURRENCY: u32 = 256;
+pub const DEFAULT_LEASE_SECS: u32 = 60;
+pub const DEFAULT_REQUEST_TIMEOUT_SECS: u32 = 15;
+pub const DEFAULT_SERVICE_ACCOUNT: &str = "hookd-dispatcher";
+pub const DEFAULT_ENCRYPTION_SECRET: (&str, &str) = ("hookd-encryption", "key");
+
+/// The owned Deployment's name.
+pub fn deployment_name(d: &WebhookDispatcher) -> String {
+    format!("hookd-dispatcher-{}", d.name_any())
+}
+
+pub async fn reconcile(d: Arc<WebhookDispatcher>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.reconcile_timer(CONTROLLER);
+    let result = apply(&d, &ctx).await;
+    ctx.count_reconcile(CONTROLLER, result.is_ok());
+    result
+}
+
+pub fn error_policy(d: Arc<WebhookDispatcher>, err: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(
+        dispatcher = %format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any()),
+        error = %err,
+        "reconcile failed; will retry"
+    );
+    Action::requeue(err.retry_after())
+}
+
+async fn apply(d: &WebhookDispatcher, ctx: &Context) -> Result<Action, Error> {
+    let ns = d
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(d.name_any()))?;
+    // Every pod can hold `concurrency` deliveries, so counting further than the most the
+    // autoscaler could ask for tells it nothing.
+    let cap = d
+        .spec
+        .autoscaling
+        .as_ref()
+        .map_or(1_000_000, |a| {
+            i64::from(a.max_replicas).saturating_mul(a.target_backlog_per_replica)
+        })
+        .max(1);
+    let backlog = match db::deliveries::dispatch_backlog(&ctx.pool, cap).await {
+        Ok(b) => Some(b),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not sample the backlog; keeping the current replicas");
+            None
+        }
+    };
+    let now = Utc::now();
+    let scale = desired_replicas(&d.spec, d.status.as_ref(), backlog, now);
+    let deployment = desired_deployment(d, &ctx.settings.image, scale.replicas);
+    let applied = Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
+        .patch(
+            &deployment_name(d),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&deployment),
+        )
+        .await
+        .map_err(Error::Kube)?;
+    let ready = applied
+        .status
+        .as_ref()
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0);
+    let status = desired_status(d, &scale, ready, backlog, &to_time(now));
+    let previous = d.status.as_ref().and_then(|s| s.replicas);
+    if d.status.as_ref() != Some(&status) {
+        let patch = serde_json::json!({
+            "apiVersion": WebhookDispatcher::api_version(&()),
+            "kind": WebhookDispatcher::kind(&()),
+            "status": status,
+        });
+        Api::<WebhookDispatcher>::namespaced(ctx.client.clone(), &ns)
+            .patch_status(
+                &d.name_any(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+            .map_err(Error::Kube)?;
+    }
+    if let Some(prev) = previous
+        && prev != scale.replicas
+    {
+        ctx.publish(
+            d,
+            ObjectEvent::normal(
+                if scale.replicas > prev {
+                    "ScaledUp"
+                } else {
+                    "ScaledDown"
+                },
+                format!(
+                    "replicas {prev} -> {} (backlog {})",
+                    scale.replicas,
+                    backlog.map_or("unknown".into(), |b| b.to_string())
+                ),
+            ),
+        )
+        .await;
+    }
+    // Autoscaling samples the backlog often; fixed replicas only need a resync now and then
+    // (the owned-Deployment watch brings every rollout change in between).
+    Ok(Action::requeue(if d.spec.autoscaling.is_some() {
+        ctx.settings.status_interval
+    } else {
+        Duration::from_secs(120)
+    }))
+}
+
+/// The autoscaler's decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scale {
+    pub replicas: i32,
+    pub last_scale_time: Option<Time>,
+}
+
+/// Pure: replicas for the spec and the sampled backlog. Without autoscaling, the spec's
+/// `replicas` (default 1). With it, `ceil(backlog / target)` within [min, max]: up at
+/// once, down only after `SCALE_DOWN_STABILIZATION` since the last change; an unknown
+/// backlog (database unreachable) keeps the current count.
+pub fn desired_replicas(
+    spec: &WebhookDispatcherSpec,
+    status: Option<&WebhookDispatcherStatus>,
+    backlog: Option<i64>,
+    now: DateTime<Utc>,
+) -> Scale {
+    let Some(a) = &spec.autoscaling else {
+        return Scale {
+            replicas: spec.replicas.unwrap_or(1),
+            last_scale_time: None,
+        };
+    };
+    let last = status.and_then(|s| s.last_scale_time.clone());
+    let current = status
+        .and_then(|s| s.replicas)
+        .map(|r| r.clamp(a.min_replicas, a.max_replicas));
+    let Some(backlog) = backlog else {
+        return Scale {
+            replicas: current.unwrap_or(a.min_replicas),
+            last_scale_time: last,
+        };
+    };
+    let target = a.target_backlog_per_replica.max(1);
+    let wanted = backlog.max(0).saturating_add(target - 1) / target;
+    let wanted = i32::try_from(wanted)
+        .unwrap_or(i32::MAX)
+        .clamp(a.min_replicas, a.max_replicas);
+    let changed = |replicas| Scale {
+        replicas,
+        last_scale_time: Some(to_time(now)),
+    };
+    match current {
+        None => changed(wanted),
+        Some(c) if wanted > c => changed(wanted),
+        Some(c) if wanted < c => {
+            let quiet = last.as_ref().is_none_or(|t| {
+                t.0.as_second() + SCALE_DOWN_STABILIZATION.as_secs() as i64 <= now.timestamp()
+            });
+            if quiet {
+                changed(wanted)
+            } else {
+                Scale {
+                    replicas: c,
+                    last_scale_time: last,
+                }
+            }
+        }
+        Some(c) => Scale {
+            replicas: c,
+            last_scale_time: last,
+        },
+    }
+}
+
+/// Pure: the status for the applied Deployment and the sampled backlog.
+pub fn desired_status(
+    d: &WebhookDispatcher,
+    scale: &Scale,
+    ready_replicas: i32,
+    backlog: Option<i64>,
+    now: &Time,
+) -> WebhookDispatcherStatus {
+    let prev = d
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or(&[]);
+    let generation = d.metadata.generation;
+    let ready = if ready_replicas >= scale.replicas {
+        condition(
+            prev,
+            "Ready",
+            "True",
+            if scale.replicas == 0 {
+                "ScaledToZero"
+            } else {
+                "Available"
+            },
+            format!("{ready_replicas}/{} dispatcher pods ready", scale.replicas),
+            generation,
+            now,
+        )
+    } else {
+        condition(
+            prev,
+            "Ready",
+            "False",
+            "Progressing",
+            format!("{ready_replicas}/{} dispatcher pods ready", scale.replicas),
+            generation,
+            now,
+        )
+    };
+    let mut conditions = vec![ready];
+    if let Some(a) = &d.spec.autoscaling {
+        conditions.push(match backlog {
+            Some(_) => condition(
+                prev,
+                "BacklogKnown",
+                "True",
+                "Sampled",
+                format!(
+                    "replicas follow the backlog: one pod per {} due deliveries, between {} and {}",
+                    a.target_backlog_per_replica, a.min_replicas, a.max_replicas
+                ),
+                generation,
+                now,
+            ),
+            None => condition(
+                prev,
+                "BacklogKnown",
+                "False",
+                "DatabaseUnavailable",
+                "the backlog could not be read; replicas are kept as they are",
+                generation,
+                now,
+            ),
+        });
+    }
+    WebhookDispatcherStatus {
+        observed_generation: generation,
+        conditions,
+        deployment: Some(deployment_name(d)),
+        replicas: Some(scale.replicas),
+        ready_replicas: Some(ready_replicas),
+        backlog: backlog.or_else(|| d.status.as_ref().and_then(|s| s.backlog)),
+        last_scale_time: scale.last_scale_time.clone(),
+    }
+}
+
+fn labels(d: &WebhookDispatcher) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".into(), "hookd".into()),
+        ("app.kubernetes.io/component".into(), "dispatcher".into()),
+        ("app.kubernetes.io/instance".into(), d.name_any()),
+        ("app.kubernetes.io/part-of".into(), "hookd".into()),
+        (MANAGED_BY.0.into(), MANAGED_BY.1.into()),
+    ])
+}
+
+fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.into(),
+                key: key.into(),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn value_env(name: &str, value: impl ToString) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.to_string()),
+        ..Default::default()
+    }
+}
+
+/// The container's environment: hookd's settings from the spec, then the spec's own
+/// `env`, which replaces a same-named variable rather than duplicating it (server-side
+/// apply refuses duplicate names in a list keyed by name).
+fn environment(spec: &WebhookDispatcherSpec) -> Vec<EnvVar> {
+    let timeout = spec
+        .request_timeout_seconds
+        .unwrap_or(DEFAULT_REQUEST_TIMEOUT_SECS);
+    let (enc_name, enc_key) = spec.encryption_key_secret_ref.as_ref().map_or(
+        (DEFAULT_ENCRYPTION_SECRET.0, DEFAULT_ENCRYPTION_SECRET.1),
+        |r| (r.name.as_str(), r.key.as_str()),
+    );
+    let mut env = vec![
+        secret_env(
+            "DATABASE_URL",
+            &spec.database_secret_ref.name,
+            &spec.database_secret_ref.key,
+        ),
+        secret_env("HOOKD_ENCRYPTION_KEY", enc_name, enc_key),
+        value_env("HOOKD_LISTEN", format!("0.0.0.0:{METRICS_PORT}")),
+        value_env(
+            "HOOKD_CONCURRENCY",
+            spec.concurrency.unwrap_or(DEFAULT_CONCURRENCY),
+        ),
+        value_env(
+            "HOOKD_LEASE_SECS",
+            spec.lease_seconds.unwrap_or(DEFAULT_LEASE_SECS),
+        ),
+        value_env("HOOKD_REQUEST_TIMEOUT_SECS", timeout),
+        // in-flight deliveries may take a whole request timeout to finish on SIGTERM
+        value_env("HOOKD_SHUTDOWN_GRACE_SECS", timeout + 5),
+        value_env("HOOKD_LOG_FORMAT", "json"),
+    ];
+    if let Some(c) = spec.endpoint_concurrency {
+        env.push(value_env("HOOKD_ENDPOINT_CONCURRENCY", c));
+    }
+    if !spec.allowed_destinations.is_empty() {
+        env.push(value_env(
+            "HOOKD_ALLOWED_DESTINATIONS",
+            spec.allowed_destinations.join(","),
+        ));
+    }
+    for extra in &spec.env {
+        match env.iter_mut().find(|e| e.name == extra.name) {
+            Some(slot) => *slot = extra.clone(),
+            None => env.push(extra.clone()),
+        }
+    }
+    env
+}
+
+fn http_probe(path: &str, period: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("http".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(3),
+        ..Default::default()
+    }
+}
+
+/// Pure: the Deployment a WebhookDispatcher asks for, ready for server-side apply.
+pub fn desired_deployment(d: &WebhookDispatcher, default_image: &str, replicas: i32) -> Deployment {
+    let spec = &d.spec;
+    let labels = labels(d);
+    let selector: BTreeMap<String, String> = labels
+        .iter()
+        .filter(|(k, _)| {
+            k.as_str() == "app.kubernetes.io/component"
+                || k.as_str() == "app.kubernetes.io/instance"
+                || k.as_str() == "app.kubernetes.io/name"
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let timeout = i64::from(
+        spec.request_timeout_seconds
+            .unwrap_or(DEFAULT_REQUEST_TIMEOUT_SECS),
+    );
+    let resources = spec
+        .resources
+        .clone()
+        .unwrap_or_else(|| ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".into(), Quantity("100m".into())),
+                ("memory".into(), Quantity("64Mi".into())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".into(),
+                Quantity("512Mi".into()),
+            )])),
+            ..Default::default()
+        });
+    let container = Container {
+        name: "dispatcher".into(),
+        image: Some(spec.image.clone().unwrap_or_else(|| default_image.into())),
+        image_pull_policy: Some(
+            spec.image_pull_policy
+                .clone()
+                .unwrap_or_else(|| "IfNotPresent".into()),
+        ),
+        args: Some(vec!["dispatch".into()]),
+        env: Some(environment(spec)),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".into()),
+            container_port: METRICS_PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        liveness_probe: Some(http_probe("/healthz", 10)),
+        readiness_probe: Some(http_probe("/readyz", 5)),
+        resources: Some(resources),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "tmp".into(),
+            mount_path: "/tmp".into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    Deployment {
+        metadata: ObjectMeta {
+            name: Some(deployment_name(d)),
+            namespace: d.namespace(),
+            labels: Some(labels.clone()),
+            owner_references: d.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    annotations: Some(BTreeMap::from([
+                        ("prometheus.io/scrape".into(), "true".into()),
+                        ("prometheus.io/port".into(), METRICS_PORT.to_string()),
+                        ("prometheus.io/path".into(), "/metrics".into()),
+                    ])),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(
+                        spec.service_account_name
+                            .clone()
+                            .unwrap_or_else(|| DEFAULT_SERVICE_ACCOUNT.into()),
+                    ),
+                    // dispatchers talk to Postgres and receivers, never to the API server
+                    automount_service_account_token: Some(false),
+                    // SIGTERM drains in-flight deliveries for up to timeout + 5 s; leave room
+                    termination_grace_period_seconds: Some(timeout + 15),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    containers: vec![container],
+                    volumes: Some(vec![Volume {
+                        name: "tmp".into(),
+                        empty_dir: Some(EmptyDirVolumeSource::default()),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::k8s::crd::DispatcherAutoscaling;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn dispatcher(spec: serde_json::Value) -> WebhookDispatcher {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "hookd.dev/v1alpha1", "kind": "WebhookDispatcher",
+            "metadata": {"name": "default", "namespace": "hookd-system", "uid": "u-1", "generation": 2},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(secs, 0).unwrap()
+    }
+
+    #[test]
+    fn deployment_runs_dispatch_with_the_spec() {
+        let d = dispatcher(serde_json::json!({
+            "replicas": 3, "concurrency": 100, "requestTimeoutSeconds": 20, "leaseSeconds": 90,
+            "databaseSecretRef": {"name": "db"},
+            "allowedDestinations": ["10.244.0.0/16", "10.96.0.0/12"],
+            "env": [{"name": "HOOKD_RETRY_SCHEDULE", "value": "1,2"},
+                    {"name": "HOOKD_CONCURRENCY", "value": "7"}],
+        }));
+        let dep = desired_deployment(&d, "hookd:test", 3);
+        assert_eq!(
+            dep.metadata.name.as_deref(),
+            Some("hookd-dispatcher-default")
+        );
+        assert_eq!(dep.metadata.namespace.as_deref(), Some("hookd-system"));
+        let owner = &dep.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("WebhookDispatcher", "u-1", Some(true))
+        );
+        let spec = dep.spec.as_ref().unwrap();
+        assert_eq!(spec.replicas, Some(3));
+        let pod = spec.template.spec.as_ref().unwrap();
+        assert_eq!(
+            pod.termination_grace_period_seconds,
+            Some(35),
+            "longer than the request timeout"
+        );
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        assert_eq!(
+            pod.service_account_name.as_deref(),
+            Some("hookd-dispatcher")
+        );
+        let c = &pod.containers[0];
+        assert_eq!(c.image.as_deref(), Some("hookd:test"));
+        assert_eq!(c.args.as_deref(), Some(&["dispatch".to_string()][..]));
+        let env: BTreeMap<_, _> = c
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|e| (e.name.as_str(), e))
+            .collect();
+        assert_eq!(
+            env.len(),
+            c.env.as_ref().unwrap().len(),
+            "no duplicate names"
+        );
+        let db = env["DATABASE_URL"]
+            .value_from
+            .as_ref()
+            .unwrap()
+            .secret_key_ref
+            .as_ref()
+            .unwrap();
+        assert_eq!((db.name.as_str(), db.key.as_str()), ("db", "url"));
+        let key = env["HOOKD_ENCRYPTION_KEY"]
+            .value_from
+            .as_ref()
+            .unwrap()
+            .secret_key_ref
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            (key.name.as_str(), key.key.as_str()),
+            ("hookd-encryption", "key")
+        );
+        let v = |n: &str| env[n].value.as_deref();
+        assert_eq!(v("HOOKD_CONCURRENCY"), Some("7"), "the spec's env wins");
+        assert_eq!(v("HOOKD_LEASE_SECS"), Some("90"));
+        assert_eq!(v("HOOKD_REQUEST_TIMEOUT_SECS"), Some("20"));
+        assert_eq!(v("HOOKD_SHUTDOWN_GRACE_SECS"), Some("25"));
+        assert_eq!(
+            v("HOOKD_ALLOWED_DESTINATIONS"),
+            Some("10.244.0.0/16,10.96.0.0/12")
+        );
+        assert_eq!(v("HOOKD_RETRY_SCHEDULE"), Some("1,2"));
+        assert_eq!(v("HOOKD_LISTEN"), Some("0.0.0.0:8081"));
+        for probe in [&c.liveness_probe, &c.readiness_probe] {
+            let get = probe.as_ref().unwrap().http_get.as_ref().unwrap();
+            assert_eq!(get.port, IntOrString::String("http".into()));
+        }
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        // the selector is a subset of the pod labels, and stable across spec changes
+        let sel = spec.selector.match_labels.as_ref().unwrap();
+        let pod_labels = spec
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels
+            .as_ref()
+            .unwrap();
+        assert!(sel.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
+        // serializes for server-side apply: apiVersion/kind present, no nulls
+        let json = serde_json::to_value(&dep).unwrap();
+        assert_eq!(json["apiVersion"], "apps/v1");
+        assert_eq!(json["kind"], "Deployment");
+        assert!(!json.to_string().contains("null"), "{json}");
+    }
+
+    #[test]
+    fn image_defaults_and_overrides() {
+        let d = dispatcher(
+            serde_json::json!({"databaseSecretRef": {"name": "db", "key": "dsn"},
+            "image": "registry/hookd:1.2", "imagePullPolicy": "Always",
+            "encryptionKeySecretRef": {"name": "k"}}),
+        );
+        let dep = desired_deployment(&d, "hookd:default", 1);
+        let c = &dep.spec.unwrap().template.spec.unwrap().containers[0];
+        assert_eq!(c.image.as_deref(), Some("registry/hookd:1.2"));
+        assert_eq!(c.image_pull_policy.as_deref(), Some("Always"));
+        let env = c.env.as_ref().unwrap();
+        let key = env
+            .iter()
+            .find(|e| e.name == "HOOKD_ENCRYPTION_KEY")
+            .unwrap();
+        let r = key
+            .value_from
+            .as_ref()
+            .unwrap()
+            .secret_key_ref
+            .as_ref()
+            .unwrap();
+        assert_eq!((r.name.as_str(), r.key.as_str()), ("k", "key"));
+        let url = env.iter().find(|e| e.name == "DATABASE_URL").unwrap();
+        assert_eq!(
+            url.value_from
+                .as_ref()
+                .unwrap()
+                .secret_key_ref
+                .as_ref()
+                .unwrap()
+                .key,
+            "dsn"
+        );
+    }
+
+    fn autoscaling(min: i32, max: i32, target: i64) -> WebhookDispatcherSpec {
+        let mut d = dispatcher(serde_json::json!({"databaseSecretRef": {"name": "db"}}));
+        d.spec.autoscaling = Some(DispatcherAutoscaling {
+            min_replicas: min,
+            max_replicas: max,
+            target_backlog_per_replica: target,
+        });
+        d.spec
+    }
+
+    fn status(replicas: i32, last: i64) -> WebhookDispatcherStatus {
+        WebhookDispatcherStatus {
+            replicas: Some(replicas),
+            last_scale_time: Some(Time(Timestamp::from_second(last).unwrap())),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn fixed_replicas_without_autoscaling() {
+        let d = dispatcher(serde_json::json!({"databaseSecretRef": {"name": "db"}}));
+        assert_eq!(
+            desired_replicas(&d.spec, None, Some(1_000_000), at(0)).replicas,
+            1
+        );
+        let d = dispatcher(serde_json::json!({"replicas": 4, "databaseSecretRef": {"name": "db"}}));
+        assert_eq!(desired_replicas(&d.spec, None, None, at(0)).replicas, 4);
+    }
+
+    #[test]
+    fn autoscaler_follows_backlog_within_bounds() {
+        let spec = autoscaling(1, 10, 1000);
+        assert_eq!(
+            desired_replicas(&spec, None, Some(0), at(0)).replicas,
+            1,
+            "min"
+        );
+        assert_eq!(
+            desired_replicas(&spec, None, Some(2500), at(0)).replicas,
+            3,
+            "ceil"
+        );
+        assert_eq!(
+            desired_replicas(&spec, None, Some(10_000_000), at(0)).replicas,
+            10,
+            "max"
+        );
+        // up at once, with a new scale time
+        let up = desired_replicas(&spec, Some(&status(2, 0)), Some(5000), at(10));
+        assert_eq!(up.replicas, 5);
+        assert_eq!(up.last_scale_time.unwrap().0.as_second(), 10);
+        // down only after the quiet period
+        let early = desired_replicas(&spec, Some(&status(5, 100)), Some(0), at(150));
+        assert_eq!(early.replicas, 5);
+        assert_eq!(
+            early.last_scale_time.unwrap().0.as_second(),
+            100,
+            "unchanged"
+        );
+        let later = desired_replicas(&spec, Some(&status(5, 100)), Some(0), at(100 + 120));
+        assert_eq!(later.replicas, 1);
+        // unknown backlog keeps what runs
+        assert_eq!(
+            desired_replicas(&spec, Some(&status(5, 0)), None, at(1000)).replicas,
+            5
+        );
+        // scale to zero is allowed when min is 0
+        assert_eq!(
+            desired_replicas(&autoscaling(0, 3, 10), None, Some(0), at(0)).replicas,
+            0
+        );
+    }
+
+    #[test]
+    fn status_reports_readiness_and_backlog() {
+        let d = dispatcher(serde_json::json!({"databaseSecretRef": {"name": "db"}}));
+        let now = Time(Timestamp::from_second(50).unwrap());
+        let scale = Scale {
+            replicas: 2,
+            last_scale_time: None,
+        };
+        let s = desired_status(&d, &scale, 1, Some(12), &now);
+        let ready = &s.conditions[0];
+        assert_eq!(
+            (
+                ready.type_.as_str(),
+                ready.status.as_str(),
+                ready.reason.as_str()
+            ),
+            ("Ready", "False", "Progressing")
+        );
+        assert_eq!(s.backlog, Some(12));
+        assert_eq!(s.deployment.as_deref(), Some("hookd-dispatcher-default"));
+        let mut d2 = d.clone();
+        d2.status = Some(s.clone());
+        let s2 = desired_status(
+            &d2,
+            &scale,
+            2,
+            Some(12),
+            &Time(Timestamp::from_second(60).unwrap()),
+        );
+        assert_eq!(s2.conditions[0].status, "True");
+        assert_eq!(s2.conditions[0].last_transition_time.0.as_second(), 60);
+        let mut d3 = d.clone();
+        d3.status = Some(s2.clone());
+        let s3 = desired_status(
+            &d3,
+            &scale,
+            2,
+            Some(12),
+            &Time(Timestamp::from_second(90).unwrap()),
+        );
+        assert_eq!(s3, s2, "steady state: identical status, no write");
+    }
+}

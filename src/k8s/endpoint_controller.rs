@@ -1,0 +1,557 @@
+//! The WebhookEndpoint controller: a `WebhookEndpoint` and its Secret become an endpoint
+//! row through the sync core (the same code as `hookd apply`), and the row's health comes
+//! back as the object's status.
+//!
+//! - A finalizer (`hookd.dev/endpoint`) guarantees the row is disabled and its unfinished
+//!   deliveries end as `cancelled` before the object goes away.
+//! - Secrets are watched metadata-only and mapped back to the endpoints that reference
+//!   them, so a rotation reaches Postgres within seconds; the reconciler GETs the one
+//!   Secret it needs.
+//! - A missing, unreadable or malformed Secret, or `paused: true`, holds deliveries (the
+//!   row is `paused`), never drops them, and says why in `Ready`/`SecretResolved`.
+//! - Status is written with server-side apply only when it changed, and the figures from
+//!   Postgres (circuit, backlog, last success/failure, dead letters) are refreshed by a
+//!   periodic requeue.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+
+use super::conditions::{condition, find, to_time};
+use super::crd::{SecretKeyRef, WebhookEndpoint, WebhookEndpointStatus};
+use super::sync::{self, ResolvedSecret, SecretProblem, SyncOutcome};
+use super::{Context, Error, FIELD_MANAGER, ObjectEvent};
+use crate::db::{self, endpoints::EndpointStats};
+
+/// The finalizer that holds deletion until the endpoint row is disabled.
+pub const FINALIZER: &str = "hookd.dev/endpoint";
+/// Label value in metrics and logs.
+pub const CONTROLLER: &str = "webhookendpoint";
+/// Status counts stop here (a saturated figure, not a table scan).
+pub const STATS_CAP: i64 = 100_000;
+
+/// Entry point for the `Controller`: finalizer first, then apply or cleanup.
+pub async fn reconcile(ep: Arc<WebhookEndpoint>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.reconcile_timer(CONTROLLER);
+    let ns = ep
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(ep.name_any()))?;
+    let api: Api<WebhookEndpoint> = Api::namespaced(ctx.client.clone(), &ns);
+    let result = finalizer(&api, FINALIZER, ep, |event| async {
+        match event {
+            Finalizer::Apply(ep) => apply(&ep, &ctx).await,
+            Finalizer::Cleanup(ep) => cleanup(&ep, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    ctx.count_reconcile(CONTROLLER, result.is_ok());
+    result
+}
+
+/// Requeue soon after an outage (the database or the API server usually comes back by
+/// itself), later after anything else.
+pub fn error_policy(ep: Arc<WebhookEndpoint>, err: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(
+        endpoint = %format!("{}/{}", ep.namespace().unwrap_or_default(), ep.name_any()),
+        error = %err,
+        "reconcile failed; will retry"
+    );
+    Action::requeue(err.retry_after())
+}
+
+async fn apply(ep: &WebhookEndpoint, ctx: &Context) -> Result<Action, Error> {
+    let ns = ep.namespace().unwrap_or_default();
+    let secret = read_secret(ctx, &ns, &ep.spec.secret_ref).await?;
+    let problem = secret.as_ref().err().cloned();
+    let desired = sync::desired_endpoint(ep, secret);
+    let now = to_time(Utc::now());
+    let (outcome, stats) = match sync_to_db(ctx, &desired).await {
+        Ok(v) => v,
+        Err(e) => {
+            // Say so on the object too, so `kubectl get` does not keep showing a stale
+            // Ready=True while nothing can be written.
+            if e.is_unavailable() {
+                let status = unavailable_status(ep, &now);
+                if ep.status.as_ref() != Some(&status)
+                    && let Err(pe) = patch_status(ctx, ep, &status).await
+                {
+                    tracing::debug!(error = %pe, "could not report DatabaseUnavailable");
+                }
+            }
+            return Err(e.into());
+        }
+    };
+    let status = desired_status(ep, problem.as_ref(), &outcome, &stats, &now);
+    let events = status_events(ep.status.as_ref(), &status, &outcome);
+    if ep.status.as_ref() != Some(&status) {
+        patch_status(ctx, ep, &status).await?;
+    }
+    for e in events {
+        ctx.publish(ep, e).await;
+    }
+    Ok(Action::requeue(ctx.settings.status_interval))
+}
+
+/// The object is being deleted: disable the row and cancel what was still pending, so
+/// those deliveries are visible as `cancelled` rather than silently dropped.
+async fn cleanup(ep: &WebhookEndpoint, ctx: &Context) -> Result<Action, Error> {
+    let ns = ep.namespace().unwrap_or_default();
+    let mut conn = ctx.pool.acquire().await.map_err(db::DbError::from)?;
+    let removed = sync::remove_endpoint(&mut conn, &ns, &ep.name_any()).await?;
+    drop(conn);
+    if let Some((id, cancelled)) = removed {
+        tracing::info!(endpoint = %id, cancelled, "WebhookEndpoint deleted; endpoint disabled");
+        // Best effort: a namespace being deleted refuses new Events, and the finalizer
+        // must still come off.
+        ctx.publish(
+            ep,
+            ObjectEvent::normal(
+                "Deleted",
+                format!("endpoint {id} disabled; {cancelled} unfinished deliveries cancelled"),
+            ),
+        )
+        .await;
+    }
+    Ok(Action::await_change())
+}
+
+/// GETs the referenced Secret and validates it. A Secret the controller may not read is
+/// a problem of the object (reported in its status), not an error of the controller.
+async fn read_secret(
+    ctx: &Context,
+    ns: &str,
+    r: &SecretKeyRef,
+) -> Result<Result<ResolvedSecret, SecretProblem>, Error> {
+    match Api::<Secret>::namespaced(ctx.client.clone(), ns)
+        .get_opt(&r.name)
+        .await
+    {
+        Ok(s) => Ok(sync::resolve_secret(ns, &r.name, &r.key, s.as_ref())),
+        Err(kube::Error::Api(status)) if status.code == 403 => Ok(Err(SecretProblem::Unreadable {
+            namespace: ns.into(),
+            name: r.name.clone(),
+            reason: "the controller's service account is not allowed to get it".into(),
+        })),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+async fn sync_to_db(
+    ctx: &Context,
+    desired: &sync::DesiredEndpoint,
+) -> Result<(SyncOutcome, EndpointStats), db::DbError> {
+    let mut tx = ctx.pool.begin().await?;
+    let outcome = sync::apply_endpoint(&mut tx, desired).await?;
+    tx.commit().await?;
+    let stats = db::endpoints::stats(&ctx.pool, outcome.endpoint_id, STATS_CAP)
+        .await?
+        // the row was just written; only a concurrent manual DELETE gets here
+        .ok_or(db::DbError::Query(sqlx::Error::RowNotFound))?;
+    Ok((outcome, stats))
+}
+
+async fn patch_status(
+    ctx: &Context,
+    ep: &WebhookEndpoint,
+    status: &WebhookEndpointStatus,
+) -> Result<(), Error> {
+    let api: Api<WebhookEndpoint> =
+        Api::namespaced(ctx.client.clone(), &ep.namespace().unwrap_or_default());
+    let patch = serde_json::json!({
+        "apiVersion": WebhookEndpoint::api_version(&()),
+        "kind": WebhookEndpoint::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &ep.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(Error::Kube)?;
+    Ok(())
+}
+
+/// Pure: the status for what the sync and the database report. Conditions keep their
+/// `lastTransitionTime` while their status holds, so an unchanged world yields an
+/// identical status and no write.
+pub fn desired_status(
+    ep: &WebhookEndpoint,
+    problem: Option<&SecretProblem>,
+    outcome: &SyncOutcome,
+    stats: &EndpointStats,
+    now: &Time,
+) -> WebhookEndpointStatus {
+    let prev = ep
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or(&[]);
+    let generation = ep.metadata.generation;
+    let r = &ep.spec.secret_ref;
+    let secret_resolved = match problem {
+        None => condition(
+            prev,
+            "SecretResolved",
+            "True",
+            "SecretResolved",
+            format!(
+                "Secret {}/{} key {:?} holds a valid signing secret",
+                ep.namespace().unwrap_or_default(),
+                r.name,
+                r.key
+            ),
+            generation,
+            now,
+        ),
+        Some(p) => condition(
+            prev,
+            "SecretResolved",
+            "False",
+            p.reason(),
+            p.to_string(),
+            generation,
+            now,
+        ),
+    };
+    let (ready, reason, message) = if let Some(p) = problem {
+        (
+            false,
+            p.reason(),
+            format!("{p}; deliveries are held until it is fixed"),
+        )
+    } else if stats.state == "disabled" {
+        (
+            false,
+            "EndpointDisabled",
+            stats
+                .state_reason
+                .clone()
+                .unwrap_or_else(|| "the endpoint is disabled".into()),
+        )
+    } else if ep.spec.paused {
+        (
+            false,
+            "Paused",
+            "spec.paused is true: deliveries are created and held".to_string(),
+        )
+    } else {
+        (true, "Active", "deliveries are being sent".to_string())
+    };
+    let ready = condition(
+        prev,
+        "Ready",
+        super::conditions::status_str(ready),
+        reason,
+        message,
+        generation,
+        now,
+    );
+    let healthy = match stats.circuit_state.as_str() {
+        "closed" => condition(
+            prev,
+            "Healthy",
+            "True",
+            "CircuitClosed",
+            "the receiver is accepting deliveries",
+            generation,
+            now,
+        ),
+        "open" => condition(
+            prev,
+            "Healthy",
+            "False",
+            "CircuitOpen",
+            format!(
+                "{} consecutive failed attempts opened the circuit; deliveries are held until a probe succeeds",
+                stats.circuit_failures
+            ),
+            generation,
+            now,
+        ),
+        _ => condition(
+            prev,
+            "Healthy",
+            "False",
+            "CircuitHalfOpen",
+            "one probe delivery decides whether the circuit closes",
+            generation,
+            now,
+        ),
+    };
+    WebhookEndpointStatus {
+        observed_generation: generation,
+        conditions: vec![ready, secret_resolved, healthy],
+        endpoint_id: Some(stats.id.to_string()),
+        active_secrets: Some(outcome.active_secrets),
+        circuit: Some(stats.circuit_state.clone()),
+        backlog: Some(stats.backlog),
+        dead_letters: Some(stats.dead_letters),
+        last_success_time: stats.last_success_at.map(to_time),
+        last_failure_time: stats.last_failure_at.map(to_time),
+    }
+}
+
+/// The previous status with `Ready=Unknown` (the database cannot be reached, so nothing
+/// is known about the endpoint right now).
+fn unavailable_status(ep: &WebhookEndpoint, now: &Time) -> WebhookEndpointStatus {
+    let mut status = ep.status.clone().unwrap_or_default();
+    let ready = condition(
+        &status.conditions,
+        "Ready",
+        "Unknown",
+        "DatabaseUnavailable",
+        "the database cannot be reached; retrying",
+        ep.metadata.generation,
+        now,
+    );
+    status.conditions.retain(|c| c.type_ != "Ready");
+    status.conditions.insert(0, ready);
+    status
+}
+
+/// Pure: the Events for what changed between two statuses (and what the sync did).
+/// Transitions only, so a steady state publishes nothing.
+pub fn status_events(
+    old: Option<&WebhookEndpointStatus>,
+    new: &WebhookEndpointStatus,
+    outcome: &SyncOutcome,
+) -> Vec<ObjectEvent> {
+    let mut out = Vec::new();
+    let no_conditions = Vec::new();
+    let old_conditions = old.map(|s| &s.conditions).unwrap_or(&no_conditions);
+    if outcome.created {
+        out.push(ObjectEvent::normal(
+            "Created",
+            format!("endpoint {} created", outcome.endpoint_id),
+        ));
+    }
+    if outcome.secret_rotated {
+        out.push(ObjectEvent::normal(
+            "SecretRotated",
+            format!(
+                "signing secret changed; {} secrets sign until the previous one's grace period ends",
+                outcome.active_secrets
+            ),
+        ));
+    }
+    let was = |t: &str| find(old_conditions, t).map(|c| (c.status.as_str(), c.reason.as_str()));
+    if let Some(c) = find(&new.conditions, "SecretResolved") {
+        match (was("SecretResolved"), c.status.as_str()) {
+            (Some(("True", _)) | None, "False") => out.push(ObjectEvent::warning(
+                reason_static(&c.reason),
+                c.message.clone(),
+            )),
+            (Some(("False", _)), "True") => {
+                out.push(ObjectEvent::normal("SecretResolved", c.message.clone()))
+            }
+            _ => {}
+        }
+    }
+    if let Some(c) = find(&new.conditions, "Ready")
+        && c.reason == "EndpointDisabled"
+        && was("Ready").map(|w| w.1) != Some("EndpointDisabled")
+    {
+        out.push(ObjectEvent::warning("EndpointDisabled", c.message.clone()));
+    }
+    let old_circuit = old.and_then(|s| s.circuit.as_deref());
+    match (old_circuit, new.circuit.as_deref()) {
+        (o, Some("open")) if o != Some("open") && o != Some("half_open") => {
+            out.push(ObjectEvent::warning(
+                "CircuitOpened",
+                find(&new.conditions, "Healthy")
+                    .map(|c| c.message.clone())
+                    .unwrap_or_default(),
+            ))
+        }
+        (Some("open" | "half_open"), Some("closed")) => out.push(ObjectEvent::normal(
+            "CircuitClosed",
+            "a probe succeeded; deliveries flow again".into(),
+        )),
+        _ => {}
+    }
+    out
+}
+
+/// Event reasons are `&'static str`; the secret problems' reasons are a closed set.
+fn reason_static(r: &str) -> &'static str {
+    match r {
+        "SecretNotFound" => "SecretNotFound",
+        "SecretUnreadable" => "SecretUnreadable",
+        "SecretKeyMissing" => "SecretKeyMissing",
+        "SecretMalformed" => "SecretMalformed",
+        _ => "SecretProblem",
+    }
+}
+
+/// Maps a (metadata-only) Secret to the endpoints in its namespace that reference it, from
+/// the controller's store of WebhookEndpoints.
+pub fn endpoints_for_secret(
+    store: &Store<WebhookEndpoint>,
+    secret: &PartialObjectMeta<Secret>,
+) -> Vec<ObjectRef<WebhookEndpoint>> {
+    let ns = secret.namespace();
+    let name = secret.name_any();
+    store
+        .state()
+        .into_iter()
+        .filter(|ep| ep.namespace() == ns && ep.spec.secret_ref.name == name)
+        .map(|ep| ObjectRef::from_obj(&*ep))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+    use uuid::Uuid;
+
+    fn ep() -> WebhookEndpoint {
+        let mut ep: WebhookEndpoint = serde_json::from_value(serde_json::json!({
+            "apiVersion": "hookd.dev/v1alpha1", "kind": "WebhookEndpoint",
+            "metadata": {"name": "e", "namespace": "team-a", "generation": 3},
+            "spec": {"url": "https://example.com/h", "secretRef": {"name": "s"}}
+        }))
+        .unwrap();
+        ep.status = None;
+        ep
+    }
+
+    fn outcome() -> SyncOutcome {
+        SyncOutcome {
+            endpoint_id: Uuid::nil(),
+            created: false,
+            changed: false,
+            secret_rotated: false,
+            active_secrets: 1,
+            state: "active".into(),
+        }
+    }
+
+    fn stats(circuit: &str) -> EndpointStats {
+        EndpointStats {
+            id: Uuid::nil(),
+            state: "active".into(),
+            state_reason: None,
+            circuit_state: circuit.into(),
+            circuit_failures: 0,
+            circuit_open_until: None,
+            last_success_at: None,
+            last_failure_at: None,
+            backlog: 7,
+            dead_letters: 2,
+        }
+    }
+
+    fn t(s: i64) -> Time {
+        Time(Timestamp::from_second(s).unwrap())
+    }
+
+    #[test]
+    fn unchanged_world_gives_identical_status() {
+        let mut e = ep();
+        let first = desired_status(&e, None, &outcome(), &stats("closed"), &t(100));
+        e.status = Some(first.clone());
+        let second = desired_status(&e, None, &outcome(), &stats("closed"), &t(200));
+        assert_eq!(
+            first, second,
+            "a later reconcile must not rewrite the status"
+        );
+        assert!(status_events(Some(&first), &second, &outcome()).is_empty());
+    }
+
+    #[test]
+    fn missing_secret_is_not_ready_and_says_why() {
+        let problem = SecretProblem::NotFound {
+            namespace: "team-a".into(),
+            name: "s".into(),
+        };
+        let s = desired_status(&ep(), Some(&problem), &outcome(), &stats("closed"), &t(1));
+        let ready = find(&s.conditions, "Ready").unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "SecretNotFound")
+        );
+        assert!(ready.message.contains("held"), "{}", ready.message);
+        let sr = find(&s.conditions, "SecretResolved").unwrap();
+        assert_eq!(sr.status, "False");
+        assert_eq!(sr.observed_generation, Some(3));
+        let ev = status_events(None, &s, &outcome());
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].reason, "SecretNotFound");
+        assert!(ev[0].warning);
+    }
+
+    #[test]
+    fn paused_disabled_and_circuit() {
+        let mut paused = ep();
+        paused.spec.paused = true;
+        let s = desired_status(&paused, None, &outcome(), &stats("closed"), &t(1));
+        assert_eq!(find(&s.conditions, "Ready").unwrap().reason, "Paused");
+
+        let mut st = stats("closed");
+        st.state = "disabled".into();
+        st.state_reason = Some("receiver answered 410 Gone".into());
+        let closed = desired_status(&ep(), None, &outcome(), &stats("closed"), &t(1));
+        let disabled = desired_status(&ep(), None, &outcome(), &st, &t(2));
+        let ready = find(&disabled.conditions, "Ready").unwrap();
+        assert_eq!(ready.reason, "EndpointDisabled");
+        assert!(ready.message.contains("410"));
+        let ev = status_events(Some(&closed), &disabled, &outcome());
+        assert_eq!(
+            ev.iter().map(|e| e.reason).collect::<Vec<_>>(),
+            vec!["EndpointDisabled"]
+        );
+
+        let mut open = stats("open");
+        open.circuit_failures = 5;
+        let opened = desired_status(&ep(), None, &outcome(), &open, &t(3));
+        assert_eq!(opened.circuit.as_deref(), Some("open"));
+        let healthy = find(&opened.conditions, "Healthy").unwrap();
+        assert_eq!(
+            (healthy.status.as_str(), healthy.reason.as_str()),
+            ("False", "CircuitOpen")
+        );
+        let ev = status_events(Some(&closed), &opened, &outcome());
+        assert_eq!(
+            ev.iter().map(|e| e.reason).collect::<Vec<_>>(),
+            vec!["CircuitOpened"]
+        );
+        let ev = status_events(Some(&opened), &closed, &outcome());
+        assert_eq!(
+            ev.iter().map(|e| e.reason).collect::<Vec<_>>(),
+            vec!["CircuitClosed"]
+        );
+        // Ready stays True while the circuit is open: the endpoint is configured right,
+        // the receiver is what fails (shown by Healthy and the CIRCUIT column).
+        assert_eq!(find(&opened.conditions, "Ready").unwrap().status, "True");
+    }
+
+    #[test]
+    fn rotation_and_creation_events() {
+        let mut o = outcome();
+        o.created = true;
+        let s = desired_status(&ep(), None, &o, &stats("closed"), &t(1));
+        let ev = status_events(None, &s, &o);
+        assert_eq!(
+            ev.iter().map(|e| e.reason).collect::<Vec<_>>(),
+            vec!["Created"]
+        );
+        let mut r = outcome();
+        r.secret_rotated = true;
+        r.active_secrets = 2;
+        let ev = status_events(Some(&s), &s, &r);
+        assert_eq!(
+            ev.iter().map(|e| e.reason).collect::<Vec<_>>(),
+            vec!["SecretRotated"]
+        );
+    }
+}
