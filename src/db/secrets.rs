@@ -10,6 +10,8 @@ use super::DbError;
 pub struct RotateResult {
     /// a new secret was stored (first secret, or a rotation)
     pub rotated: bool,
+    /// previously current secrets this call retired (> 0: a rotation, not a first secret)
+    pub retired: i64,
     /// secrets that sign from now on (the current one plus those still in grace)
     pub active: i64,
 }
@@ -25,7 +27,7 @@ pub async fn set_current(
     fingerprint: &[u8],
     grace_secs: i32,
 ) -> Result<RotateResult, DbError> {
-    let row: (bool, i64) = sqlx::query_as(
+    let row: (bool, i64, i64) = sqlx::query_as(
         r#"
         WITH cur AS (
             SELECT id FROM hookd.endpoint_secrets
@@ -45,6 +47,7 @@ pub async fn set_current(
             RETURNING id
         )
         SELECT EXISTS (SELECT 1 FROM ins) AS rotated,
+               (SELECT count(*) FROM retired) AS retired,
                (SELECT count(*) FROM hookd.endpoint_secrets
                  WHERE endpoint_id = $1 AND (not_after IS NULL OR not_after > now())
                    AND id NOT IN (SELECT id FROM pruned))
@@ -61,6 +64,7 @@ pub async fn set_current(
     .await?;
     Ok(RotateResult {
         rotated: row.0,
-        active: row.1,
+        retired: row.1,
+        active: row.2,
     })
 }

@@ -199,8 +199,9 @@ pub async fn apply_endpoint(
                 desired.row.secret_grace_secs,
             )
             .await?;
-            // A brand-new endpoint's first secret is not a rotation.
-            (r.rotated && !up.created, r.active)
+            // A first secret (a new endpoint, or one whose Secret was missing until now)
+            // is not a rotation: a rotation retires a previous secret.
+            (r.rotated && r.retired > 0, r.active)
         }
         None => (false, 0),
     };

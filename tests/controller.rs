@@ -1,0 +1,1069 @@
+//! The controllers against a scripted Kubernetes API (kube's `tower_test` mock-service
+//! pattern, as kube-rs/controller-rs tests it) and a real Postgres: the exact sequence of
+//! API calls each reconcile makes — finalizer, Secret read, status patch, Events,
+//! Deployment apply, cleanup — and what it leaves in the database.
+//!
+//! The API server is the one part that cannot run here, so it is scripted; every request
+//! the reconcilers make is also checked against `hookd::k8s::REQUIRED_ACCESS`, the list
+//! the RBAC manifests are built from.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use hookd::k8s::crd::{WebhookDispatcher, WebhookEndpoint};
+use hookd::k8s::{Context, REQUIRED_ACCESS, Settings, dispatcher_controller, endpoint_controller};
+use http::{Request, Response};
+use kube::client::Body;
+use kube::runtime::controller::Action;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use common::{SECRET_A, SECRET_B};
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+/// One request the controller made.
+#[derive(Debug, Clone)]
+struct Call {
+    method: String,
+    path: String,
+    query: String,
+    body: Value,
+}
+
+/// The scripted API server: each `expect` answers the next request, after checking it is
+/// the one the script expects.
+struct ApiServer {
+    handle: Handle,
+    calls: Vec<Call>,
+}
+
+impl ApiServer {
+    async fn expect(
+        &mut self,
+        method: &str,
+        path: &str,
+        reply: impl FnOnce(&Call) -> (u16, Value),
+    ) -> Call {
+        let (req, send) = tokio::time::timeout(Duration::from_secs(10), self.handle.next_request())
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {method} {path}"))
+            .expect("the client is alive");
+        let method_got = req.method().to_string();
+        let path_got = req.uri().path().to_string();
+        let query = req.uri().query().unwrap_or_default().to_string();
+        let bytes = req.into_body().collect_bytes().await.unwrap();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+        };
+        let call = Call {
+            method: method_got,
+            path: path_got,
+            query,
+            body,
+        };
+        assert_eq!(
+            (call.method.as_str(), call.path.as_str()),
+            (method, path),
+            "unexpected call: {call:#?}"
+        );
+        let (code, body) = reply(&call);
+        send.send_response(
+            Response::builder()
+                .status(code)
+                .header("content-type", "application/json")
+                .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                .unwrap(),
+        );
+        self.calls.push(call.clone());
+        call
+    }
+
+    /// No request beyond the script.
+    async fn expect_no_more(&mut self) {
+        if let Ok(Some((req, _))) =
+            tokio::time::timeout(Duration::from_millis(200), self.handle.next_request()).await
+        {
+            panic!("unexpected extra call: {} {}", req.method(), req.uri());
+        }
+        assert_rbac_covers(&self.calls);
+    }
+}
+
+fn context(pool: &PgPool) -> (Arc<Context>, ApiServer) {
+    common::init();
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let ctx = Context::new(
+        client,
+        pool.clone(),
+        hookd::metrics::Metrics::new(),
+        Settings {
+            status_interval: Duration::from_secs(10),
+            image: "hookd:test".into(),
+        },
+        Some("test-replica".into()),
+    );
+    (
+        Arc::new(ctx),
+        ApiServer {
+            handle,
+            calls: Vec::new(),
+        },
+    )
+}
+
+/// Maps a request to (group, resource, verb) and checks REQUIRED_ACCESS grants it.
+fn assert_rbac_covers(calls: &[Call]) {
+    for c in calls {
+        let parts: Vec<&str> = c.path.trim_start_matches('/').split('/').collect();
+        // /api/v1/namespaces/NS/RES/NAME[/SUB] or /apis/G/V/namespaces/NS/RES/NAME[/SUB]
+        let (group, rest) = match parts[0] {
+            "api" => ("", &parts[2..]),
+            _ => (parts[1], &parts[3..]),
+        };
+        assert_eq!(rest[0], "namespaces", "{c:?}");
+        let resource = match rest.get(4) {
+            Some(sub) => format!("{}/{}", rest[2], sub),
+            None => rest[2].to_string(),
+        };
+        let verb = match (c.method.as_str(), rest.len()) {
+            ("GET", 3) => "list",
+            ("GET", _) => "get",
+            ("POST", _) => "create",
+            ("PATCH", _) => "patch",
+            ("PUT", _) => "update",
+            ("DELETE", _) => "delete",
+            (m, _) => panic!("unexpected method {m}"),
+        };
+        assert!(
+            REQUIRED_ACCESS.iter().any(|a| a.component == "controller"
+                && a.group == group
+                && a.resource == resource
+                && a.verbs.contains(&verb)),
+            "{} {} needs {verb} on {group}/{resource}, which REQUIRED_ACCESS (and so the RBAC manifests) does not grant",
+            c.method,
+            c.path
+        );
+    }
+}
+
+// ---- fixtures ----
+
+const NS: &str = "team-a";
+
+fn endpoint_object(name: &str, finalizer: bool, extra_spec: Value) -> WebhookEndpoint {
+    let mut spec = json!({
+        "url": "https://receiver.example.com/hook",
+        "eventTypes": ["invoice.*"],
+        "secretRef": {"name": format!("{name}-secret"), "key": "secret"},
+    });
+    for (k, v) in extra_spec.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    let mut metadata = json!({
+        "name": name, "namespace": NS, "uid": Uuid::now_v7().to_string(),
+        "generation": 1, "resourceVersion": "1",
+    });
+    if finalizer {
+        metadata["finalizers"] = json!([endpoint_controller::FINALIZER]);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "hookd.dev/v1alpha1", "kind": "WebhookEndpoint",
+        "metadata": metadata, "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn secret_object(name: &str, value: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": NS, "resourceVersion": "7"},
+        "type": "Opaque",
+        "data": {"secret": base64::engine::general_purpose::STANDARD.encode(value)},
+    })
+}
+
+fn status_error(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+           "message": format!("{reason} (scripted)"), "reason": reason, "code": code})
+}
+
+fn ep_path(name: &str) -> String {
+    format!("/apis/hookd.dev/v1alpha1/namespaces/{NS}/webhookendpoints/{name}")
+}
+
+fn secret_path(name: &str) -> String {
+    format!("/api/v1/namespaces/{NS}/secrets/{name}-secret")
+}
+
+const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/team-a/events";
+
+/// Answers a status patch with the object carrying that status.
+fn with_status(ep: &WebhookEndpoint) -> impl FnOnce(&Call) -> (u16, Value) + '_ {
+    move |c: &Call| {
+        let mut obj = serde_json::to_value(ep).unwrap();
+        obj["status"] = c.body["status"].clone();
+        (200, obj)
+    }
+}
+
+fn echo(code: u16) -> impl FnOnce(&Call) -> (u16, Value) {
+    move |c: &Call| (code, c.body.clone())
+}
+
+fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
+}
+
+async fn endpoint_row(pool: &PgPool, name: &str) -> Option<(Uuid, String, Option<String>)> {
+    sqlx::query_as("SELECT id, state, state_reason FROM hookd.endpoints WHERE k8s_namespace = $1 AND k8s_name = $2")
+        .bind(NS)
+        .bind(name)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+async fn live_secrets(pool: &PgPool, id: Uuid) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM hookd.endpoint_secrets WHERE endpoint_id = $1 AND (not_after IS NULL OR not_after > now())")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn enqueue(pool: &PgPool, tenant: &str) -> Uuid {
+    sqlx::query_scalar("SELECT hookd.enqueue($1, 'invoice.paid', '{\"n\":1}')")
+        .bind(tenant)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn delivery_statuses(pool: &PgPool, endpoint: Uuid) -> Vec<String> {
+    sqlx::query_scalar("SELECT status FROM hookd.deliveries WHERE endpoint_id = $1 ORDER BY id")
+        .bind(endpoint)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+// ---- WebhookEndpoint ----
+
+/// First pass over a new object: only the finalizer is added (a JSON patch that tests the
+/// finalizer list first), nothing is written to Postgres yet.
+#[sqlx::test]
+async fn new_endpoint_gets_the_finalizer_first(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let ep = endpoint_object("ep1", false, json!({}));
+    let run = tokio::spawn(endpoint_controller::reconcile(Arc::new(ep.clone()), ctx));
+    let call = api
+        .expect("PATCH", &ep_path("ep1"), |c| {
+            let mut obj = serde_json::to_value(&ep).unwrap();
+            obj["metadata"]["finalizers"] = json!(["hookd.dev/endpoint"]);
+            let _ = c;
+            (200, obj)
+        })
+        .await;
+    assert_eq!(
+        call.body,
+        json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": null},
+            {"op": "add", "path": "/metadata/finalizers", "value": ["hookd.dev/endpoint"]}
+        ])
+    );
+    assert_eq!(run.await.unwrap().unwrap(), Action::await_change());
+    api.expect_no_more().await;
+    assert!(endpoint_row(&pool, "ep1").await.is_none());
+}
+
+/// With the finalizer in place: GET the Secret, write the row, server-side-apply the
+/// status, publish `Created`. A second pass over the object as the API server now holds it
+/// writes nothing: no status patch, no Event (the loop a real API server would expose).
+#[sqlx::test]
+async fn endpoint_is_synced_and_status_applied_once(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let ep = endpoint_object("ep1", true, json!({}));
+    let run = tokio::spawn(endpoint_controller::reconcile(
+        Arc::new(ep.clone()),
+        ctx.clone(),
+    ));
+    api.expect("GET", &secret_path("ep1"), |_| {
+        (200, secret_object("ep1-secret", SECRET_A))
+    })
+    .await;
+    let patch = api
+        .expect(
+            "PATCH",
+            &format!("{}/status", ep_path("ep1")),
+            with_status(&ep),
+        )
+        .await;
+    assert!(
+        patch.query.contains("fieldManager=hookd-controller"),
+        "{}",
+        patch.query
+    );
+    assert!(patch.query.contains("force=true"), "{}", patch.query);
+    assert_eq!(patch.body["apiVersion"], "hookd.dev/v1alpha1");
+    assert_eq!(patch.body["kind"], "WebhookEndpoint");
+    let status = &patch.body["status"];
+    let (id, state, _) = endpoint_row(&pool, "ep1").await.expect("row written");
+    assert_eq!(state, "active");
+    assert_eq!(status["endpointId"], id.to_string());
+    assert_eq!(status["observedGeneration"], 1);
+    assert_eq!(status["activeSecrets"], 1);
+    assert_eq!(status["circuit"], "closed");
+    assert_eq!(status["backlog"], 0);
+    let ready = condition(status, "Ready");
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("True"), Some("Active"))
+    );
+    for c in status["conditions"].as_array().unwrap() {
+        for field in ["type", "status", "reason", "message", "lastTransitionTime"] {
+            assert!(c[field].is_string(), "condition lacks {field}: {c}");
+        }
+    }
+    assert!(
+        !status.to_string().contains("null"),
+        "Option fields are skipped: {status}"
+    );
+    let event = api.expect("POST", EVENTS_PATH, echo(201)).await;
+    assert_eq!(event.body["reason"], "Created");
+    assert_eq!(event.body["regarding"]["name"], "ep1");
+    assert_eq!(event.body["reportingController"], "hookd-controller");
+    assert_eq!(
+        run.await.unwrap().unwrap(),
+        Action::requeue(Duration::from_secs(10))
+    );
+    api.expect_no_more().await;
+    assert_eq!(live_secrets(&pool, id).await, 1);
+
+    // the object as the API server returns it now
+    let mut stored = ep.clone();
+    stored.status = Some(serde_json::from_value(status.clone()).unwrap());
+    let run = tokio::spawn(endpoint_controller::reconcile(Arc::new(stored), ctx));
+    api.expect("GET", &secret_path("ep1"), |_| {
+        (200, secret_object("ep1-secret", SECRET_A))
+    })
+    .await;
+    run.await.unwrap().unwrap();
+    api.expect_no_more().await;
+}
+
+/// A changed Secret becomes the current secret and the old one keeps signing for the
+/// grace period: both live in Postgres, status says 2, and a `SecretRotated` Event.
+#[sqlx::test]
+async fn rotated_secret_keeps_the_old_one_for_the_grace_period(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let ep = endpoint_object("rot", true, json!({"secretRotationGraceSeconds": 3600}));
+    let run = tokio::spawn(endpoint_controller::reconcile(
+        Arc::new(ep.clone()),
+        ctx.clone(),
+    ));
+    api.expect("GET", &secret_path("rot"), |_| {
+        (200, secret_object("rot-secret", SECRET_A))
+    })
+    .await;
+    let first = api
+        .expect(
+            "PATCH",
+            &format!("{}/status", ep_path("rot")),
+            with_status(&ep),
+        )
+        .await;
+    api.expect("POST", EVENTS_PATH, echo(201)).await;
+    run.await.unwrap().unwrap();
+
+    let mut stored = ep.clone();
+    stored.status = Some(serde_json::from_value(first.body["status"].clone()).unwrap());
+    let run = tokio::spawn(endpoint_controller::reconcile(Arc::new(stored), ctx));
+    api.expect("GET", &secret_path("rot"), |_| {
+        (200, secret_object("rot-secret", SECRET_B))
+    })
+    .await;
+    let patch = api
+        .expect(
+            "PATCH",
+            &format!("{}/status", ep_path("rot")),
+            with_status(&ep),
+        )
+        .await;
+    assert_eq!(patch.body["status"]["activeSecrets"], 2);
+    let event = api.expect("POST", EVENTS_PATH, echo(201)).await;
+    assert_eq!(event.body["reason"], "SecretRotated");
+    assert_eq!(event.body["type"], "Normal");
+    run.await.unwrap().unwrap();
+    api.expect_no_more().await;
+
+    let (id, _, _) = endpoint_row(&pool, "rot").await.unwrap();
+    let grace: Vec<Option<f64>> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM not_after - now())::float8 FROM hookd.endpoint_secrets WHERE endpoint_id = $1 ORDER BY id",
+    )
+    .bind(id)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(grace.len(), 2);
+    let old = grace[0].expect("the old secret has a deadline");
+    assert!(
+        (3500.0..=3600.0).contains(&old),
+        "old secret valid ~1h more, got {old}"
+    );
+    assert_eq!(grace[1], None, "the new secret is current");
+}
+
+/// A missing Secret: Ready=False/SecretNotFound with a Warning Event, and the row is
+/// paused, so deliveries are created and held (never sent, never dropped). When the
+/// Secret appears, the same deliveries become claimable.
+#[sqlx::test]
+async fn missing_secret_holds_deliveries_until_it_appears(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let ep = endpoint_object("nosecret", true, json!({}));
+    let run = tokio::spawn(endpoint_controller::reconcile(
+        Arc::new(ep.clone()),
+        ctx.clone(),
+    ));
+    api.expect("GET", &secret_path("nosecret"), |_| {
+        (404, status_error(404, "NotFound"))
+    })
+    .await;
+    let patch = api
+        .expect(
+            "PATCH",
+            &format!("{}/status", ep_path("nosecret")),
+            with_status(&ep),
+        )
+        .await;
+    let status = &patch.body["status"];
+    let ready = condition(status, "Ready");
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("False"), Some("SecretNotFound"))
+    );
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap()
+            .contains("team-a/nosecret-secret")
+    );
+    assert_eq!(condition(status, "SecretResolved")["status"], "False");
+    let created = api.expect("POST", EVENTS_PATH, echo(201)).await;
+    assert_eq!(created.body["reason"], "Created");
+    let warning = api.expect("POST", EVENTS_PATH, echo(201)).await;
+    assert_eq!(
+        (
+            warning.body["reason"].as_str(),
+            warning.body["type"].as_str()
+        ),
+        (Some("SecretNotFound"), Some("Warning"))
+    );
+    run.await.unwrap().unwrap();
+    api.expect_no_more().await;
+
+    let (id, state, reason) = endpoint_row(&pool, "nosecret").await.unwrap();
+    assert_eq!(state, "paused");
+    assert!(reason.unwrap().contains("not found"));
+    enqueue(&pool, NS).await;
+    assert_eq!(
+        delivery_statuses(&pool, id).await,
+        vec!["pending"],
+        "created and held"
+    );
+    let claim = hookd::db::deliveries::ClaimRequest {
+        worker_id: Uuid::now_v7(),
+        limit: 10,
+        lease_secs: 30.0,
+        per_endpoint_cap: 10,
+        busy: vec![],
+        now: None,
+    };
+    assert!(
+        hookd::db::deliveries::claim(&pool, &claim)
+            .await
+            .unwrap()
+            .is_empty(),
+        "held, not sent"
+    );
+
+    // the Secret is created: the endpoint becomes active and the delivery claimable
+    let mut stored = ep.clone();
+    stored.status = Some(serde_json::from_value(status.clone()).unwrap());
+    let run = tokio::spawn(endpoint_controller::reconcile(Arc::new(stored), ctx));
+    api.expect("GET", &secret_path("nosecret"), |_| {
+        (200, secret_object("nosecret-secret", SECRET_A))
+    })
+    .await;
+    let patch = api
+        .expect(
+            "PATCH",
+            &format!("{}/status", ep_path("nosecret")),
+            with_status(&ep),
+        )
+        .await;
+    assert_eq!(condition(&patch.body["status"], "Ready")["status"], "True");
+    assert_eq!(
+        api.expect("POST", EVENTS_PATH, echo(201)).await.body["reason"],
+        "SecretResolved"
+    );
+    run.await.unwrap().unwrap();
+    api.expect_no_more().await;
+    assert_eq!(endpoint_row(&pool, "nosecret").await.unwrap().1, "active");
+    assert_eq!(
+        hookd::db::deliveries::claim(&pool, &claim)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+/// A Secret the controller may not read (403) and a malformed one are problems of the
+/// object, reported in its status, not controller errors.
+#[sqlx::test]
+async fn unreadable_and_malformed_secrets_are_reported(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    for (name, reply, reason) in [
+        (
+            "forbidden",
+            (403, status_error(403, "Forbidden")),
+            "SecretUnreadable",
+        ),
+        (
+            "malformed",
+            (200, secret_object("malformed-secret", "not-a-whsec")),
+            "SecretMalformed",
+        ),
+    ] {
+        let ep = endpoint_object(name, true, json!({}));
+        let run = tokio::spawn(endpoint_controller::reconcile(
+            Arc::new(ep.clone()),
+            ctx.clone(),
+        ));
+        api.expect("GET", &secret_path(name), move |_| reply).await;
+        let patch = api
+            .expect(
+                "PATCH",
+                &format!("{}/status", ep_path(name)),
+                with_status(&ep),
+            )
+            .await;
+        assert_eq!(condition(&patch.body["status"], "Ready")["reason"], reason);
+        api.expect("POST", EVENTS_PATH, echo(201)).await; // Created
+        assert_eq!(
+            api.expect("POST", EVENTS_PATH, echo(201)).await.body["reason"],
+            reason
+        );
+        run.await.unwrap().unwrap();
+        assert_eq!(endpoint_row(&pool, name).await.unwrap().1, "paused");
+    }
+    api.expect_no_more().await;
+}
+
+/// `paused: true` holds deliveries; unpausing releases them.
+#[sqlx::test]
+async fn paused_endpoint_holds_deliveries(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let ep = endpoint_object("p", true, json!({"paused": true}));
+    let run = tokio::spawn(endpoint_controller::reconcile(
+        Arc::new(ep.clone()),
+        ctx.clone(),
+    ));
+    api.expect("GET", &secret_path("p"), |_| {
+        (200, secret_object("p-secret", SECRET_A))
+    })
+    .await;
+    let patch = api
+        .expect(
+            "PATCH",
+            &format!("{}/status", ep_path("p")),
+            with_status(&ep),
+        )
+        .await;
+    assert_eq!(
+        condition(&patch.body["status"], "Ready")["reason"],
+        "Paused"
+    );
+    api.expect("POST", EVENTS_PATH, echo(201)).await;
+    run.await.unwrap().unwrap();
+    let (id, state, _) = endpoint_row(&pool, "p").await.unwrap();
+    assert_eq!(state, "paused");
+    enqueue(&pool, NS).await;
+    assert_eq!(delivery_statuses(&pool, id).await, vec!["pending"]);
+
+    let mut unpaused = endpoint_object("p", true, json!({}));
+    unpaused.metadata.uid = ep.metadata.uid.clone();
+    unpaused.metadata.generation = Some(2);
+    let run = tokio::spawn(endpoint_controller::reconcile(
+        Arc::new(unpaused.clone()),
+        ctx,
+    ));
+    api.expect("GET", &secret_path("p"), |_| {
+        (200, secret_object("p-secret", SECRET_A))
+    })
+    .await;
+    let patch = api
+        .expect(
+            "PATCH",
+            &format!("{}/status", ep_path("p")),
+            with_status(&unpaused),
+        )
+        .await;
+    assert_eq!(patch.body["status"]["observedGeneration"], 2);
+    assert_eq!(condition(&patch.body["status"], "Ready")["status"], "True");
+    assert_eq!(patch.body["status"]["backlog"], 1);
+    run.await.unwrap().unwrap();
+    api.expect_no_more().await;
+    assert_eq!(endpoint_row(&pool, "p").await.unwrap().1, "active");
+}
+
+/// Deletion: the row is disabled, unfinished deliveries end `cancelled` (visible, not
+/// dropped), finished ones keep their state, an Event is attempted — and when the
+/// namespace is terminating and refuses it (403), the finalizer still comes off.
+#[sqlx::test]
+async fn deleting_cancels_pending_deliveries_and_removes_the_finalizer(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let ep = endpoint_object("gone", true, json!({}));
+    let run = tokio::spawn(endpoint_controller::reconcile(
+        Arc::new(ep.clone()),
+        ctx.clone(),
+    ));
+    api.expect("GET", &secret_path("gone"), |_| {
+        (200, secret_object("gone-secret", SECRET_A))
+    })
+    .await;
+    api.expect(
+        "PATCH",
+        &format!("{}/status", ep_path("gone")),
+        with_status(&ep),
+    )
+    .await;
+    api.expect("POST", EVENTS_PATH, echo(201)).await;
+    run.await.unwrap().unwrap();
+    let (id, _, _) = endpoint_row(&pool, "gone").await.unwrap();
+    for _ in 0..3 {
+        enqueue(&pool, NS).await;
+    }
+    sqlx::query("UPDATE hookd.deliveries SET status = 'succeeded', completed_at = now() WHERE id = (SELECT id FROM hookd.deliveries WHERE endpoint_id = $1 ORDER BY id LIMIT 1)")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let mut deleting = ep.clone();
+    deleting.metadata.deletion_timestamp =
+        Some(hookd::k8s::conditions::to_time(chrono::Utc::now()));
+    deleting.metadata.generation = Some(2);
+    let run = tokio::spawn(endpoint_controller::reconcile(Arc::new(deleting), ctx));
+    let event = api
+        .expect("POST", EVENTS_PATH, |_| {
+            (403, status_error(403, "Forbidden"))
+        })
+        .await;
+    assert_eq!(event.body["reason"], "Deleted");
+    assert!(
+        event.body["note"]
+            .as_str()
+            .unwrap()
+            .contains("2 unfinished deliveries cancelled")
+    );
+    let unfinalize = api
+        .expect("PATCH", &ep_path("gone"), |_| {
+            let mut obj = serde_json::to_value(&ep).unwrap();
+            obj["metadata"]["finalizers"] = json!([]);
+            (200, obj)
+        })
+        .await;
+    assert_eq!(
+        unfinalize.body,
+        json!([
+            {"op": "test", "path": "/metadata/finalizers/0", "value": "hookd.dev/endpoint"},
+            {"op": "remove", "path": "/metadata/finalizers/0"}
+        ])
+    );
+    assert_eq!(run.await.unwrap().unwrap(), Action::await_change());
+    api.expect_no_more().await;
+    let (_, state, reason) = endpoint_row(&pool, "gone").await.unwrap();
+    assert_eq!(state, "disabled");
+    assert_eq!(reason.as_deref(), Some("WebhookEndpoint deleted"));
+    let mut statuses = delivery_statuses(&pool, id).await;
+    statuses.sort();
+    assert_eq!(statuses, vec!["cancelled", "cancelled", "succeeded"]);
+    // no new deliveries for a deleted endpoint
+    enqueue(&pool, NS).await;
+    assert_eq!(delivery_statuses(&pool, id).await.len(), 3);
+}
+
+/// An API server error while reading the Secret fails the reconcile before anything is
+/// written; error_policy retries soon.
+#[sqlx::test]
+async fn api_server_error_writes_nothing_and_retries(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let ep = Arc::new(endpoint_object("err", true, json!({})));
+    let run = tokio::spawn(endpoint_controller::reconcile(ep.clone(), ctx.clone()));
+    api.expect("GET", &secret_path("err"), |_| {
+        (500, status_error(500, "InternalError"))
+    })
+    .await;
+    let err = run.await.unwrap().expect_err("a 500 fails the reconcile");
+    api.expect_no_more().await;
+    assert!(endpoint_row(&pool, "err").await.is_none());
+    assert_eq!(
+        endpoint_controller::error_policy(ep, &err, ctx),
+        Action::requeue(Duration::from_secs(5))
+    );
+}
+
+/// The database is down: the object says `Ready=Unknown/DatabaseUnavailable` instead of
+/// a stale `True`, and the reconcile fails so it is retried.
+#[sqlx::test]
+async fn database_outage_is_reported_on_the_object(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let ep = endpoint_object("db", true, json!({}));
+    let run = tokio::spawn(endpoint_controller::reconcile(
+        Arc::new(ep.clone()),
+        ctx.clone(),
+    ));
+    api.expect("GET", &secret_path("db"), |_| {
+        (200, secret_object("db-secret", SECRET_A))
+    })
+    .await;
+    let first = api
+        .expect(
+            "PATCH",
+            &format!("{}/status", ep_path("db")),
+            with_status(&ep),
+        )
+        .await;
+    api.expect("POST", EVENTS_PATH, echo(201)).await;
+    run.await.unwrap().unwrap();
+
+    // the same controller against a database that refuses connections
+    let dead = hookd::db::connect_lazy(&hookd::db::PoolSettings {
+        url: format!(
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            common::free_port()
+        ),
+        max_connections: 1,
+        acquire_timeout: Duration::from_millis(500),
+    })
+    .unwrap();
+    let down = Arc::new(Context::new(
+        ctx.client.clone(),
+        dead,
+        hookd::metrics::Metrics::new(),
+        Settings {
+            status_interval: Duration::from_secs(10),
+            image: "hookd:test".into(),
+        },
+        None,
+    ));
+    let mut stored = ep.clone();
+    stored.status = Some(serde_json::from_value(first.body["status"].clone()).unwrap());
+    let run = tokio::spawn(endpoint_controller::reconcile(Arc::new(stored), down));
+    api.expect("GET", &secret_path("db"), |_| {
+        (200, secret_object("db-secret", SECRET_A))
+    })
+    .await;
+    let patch = api
+        .expect(
+            "PATCH",
+            &format!("{}/status", ep_path("db")),
+            with_status(&ep),
+        )
+        .await;
+    let ready = condition(&patch.body["status"], "Ready");
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("Unknown"), Some("DatabaseUnavailable"))
+    );
+    let err = run
+        .await
+        .unwrap()
+        .expect_err("the reconcile fails and is retried");
+    assert_eq!(err.retry_after(), Duration::from_secs(5));
+    api.expect_no_more().await;
+}
+
+/// A receiver's 410 disables the row; the next reconcile says so and raises a Warning.
+#[sqlx::test]
+async fn endpoint_disabled_by_410_is_reported(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let ep = endpoint_object("g410", true, json!({}));
+    let run = tokio::spawn(endpoint_controller::reconcile(
+        Arc::new(ep.clone()),
+        ctx.clone(),
+    ));
+    api.expect("GET", &secret_path("g410"), |_| {
+        (200, secret_object("g410-secret", SECRET_A))
+    })
+    .await;
+    let first = api
+        .expect(
+            "PATCH",
+            &format!("{}/status", ep_path("g410")),
+            with_status(&ep),
+        )
+        .await;
+    api.expect("POST", EVENTS_PATH, echo(201)).await;
+    run.await.unwrap().unwrap();
+    let (id, _, _) = endpoint_row(&pool, "g410").await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    hookd::db::endpoints::disable(&mut conn, &[id], "receiver answered 410 Gone")
+        .await
+        .unwrap();
+    drop(conn);
+
+    let mut stored = ep.clone();
+    stored.status = Some(serde_json::from_value(first.body["status"].clone()).unwrap());
+    let run = tokio::spawn(endpoint_controller::reconcile(Arc::new(stored), ctx));
+    api.expect("GET", &secret_path("g410"), |_| {
+        (200, secret_object("g410-secret", SECRET_A))
+    })
+    .await;
+    let patch = api
+        .expect(
+            "PATCH",
+            &format!("{}/status", ep_path("g410")),
+            with_status(&ep),
+        )
+        .await;
+    let ready = condition(&patch.body["status"], "Ready");
+    assert_eq!(ready["reason"], "EndpointDisabled");
+    assert!(ready["message"].as_str().unwrap().contains("410"));
+    let event = api.expect("POST", EVENTS_PATH, echo(201)).await;
+    assert_eq!(
+        (event.body["reason"].as_str(), event.body["type"].as_str()),
+        (Some("EndpointDisabled"), Some("Warning"))
+    );
+    run.await.unwrap().unwrap();
+    api.expect_no_more().await;
+    assert_eq!(
+        endpoint_row(&pool, "g410").await.unwrap().1,
+        "disabled",
+        "a resync does not re-enable it"
+    );
+}
+
+/// The Secret watch is mapped back to the endpoints that reference that Secret, from the
+/// controller's store: same namespace and name only.
+#[test]
+fn secret_changes_map_to_the_endpoints_that_use_them() {
+    use kube::runtime::reflector::{self, ObjectRef};
+    use kube::runtime::watcher::Event;
+    let (reader, mut writer) = reflector::store::<WebhookEndpoint>();
+    let mk = |ns: &str, name: &str, secret: &str| {
+        let mut ep = endpoint_object(name, true, json!({"secretRef": {"name": secret}}));
+        ep.metadata.namespace = Some(ns.into());
+        ep
+    };
+    for ep in [
+        mk("team-a", "one", "shared"),
+        mk("team-a", "two", "shared"),
+        mk("team-a", "three", "other"),
+        mk("team-b", "four", "shared"),
+    ] {
+        writer.apply_watcher_event(&Event::Apply(ep));
+    }
+    let secret: kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::Secret> =
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "shared", "namespace": "team-a"}
+        }))
+        .unwrap();
+    let mut got = endpoint_controller::endpoints_for_secret(&reader, &secret);
+    got.sort_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(
+        got,
+        vec![
+            ObjectRef::new("one").within("team-a"),
+            ObjectRef::new("two").within("team-a"),
+        ]
+    );
+}
+
+// ---- WebhookDispatcher ----
+
+fn dispatcher_object(spec: Value) -> WebhookDispatcher {
+    serde_json::from_value(json!({
+        "apiVersion": "hookd.dev/v1alpha1", "kind": "WebhookDispatcher",
+        "metadata": {"name": "default", "namespace": "hookd-system", "uid": "d-uid", "generation": 1},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+const DEPLOY_PATH: &str =
+    "/apis/apps/v1/namespaces/hookd-system/deployments/hookd-dispatcher-default";
+const DISPATCHER_STATUS_PATH: &str =
+    "/apis/hookd.dev/v1alpha1/namespaces/hookd-system/webhookdispatchers/default/status";
+
+fn applied_deployment(ready: i32) -> impl FnOnce(&Call) -> (u16, Value) {
+    move |c: &Call| {
+        let mut obj = c.body.clone();
+        obj["status"] = json!({"readyReplicas": ready, "replicas": obj["spec"]["replicas"]});
+        (200, obj)
+    }
+}
+
+fn dispatcher_with_status(d: &WebhookDispatcher) -> impl FnOnce(&Call) -> (u16, Value) + '_ {
+    move |c: &Call| {
+        let mut obj = serde_json::to_value(d).unwrap();
+        obj["status"] = c.body["status"].clone();
+        (200, obj)
+    }
+}
+
+/// The Deployment is server-side applied exactly as `desired_deployment` builds it, owned
+/// by the WebhookDispatcher; the status reports replicas, readiness and the backlog.
+#[sqlx::test]
+async fn dispatcher_applies_its_deployment_and_reports_status(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let d =
+        dispatcher_object(json!({"replicas": 2, "databaseSecretRef": {"name": "hookd-database"}}));
+    let run = tokio::spawn(dispatcher_controller::reconcile(
+        Arc::new(d.clone()),
+        ctx.clone(),
+    ));
+    let apply = api
+        .expect("PATCH", DEPLOY_PATH, applied_deployment(1))
+        .await;
+    assert!(
+        apply.query.contains("fieldManager=hookd-controller") && apply.query.contains("force=true")
+    );
+    assert_eq!(
+        apply.body,
+        serde_json::to_value(dispatcher_controller::desired_deployment(
+            &d,
+            "hookd:test",
+            2
+        ))
+        .unwrap()
+    );
+    assert_eq!(apply.body["metadata"]["ownerReferences"][0]["uid"], "d-uid");
+    let status = api
+        .expect("PATCH", DISPATCHER_STATUS_PATH, dispatcher_with_status(&d))
+        .await;
+    let s = &status.body["status"];
+    assert_eq!(s["replicas"], 2);
+    assert_eq!(s["readyReplicas"], 1);
+    assert_eq!(s["backlog"], 0);
+    assert_eq!(s["deployment"], "hookd-dispatcher-default");
+    assert_eq!(condition(s, "Ready")["status"], "False");
+    assert_eq!(
+        run.await.unwrap().unwrap(),
+        Action::requeue(Duration::from_secs(120))
+    );
+    api.expect_no_more().await;
+}
+
+/// Autoscaling reads the backlog from Postgres: 2 500 due deliveries at 1 000 per replica
+/// ask for 3 pods, with a `ScaledUp` Event.
+#[sqlx::test]
+async fn autoscaling_sets_replicas_from_the_backlog(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    common::endpoint(
+        &pool,
+        common::EndpointOpts {
+            namespace: NS.into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    sqlx::query("SELECT hookd.enqueue($1, 'invoice.paid', '{}') FROM generate_series(1, 2500)")
+        .bind(NS)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut d = dispatcher_object(json!({
+        "autoscaling": {"minReplicas": 1, "maxReplicas": 10, "targetBacklogPerReplica": 1000},
+        "databaseSecretRef": {"name": "hookd-database"}
+    }));
+    d.status = Some(serde_json::from_value(json!({"replicas": 1})).unwrap());
+    let run = tokio::spawn(dispatcher_controller::reconcile(Arc::new(d.clone()), ctx));
+    let apply = api
+        .expect("PATCH", DEPLOY_PATH, applied_deployment(1))
+        .await;
+    assert_eq!(apply.body["spec"]["replicas"], 3);
+    let status = api
+        .expect("PATCH", DISPATCHER_STATUS_PATH, dispatcher_with_status(&d))
+        .await;
+    assert_eq!(status.body["status"]["backlog"], 2500);
+    assert_eq!(status.body["status"]["replicas"], 3);
+    assert!(status.body["status"]["lastScaleTime"].is_string());
+    let event = api
+        .expect(
+            "POST",
+            "/apis/events.k8s.io/v1/namespaces/hookd-system/events",
+            echo(201),
+        )
+        .await;
+    assert_eq!(event.body["reason"], "ScaledUp");
+    assert_eq!(
+        run.await.unwrap().unwrap(),
+        Action::requeue(Duration::from_secs(10))
+    );
+    api.expect_no_more().await;
+}
+
+/// A failed Deployment apply fails the reconcile and writes no status.
+#[sqlx::test]
+async fn dispatcher_apply_error_is_retried(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let d = Arc::new(dispatcher_object(
+        json!({"databaseSecretRef": {"name": "db"}}),
+    ));
+    let run = tokio::spawn(dispatcher_controller::reconcile(d.clone(), ctx.clone()));
+    api.expect("PATCH", DEPLOY_PATH, |_| {
+        (422, status_error(422, "Invalid"))
+    })
+    .await;
+    let err = run.await.unwrap().expect_err("apply failed");
+    api.expect_no_more().await;
+    assert_eq!(
+        dispatcher_controller::error_policy(d, &err, ctx),
+        Action::requeue(Duration::from_secs(5))
+    );
+}
+
+/// The CRDs' own validation: the dispatcher's cross-field rules.
+#[test]
+fn dispatcher_cel_rules() {
+    let check = |spec: Value| dispatcher_object(spec).validate_cel();
+    assert!(check(json!({"databaseSecretRef": {"name": "db"}})).is_ok());
+    assert!(check(json!({"databaseSecretRef": {"name": "db"}, "leaseSeconds": 30, "requestTimeoutSeconds": 25})).is_ok());
+    assert!(
+        check(json!({"databaseSecretRef": {"name": "db"}, "leaseSeconds": 19})).is_err(),
+        "lease must outlive the default 15 s timeout by 5"
+    );
+    assert!(check(json!({"databaseSecretRef": {"name": "db"}, "leaseSeconds": 20})).is_ok());
+    assert!(
+        check(json!({"databaseSecretRef": {"name": "db"}, "requestTimeoutSeconds": 60})).is_err()
+    );
+    assert!(
+        check(json!({"databaseSecretRef": {"name": "db"},
+        "autoscaling": {"minReplicas": 5, "maxReplicas": 2, "targetBacklogPerReplica": 10}}))
+        .is_err()
+    );
+    assert!(
+        check(json!({"databaseSecretRef": {"name": "db"}, "imagePullPolicy": "Sometimes"}))
+            .is_err()
+    );
+    assert!(
+        check(json!({"databaseSecretRef": {"name": "db"}, "allowedDestinations": ["not a cidr"]}))
+            .is_err()
+    );
+}
