@@ -205,6 +205,9 @@ pub struct ControllerSettings {
     /// Name of the leader Lease
     #[arg(long, env = "HOOKD_LEASE_NAME", default_value = "hookd-controller")]
     pub lease_name: String,
+    /// Seconds the leader Lease stays valid without renewal: how long work pauses when a leader dies
+    #[arg(long, env = "HOOKD_LEASE_DURATION_SECS", default_value_t = 15)]
+    pub lease_duration_secs: u64,
     /// Namespace of the leader Lease and of WebhookDispatchers (default: POD_NAMESPACE, else the service account's namespace, else hookd-system)
     #[arg(long, env = "HOOKD_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,

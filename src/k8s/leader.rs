@@ -10,20 +10,28 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 
-/// Seconds a lease stays valid without renewal: how long a dead leader's work pauses.
-const LEASE_DURATION_SECS: u64 = 15;
-/// The holder renews this long before expiry (also the clock skew tolerated).
+/// The holder renews this long before expiry (also the clock skew tolerated), at most a
+/// third of the lease so that renewal always has time to land.
 const LEASE_GRACE_SECS: u64 = 5;
 
 /// Waits for the lease, runs `work` while holding it, and returns when `shutdown` fires
 /// (releasing the lease so a standby takes over at once). If the lease is lost while
 /// working, the work is cancelled and an error returned: the process should exit rather
 /// than carry on as a possibly stale second leader.
+/// Which Lease, and who this replica is.
+#[derive(Debug, Clone)]
+pub struct LeaseConfig {
+    pub name: String,
+    pub namespace: String,
+    /// unique per replica (the pod name)
+    pub identity: String,
+    /// seconds the lease stays valid without renewal: how long work pauses when a leader dies
+    pub duration_secs: u64,
+}
+
 pub async fn run_as_leader<F, Fut>(
     client: Client,
-    lease_name: &str,
-    namespace: &str,
-    identity: &str,
+    lease: &LeaseConfig,
     metrics: &Metrics,
     shutdown: CancellationToken,
     work: F,
@@ -32,11 +40,13 @@ where
     F: FnOnce(CancellationToken) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let (lease_name, namespace, identity) = (&lease.name, &lease.namespace, &lease.identity);
+    let duration = lease.duration_secs.max(3);
     let manager = LeaseManagerBuilder::new(client, lease_name)
-        .with_namespace(namespace)
-        .with_identity(identity)
-        .with_duration(LEASE_DURATION_SECS)
-        .with_grace(LEASE_GRACE_SECS)
+        .with_namespace(namespace.as_str())
+        .with_identity(identity.as_str())
+        .with_duration(duration)
+        .with_grace(LEASE_GRACE_SECS.min(duration / 3))
         .build()
         .await?;
     let (mut leading, lease_task) = manager.watch().await;

@@ -337,24 +337,22 @@ pub async fn run(
         Some(identity.clone()),
     ));
     let result = if settings.leader_election {
-        leader::run_as_leader(
-            client,
-            &settings.lease_name,
-            &install_ns,
-            &identity,
-            &metrics,
-            shutdown.clone(),
-            |token| {
-                health.leading.store(true, Ordering::SeqCst);
-                run_controllers(
-                    ctx,
-                    settings.watch_namespace.clone(),
-                    install_ns.clone(),
-                    health.clone(),
-                    token,
-                )
-            },
-        )
+        let lease = leader::LeaseConfig {
+            name: settings.lease_name.clone(),
+            namespace: install_ns.clone(),
+            identity,
+            duration_secs: settings.lease_duration_secs,
+        };
+        leader::run_as_leader(client, &lease, &metrics, shutdown.clone(), |token| {
+            health.leading.store(true, Ordering::SeqCst);
+            run_controllers(
+                ctx,
+                settings.watch_namespace.clone(),
+                install_ns.clone(),
+                health.clone(),
+                token,
+            )
+        })
         .await
     } else {
         health.leading.store(true, Ordering::SeqCst);
@@ -391,14 +389,23 @@ async fn run_controllers(
     );
     let (dispatchers, dispatcher_store) =
         dispatcher_controller_stream(client, &install_namespace, ctx, token.clone());
+    // Polled, not awaited: a store's readiness signal wakes only one waiter, and the
+    // Controller's own runner is already waiting on it.
+    let ready_token = token.clone();
     tokio::spawn(async move {
-        let ready = tokio::try_join!(
-            endpoint_store.wait_until_ready(),
-            dispatcher_store.wait_until_ready()
-        );
-        if ready.is_ok() {
-            tracing::info!("watches synced");
-            health.synced.store(true, Ordering::SeqCst);
+        use futures::FutureExt;
+        loop {
+            let synced = endpoint_store.wait_until_ready().now_or_never().is_some()
+                && dispatcher_store.wait_until_ready().now_or_never().is_some();
+            if synced {
+                tracing::info!("watches synced");
+                health.synced.store(true, Ordering::SeqCst);
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = ready_token.cancelled() => return,
+            }
         }
     });
     tracing::info!(

@@ -1,0 +1,479 @@
+//! `hookd controller` as a real process, against an in-test stand-in for the Kubernetes
+//! API server (the one part that cannot run here) and a real Postgres.
+//!
+//! The stand-in serves list/watch for the watched kinds, GET of Secrets, the Lease with
+//! server-side-apply conflict semantics (what kube-lease-manager's locking relies on), and
+//! records every write. That is enough to prove the wiring the unit-level controller tests
+//! cannot: kubeconfig discovery, leader election, watches and readiness, a reconcile
+//! through kube's Controller machinery into Postgres and back as a status patch, SIGTERM
+//! releasing the Lease, and a standby replica taking over when the leader is SIGKILLed.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use common::*;
+
+const LEASE_PATH: &str =
+    "/apis/coordination.k8s.io/v1/namespaces/hookd-system/leases/hookd-controller";
+
+#[derive(Default)]
+struct Fake {
+    lease: Option<Value>,
+    /// the field manager owning `spec.holderIdentity` (server-side apply conflicts)
+    holder_manager: Option<String>,
+    endpoints: Vec<Value>,
+    dispatchers: Vec<Value>,
+    secrets: BTreeMap<String, Value>,
+    endpoint_status: Vec<Value>,
+    dispatcher_status: Vec<Value>,
+    deployments: Vec<Value>,
+    events: Vec<Value>,
+    unexpected: Vec<String>,
+    rv: u64,
+}
+
+type Shared = Arc<Mutex<Fake>>;
+
+fn json_response(code: u16, v: Value) -> Response {
+    (
+        StatusCode::from_u16(code).unwrap(),
+        [("content-type", "application/json")],
+        v.to_string(),
+    )
+        .into_response()
+}
+
+fn status(code: u16, reason: &str) -> Response {
+    json_response(
+        code,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
+               "message": reason, "code": code}),
+    )
+}
+
+fn list(kind: &str, api_version: &str, items: Vec<Value>, rv: u64) -> Response {
+    json_response(
+        200,
+        json!({"apiVersion": api_version, "kind": kind,
+               "metadata": {"resourceVersion": rv.to_string()}, "items": items}),
+    )
+}
+
+/// A watch that stays open and quiet: the stand-in's objects never change by themselves.
+fn quiet_watch() -> Response {
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(Body::from_stream(futures::stream::pending::<
+            Result<Bytes, Infallible>,
+        >()))
+        .unwrap()
+}
+
+fn metadata_only(v: &Value) -> Value {
+    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": v["metadata"]})
+}
+
+fn merge_spec(lease: &mut Value, patch: &Value) {
+    let spec = lease["spec"].as_object_mut().unwrap();
+    for (k, v) in patch["spec"].as_object().unwrap() {
+        if v.is_null() {
+            spec.remove(k);
+        } else {
+            spec.insert(k.clone(), v.clone());
+        }
+    }
+}
+
+async fn handle(
+    State(fake): State<Shared>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().to_string();
+    let query: BTreeMap<String, String> = uri
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let mut f = fake.lock().unwrap();
+    f.rv += 1;
+    let rv = f.rv;
+    match (method.as_str(), path.as_str()) {
+        // ---- the Lease, with server-side-apply conflicts on holderIdentity ----
+        ("GET", LEASE_PATH) => match &f.lease {
+            Some(l) => json_response(200, l.clone()),
+            None => status(404, "NotFound"),
+        },
+        ("POST", "/apis/coordination.k8s.io/v1/namespaces/hookd-system/leases") => {
+            if f.lease.is_some() {
+                return status(409, "AlreadyExists");
+            }
+            let mut lease = body.clone();
+            lease["metadata"]["namespace"] = json!("hookd-system");
+            lease["metadata"]["resourceVersion"] = json!(rv.to_string());
+            lease["spec"] = json!({});
+            f.lease = Some(lease.clone());
+            json_response(201, lease)
+        }
+        ("PATCH", LEASE_PATH) => {
+            let manager = query.get("fieldManager").cloned().unwrap_or_default();
+            let ct = headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let Some(mut lease) = f.lease.clone() else {
+                return status(404, "NotFound");
+            };
+            let new_holder = body["spec"].get("holderIdentity").cloned();
+            if ct.starts_with("application/apply-patch")
+                && let Some(Value::String(h)) = &new_holder
+                && let Some(cur) = lease["spec"]["holderIdentity"].as_str()
+                && cur != h
+                && f.holder_manager.as_deref() != Some(manager.as_str())
+            {
+                return status(409, "Conflict");
+            }
+            merge_spec(&mut lease, &body);
+            match new_holder {
+                Some(Value::Null) => f.holder_manager = None,
+                Some(_) => f.holder_manager = Some(manager),
+                None => {}
+            }
+            lease["metadata"]["resourceVersion"] = json!(rv.to_string());
+            f.lease = Some(lease.clone());
+            json_response(200, lease)
+        }
+        // ---- watched collections ----
+        ("GET", "/apis/hookd.dev/v1alpha1/webhookendpoints") if watch => quiet_watch(),
+        ("GET", "/apis/hookd.dev/v1alpha1/webhookendpoints") => {
+            let items = f.endpoints.clone();
+            list("WebhookEndpointList", "hookd.dev/v1alpha1", items, rv)
+        }
+        ("GET", "/api/v1/secrets") if watch => quiet_watch(),
+        ("GET", "/api/v1/secrets") => {
+            let items = f.secrets.values().map(metadata_only).collect();
+            list("PartialObjectMetadataList", "meta.k8s.io/v1", items, rv)
+        }
+        ("GET", "/apis/hookd.dev/v1alpha1/namespaces/hookd-system/webhookdispatchers") if watch => {
+            quiet_watch()
+        }
+        ("GET", "/apis/hookd.dev/v1alpha1/namespaces/hookd-system/webhookdispatchers") => {
+            let items = f.dispatchers.clone();
+            list("WebhookDispatcherList", "hookd.dev/v1alpha1", items, rv)
+        }
+        ("GET", "/apis/apps/v1/namespaces/hookd-system/deployments") if watch => quiet_watch(),
+        ("GET", "/apis/apps/v1/namespaces/hookd-system/deployments") => {
+            list("PartialObjectMetadataList", "meta.k8s.io/v1", vec![], rv)
+        }
+        // ---- reads and writes of single objects ----
+        ("GET", p) if p.starts_with("/api/v1/namespaces/") && p.contains("/secrets/") => {
+            match f.secrets.get(p) {
+                Some(s) => json_response(200, s.clone()),
+                None => status(404, "NotFound"),
+            }
+        }
+        ("PATCH", p)
+            if p.starts_with("/apis/hookd.dev/v1alpha1/namespaces/")
+                && p.contains("/webhookendpoints/")
+                && p.ends_with("/status") =>
+        {
+            f.endpoint_status.push(body.clone());
+            let mut obj = f.endpoints[0].clone();
+            obj["status"] = body["status"].clone();
+            json_response(200, obj)
+        }
+        ("PATCH", p) if p.contains("/webhookdispatchers/") && p.ends_with("/status") => {
+            f.dispatcher_status.push(body.clone());
+            let mut obj = f.dispatchers[0].clone();
+            obj["status"] = body["status"].clone();
+            json_response(200, obj)
+        }
+        ("PATCH", p) if p.starts_with("/apis/apps/v1/namespaces/hookd-system/deployments/") => {
+            f.deployments.push(body.clone());
+            let mut obj = body.clone();
+            obj["status"] = json!({"readyReplicas": body["spec"]["replicas"]});
+            json_response(200, obj)
+        }
+        ("POST", p) if p.ends_with("/events") => {
+            f.events.push(body.clone());
+            json_response(201, body)
+        }
+        (m, p) => {
+            f.unexpected
+                .push(format!("{m} {p}?{}", uri.query().unwrap_or_default()));
+            status(404, "NotFound")
+        }
+    }
+}
+
+struct ApiServer {
+    fake: Shared,
+    kubeconfig: PathBuf,
+    _dir: TempDir,
+    _stop: tokio_util::sync::CancellationToken,
+}
+
+/// A temp dir removed on drop.
+struct TempDir(PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn api_server(fake: Fake) -> ApiServer {
+    let fake = Arc::new(Mutex::new(fake));
+    let app = axum::Router::new()
+        .fallback(handle)
+        .with_state(fake.clone());
+    let (addr, stop) = serve_local(app).await;
+    let dir = std::env::temp_dir().join(format!("hookd-kubeconfig-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("config");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"http://{addr}\"}}\nusers:\n- name: fake\n  user: {{token: test}}\ncontexts:\n- name: fake\n  context: {{cluster: fake, user: fake, namespace: default}}\ncurrent-context: fake\n"
+        ),
+    )
+    .unwrap();
+    ApiServer {
+        fake,
+        kubeconfig,
+        _dir: TempDir(dir),
+        _stop: stop,
+    }
+}
+
+fn world() -> Fake {
+    let secret_value = base64::engine::general_purpose::STANDARD.encode(SECRET_A);
+    let mut f = Fake::default();
+    f.endpoints.push(json!({
+        "apiVersion": "hookd.dev/v1alpha1", "kind": "WebhookEndpoint",
+        "metadata": {"name": "orders", "namespace": "shop", "uid": "ep-uid", "generation": 1,
+                     "resourceVersion": "5", "finalizers": ["hookd.dev/endpoint"]},
+        "spec": {"url": "https://receiver.example.com/hook", "secretRef": {"name": "orders-signing"}}
+    }));
+    f.secrets.insert(
+        "/api/v1/namespaces/shop/secrets/orders-signing".into(),
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": "orders-signing", "namespace": "shop", "resourceVersion": "3"},
+               "data": {"secret": secret_value}}),
+    );
+    f.dispatchers.push(json!({
+        "apiVersion": "hookd.dev/v1alpha1", "kind": "WebhookDispatcher",
+        "metadata": {"name": "default", "namespace": "hookd-system", "uid": "d-uid", "generation": 1,
+                     "resourceVersion": "6"},
+        "spec": {"replicas": 2, "databaseSecretRef": {"name": "hookd-database"}}
+    }));
+    f
+}
+
+struct Replica {
+    child: tokio::process::Child,
+    listen: String,
+}
+
+fn start_replica(pool: &PgPool, api: &ApiServer, name: &str) -> Replica {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let child = tokio::process::Command::new(hookd_bin())
+        .arg("controller")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("KUBECONFIG", &api.kubeconfig)
+        .env("DATABASE_URL", database_url(pool))
+        .env("HOOKD_LISTEN", &listen)
+        .env("POD_NAME", name)
+        .env("POD_NAMESPACE", "hookd-system")
+        .env("HOOKD_LEASE_DURATION_SECS", "4")
+        .env("HOOKD_IMAGE", "registry.example/hookd:9.9")
+        .env("HOOKD_LOG", "info")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    Replica { child, listen }
+}
+
+async fn get_text(url: &str) -> Option<(u16, String)> {
+    let r = reqwest::get(url).await.ok()?;
+    Some((r.status().as_u16(), r.text().await.ok()?))
+}
+
+fn holder(api: &ApiServer) -> Option<String> {
+    api.fake.lock().unwrap().lease.as_ref()?["spec"]["holderIdentity"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// One replica end to end: it takes the Lease, syncs its watches (readyz), reconciles the
+/// WebhookEndpoint into Postgres and writes its status, applies the dispatcher Deployment
+/// with HOOKD_IMAGE, serves metrics, and on SIGTERM releases the Lease and exits 0.
+#[sqlx::test]
+async fn controller_process_reconciles_and_releases_the_lease(pool: PgPool) {
+    init();
+    let api = api_server(world()).await;
+    let mut replica = start_replica(&pool, &api, "replica-a");
+    let health = format!("http://{}", replica.listen);
+
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            sqlx::query_scalar::<_, String>(
+                "SELECT state FROM hookd.endpoints WHERE k8s_namespace = 'shop' AND k8s_name = 'orders'",
+            )
+            .fetch_optional(&pool)
+            .await
+            .unwrap()
+                == Some("active".into())
+        })
+        .await,
+        "the endpoint row was never written; unexpected calls: {:?}",
+        api.fake.lock().unwrap().unexpected
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            let f = api.fake.lock().unwrap();
+            !f.endpoint_status.is_empty()
+                && !f.deployments.is_empty()
+                && !f.dispatcher_status.is_empty()
+        })
+        .await,
+        "writes: {} endpoint status, {} deployments, {} dispatcher status; unexpected: {:?}",
+        api.fake.lock().unwrap().endpoint_status.len(),
+        api.fake.lock().unwrap().deployments.len(),
+        api.fake.lock().unwrap().dispatcher_status.len(),
+        api.fake.lock().unwrap().unexpected
+    );
+    assert_eq!(holder(&api).as_deref(), Some("replica-a"));
+    {
+        let f = api.fake.lock().unwrap();
+        let status = &f.endpoint_status[0]["status"];
+        let ready = status["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .unwrap();
+        assert_eq!(ready["status"], "True", "{status}");
+        let deployment = &f.deployments[0];
+        assert_eq!(deployment["spec"]["replicas"], 2);
+        assert_eq!(
+            deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+            "registry.example/hookd:9.9"
+        );
+        assert!(f.events.iter().any(|e| e["reason"] == "Created"));
+        assert!(
+            f.unexpected.is_empty(),
+            "unexpected calls: {:?}",
+            f.unexpected
+        );
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            get_text(&format!("{health}/readyz")).await == Some((200, "ready".into()))
+        })
+        .await,
+        "readyz: {:?}",
+        get_text(&format!("{health}/readyz")).await
+    );
+    let (_, metrics) = get_text(&format!("{health}/metrics")).await.unwrap();
+    assert!(metrics.contains("hookd_leader 1"), "{metrics}");
+    assert!(
+        metrics.contains(r#"hookd_reconciles_total{controller="webhookendpoint",result="ok"}"#),
+        "{metrics}"
+    );
+
+    // SIGTERM: the controllers stop, the Lease is released for a standby, exit 0
+    let pid = replica.child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(15), replica.child.wait())
+        .await
+        .expect("exits after SIGTERM")
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+    assert_eq!(holder(&api), None, "the Lease was released on shutdown");
+}
+
+/// Two replicas: one leads, the other stands by (ready, not reconciling). SIGKILL the
+/// leader — no chance to release — and the standby takes over once the Lease expires.
+#[sqlx::test]
+async fn standby_replica_takes_over_when_the_leader_is_killed(pool: PgPool) {
+    init();
+    let api = api_server(world()).await;
+    let mut a = start_replica(&pool, &api, "replica-a");
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            holder(&api).as_deref() == Some("replica-a")
+        })
+        .await,
+        "replica-a never took the Lease; unexpected calls: {:?}",
+        api.fake.lock().unwrap().unexpected
+    );
+    let b = start_replica(&pool, &api, "replica-b");
+    let b_health = format!("http://{}", b.listen);
+    assert!(
+        wait_until(Duration::from_secs(20), || async {
+            get_text(&format!("{b_health}/readyz")).await == Some((200, "standby".into()))
+        })
+        .await
+    );
+    // b stays standby while a renews (several lease durations)
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(holder(&api).as_deref(), Some("replica-a"));
+    let (_, metrics) = get_text(&format!("{b_health}/metrics")).await.unwrap();
+    assert!(metrics.contains("hookd_leader 0"), "{metrics}");
+
+    a.child.kill().await.unwrap(); // SIGKILL: the Lease is left held
+    // from here on every write comes from replica-b
+    let (deployments_before, statuses_before) = {
+        let f = api.fake.lock().unwrap();
+        (f.deployments.len(), f.endpoint_status.len())
+    };
+    assert_eq!(holder(&api).as_deref(), Some("replica-a"));
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            holder(&api).as_deref() == Some("replica-b")
+        })
+        .await,
+        "replica-b did not take over"
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || async {
+            get_text(&format!("{b_health}/readyz")).await == Some((200, "ready".into()))
+        })
+        .await
+    );
+    let (_, metrics) = get_text(&format!("{b_health}/metrics")).await.unwrap();
+    assert!(metrics.contains("hookd_leader 1"), "{metrics}");
+    // the new leader reconciles everything it lists: the Deployment is applied again and
+    // the endpoint's status written (the stand-in serves the object without a status)
+    assert!(
+        wait_until(Duration::from_secs(20), || async {
+            let f = api.fake.lock().unwrap();
+            f.deployments.len() > deployments_before && f.endpoint_status.len() > statuses_before
+        })
+        .await,
+        "replica-b did not reconcile after taking over"
+    );
+    assert!(api.fake.lock().unwrap().unexpected.is_empty());
+}
