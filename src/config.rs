@@ -227,7 +227,11 @@ pub struct ReceiverArgs {
     pub secrets: Vec<String>,
     /// Files holding signing secrets (whitespace-separated), re-read on every delivery so a rotated,
     /// mounted Secret takes effect without a restart (repeatable; comma-separated in the environment)
-    #[arg(long = "secret-file", env = "HOOKD_RECEIVER_SECRET_FILES", value_delimiter = ',')]
+    #[arg(
+        long = "secret-file",
+        env = "HOOKD_RECEIVER_SECRET_FILES",
+        value_delimiter = ','
+    )]
     pub secret_files: Vec<PathBuf>,
     /// Wait this long before answering each delivery, in milliseconds (PUT /control changes it)
     #[arg(long, env = "HOOKD_RECEIVER_DELAY_MS", default_value_t = 0)]

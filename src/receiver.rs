@@ -296,7 +296,11 @@ impl Receiver {
         let behaviour = config.behaviour.validate()?;
         let state = Inner {
             behaviour,
-            files: config.secret_files.iter().map(|_| FileKeys::default()).collect(),
+            files: config
+                .secret_files
+                .iter()
+                .map(|_| FileKeys::default())
+                .collect(),
             received: Received {
                 secrets: static_keys.iter().map(|k| k.fingerprint.clone()).collect(),
                 behaviour,
@@ -360,8 +364,14 @@ async fn deliver(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
         let mut first_error = None;
         keys.iter()
             .find(|key| {
-                let checked =
-                    signing::verify(&key.secret, id, h("webhook-timestamp"), signature, &body, now);
+                let checked = signing::verify(
+                    &key.secret,
+                    id,
+                    h("webhook-timestamp"),
+                    signature,
+                    &body,
+                    now,
+                );
                 checked.map_err(|e| first_error.get_or_insert(e)).is_ok()
             })
             .ok_or_else(|| first_error.map(|e| e.to_string()).unwrap_or_default())
@@ -498,7 +508,11 @@ async fn set_control(State(shared): State<Arc<Shared>>, body: Bytes) -> Response
         Ok(b) => {
             st.behaviour = b;
             st.received.behaviour = b;
-            tracing::info!(delay_ms = b.delay_ms, status = b.status, "receiver behaviour changed");
+            tracing::info!(
+                delay_ms = b.delay_ms,
+                status = b.status,
+                "receiver behaviour changed"
+            );
             axum::Json(b).into_response()
         }
         Err(e) => ApiError::unprocessable("invalid_control", e.to_string()).into_response(),
@@ -514,7 +528,10 @@ mod tests {
         // printf %s whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw | sha256sum | cut -c1-12
         let fp = fingerprint("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
         assert_eq!(fp, "96ad2ccd8146");
-        assert_eq!(fp, fingerprint("  whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n"));
+        assert_eq!(
+            fp,
+            fingerprint("  whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n")
+        );
         assert_ne!(fp, fingerprint("whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"));
     }
 

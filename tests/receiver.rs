@@ -166,12 +166,21 @@ async fn verifies_counts_and_prints_every_delivery() {
         .deliver_at("/received", "id-2", &[SECRET_B, SECRET_A], now)
         .await;
     assert_eq!(both.status(), 200);
-    assert!(rx.next_delivery_line().contains("webhook-id=id-2 signature=verified"));
+    assert!(
+        rx.next_delivery_line()
+            .contains("webhook-id=id-2 signature=verified")
+    );
     assert_eq!(rx.deliver("id-1", &[SECRET_A]).await, 200, "a resend");
-    assert!(rx.next_delivery_line().contains("webhook-id=id-1 signature=verified"));
+    assert!(
+        rx.next_delivery_line()
+            .contains("webhook-id=id-1 signature=verified")
+    );
     // Signed with a secret the receiver does not hold, and a replayed old timestamp.
     assert_eq!(rx.deliver("id-3", &[SECRET_B]).await, 401);
-    assert!(rx.next_delivery_line().contains("webhook-id=id-3 signature=INVALID"));
+    assert!(
+        rx.next_delivery_line()
+            .contains("webhook-id=id-3 signature=INVALID")
+    );
     let stale = rx.deliver_at("/", "id-4", &[SECRET_A], now - 400).await;
     assert_eq!(stale.status(), 401);
     let err: serde_json::Value = stale.json().await.unwrap();
@@ -387,7 +396,10 @@ fn refuses_to_start_without_a_usable_secret() {
     assert!(none.contains("no signing secret"), "{none}");
     let short = run(&["--secret", "whsec_c2hvcnQ="]);
     assert!(short.contains("signing secret #0"), "{short}");
-    assert!(!short.contains("c2hvcnQ"), "the secret is never printed: {short}");
+    assert!(
+        !short.contains("c2hvcnQ"),
+        "the secret is never printed: {short}"
+    );
     let bad_status = run(&["--secret", SECRET_A, "--status", "42"]);
     assert!(bad_status.contains("status 42"), "{bad_status}");
 }
