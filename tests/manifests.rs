@@ -585,10 +585,10 @@ fn broken_references(install: &Install, external: External<'_>) -> Vec<String> {
     let workloads = install.workloads();
     for w in &workloads {
         let spec = w.spec;
-        if let Some(sa) = &spec.service_account_name {
-            if !install.has_service_account(&w.ns, sa) {
-                errs.push(format!("{}: ServiceAccount {sa} does not exist", w.what));
-            }
+        if let Some(sa) = &spec.service_account_name
+            && !install.has_service_account(&w.ns, sa)
+        {
+            errs.push(format!("{}: ServiceAccount {sa} does not exist", w.what));
         }
         let selector = match_labels(w.selector);
         if w.selector.is_some() && !selects(&selector, &w.labels) {
@@ -622,14 +622,14 @@ fn broken_references(install: &Install, external: External<'_>) -> Vec<String> {
                     }
                 }
             }
-            if let Some(c) = &v.config_map {
-                if !c.optional.unwrap_or(false) && install.config_map_keys(&w.ns, &c.name).is_none()
-                {
-                    errs.push(format!(
-                        "{}: volume {} mounts missing ConfigMap {}",
-                        w.what, v.name, c.name
-                    ));
-                }
+            if let Some(c) = &v.config_map
+                && !c.optional.unwrap_or(false)
+                && install.config_map_keys(&w.ns, &c.name).is_none()
+            {
+                errs.push(format!(
+                    "{}: volume {} mounts missing ConfigMap {}",
+                    w.what, v.name, c.name
+                ));
             }
             if let Some(c) = &v.persistent_volume_claim {
                 errs.push(format!(
@@ -651,13 +651,14 @@ fn broken_references(install: &Install, external: External<'_>) -> Vec<String> {
             }
             for e in c.env.iter().flatten() {
                 let Some(from) = &e.value_from else { continue };
-                if let Some(r) = &from.secret_key_ref {
-                    if !r.optional.unwrap_or(false) && !secret_has(&w.ns, &r.name, Some(&r.key)) {
-                        errs.push(format!(
-                            "{what}: env {} needs key {} of Secret {}, which does not exist",
-                            e.name, r.key, r.name
-                        ));
-                    }
+                if let Some(r) = &from.secret_key_ref
+                    && !r.optional.unwrap_or(false)
+                    && !secret_has(&w.ns, &r.name, Some(&r.key))
+                {
+                    errs.push(format!(
+                        "{what}: env {} needs key {} of Secret {}, which does not exist",
+                        e.name, r.key, r.name
+                    ));
                 }
                 if let Some(r) = &from.config_map_key_ref {
                     let ok = install
@@ -672,20 +673,20 @@ fn broken_references(install: &Install, external: External<'_>) -> Vec<String> {
                 }
             }
             for f in c.env_from.iter().flatten() {
-                if let Some(r) = &f.config_map_ref {
-                    if !r.optional.unwrap_or(false)
-                        && install.config_map_keys(&w.ns, &r.name).is_none()
-                    {
-                        errs.push(format!(
-                            "{what}: envFrom ConfigMap {} does not exist",
-                            r.name
-                        ));
-                    }
+                if let Some(r) = &f.config_map_ref
+                    && !r.optional.unwrap_or(false)
+                    && install.config_map_keys(&w.ns, &r.name).is_none()
+                {
+                    errs.push(format!(
+                        "{what}: envFrom ConfigMap {} does not exist",
+                        r.name
+                    ));
                 }
-                if let Some(r) = &f.secret_ref {
-                    if !r.optional.unwrap_or(false) && !secret_has(&w.ns, &r.name, None) {
-                        errs.push(format!("{what}: envFrom Secret {} does not exist", r.name));
-                    }
+                if let Some(r) = &f.secret_ref
+                    && !r.optional.unwrap_or(false)
+                    && !secret_has(&w.ns, &r.name, None)
+                {
+                    errs.push(format!("{what}: envFrom Secret {} does not exist", r.name));
                 }
             }
             let ports: BTreeSet<&str> = c
@@ -703,12 +704,11 @@ fn broken_references(install: &Install, external: External<'_>) -> Vec<String> {
                     .as_ref()
                     .and_then(|p| p.http_get.as_ref())
                     .map(|h| &h.port)
+                    && !ports.contains(port.as_str())
                 {
-                    if !ports.contains(port.as_str()) {
-                        errs.push(format!(
-                            "{what}: {probe} probe port {port} is not a named container port"
-                        ));
-                    }
+                    errs.push(format!(
+                        "{what}: {probe} probe port {port} is not a named container port"
+                    ));
                 }
             }
         }
@@ -749,17 +749,16 @@ fn broken_references(install: &Install, external: External<'_>) -> Vec<String> {
     for st in &install.stateful_sets {
         let service = &st.spec.as_ref().unwrap().service_name;
         let ns = st.namespace().unwrap_or_default();
-        if let Some(name) = service {
-            if !install
+        if let Some(name) = service
+            && !install
                 .services
                 .iter()
                 .any(|s| s.namespace().as_deref() == Some(ns.as_str()) && &s.name_any() == name)
-            {
-                errs.push(format!(
-                    "StatefulSet {ns}/{}: serviceName {name} does not exist",
-                    st.name_any()
-                ));
-            }
+        {
+            errs.push(format!(
+                "StatefulSet {ns}/{}: serviceName {name} does not exist",
+                st.name_any()
+            ));
         }
     }
     for p in &install.pdbs {
@@ -1638,12 +1637,13 @@ fn references_checker_notices_broken_references() {
         f(&mut objs);
         broken_references(&parse_install(&objs), &[])
     };
-    let find = |objs: &mut Vec<Value>, kind: &str, name: &str| -> usize {
+    fn find(objs: &[Value], kind: &str, name: &str) -> usize {
         objs.iter()
             .position(|o| o["kind"] == kind && o["metadata"]["name"] == name)
             .unwrap()
-    };
-    let cases: [(&str, Box<dyn Fn(&mut Vec<Value>)>); 5] = [
+    }
+    type Breakage = Box<dyn Fn(&mut Vec<Value>)>;
+    let cases: [(&str, Breakage); 5] = [
         (
             "ServiceAccount hookd-apj",
             Box::new(|o| {
