@@ -48,6 +48,8 @@ pub enum Command {
     Crd,
     /// Run everything in one process for a laptop (throwaway Postgres when DATABASE_URL is unset)
     Dev(DevArgs),
+    /// Run a webhook receiver that verifies signatures and records webhook ids (for testing a setup)
+    Receiver(ReceiverArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -280,4 +282,33 @@ pub struct DevArgs {
     /// Folder of WebhookEndpoint YAML to apply at start
     #[arg(long, env = "HOOKD_DEV_EXAMPLES", default_value = "examples")]
     pub examples: PathBuf,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReceiverArgs {
+    /// Address the receiver listens on
+    #[arg(long, env = "HOOKD_LISTEN", default_value = "0.0.0.0:9000")]
+    pub listen: SocketAddr,
+    /// Signing secrets (`whsec_…`) deliveries are verified with (repeatable; comma-separated in the environment)
+    #[arg(
+        long = "secret",
+        env = "HOOKD_RECEIVER_SECRETS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub secrets: Vec<String>,
+    /// Files holding signing secrets (whitespace-separated), re-read on every delivery so a rotated,
+    /// mounted Secret takes effect without a restart (repeatable; comma-separated in the environment)
+    #[arg(
+        long = "secret-file",
+        env = "HOOKD_RECEIVER_SECRET_FILES",
+        value_delimiter = ','
+    )]
+    pub secret_files: Vec<PathBuf>,
+    /// Wait this long before answering each delivery, in milliseconds (PUT /control changes it)
+    #[arg(long, env = "HOOKD_RECEIVER_DELAY_MS", default_value_t = 0)]
+    pub delay_ms: u64,
+    /// Status answered to verified deliveries, e.g. 503 to make hookd retry (PUT /control changes it)
+    #[arg(long, env = "HOOKD_RECEIVER_STATUS", default_value_t = 200)]
+    pub status: u16,
 }

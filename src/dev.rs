@@ -1,20 +1,16 @@
 //! `hookd dev`: everything in one process for a laptop. A throwaway Postgres when
 //! DATABASE_URL is unset, migrations, the example WebhookEndpoints applied, the API and a
 //! dispatcher (the same `run` functions as in a cluster), and a receiver for the examples
-//! that verifies each delivery's signature and prints it.
+//! (`hookd receiver`'s, from [`crate::receiver`]) that verifies each delivery's signature
+//! and prints it.
 
-use std::sync::Arc;
-
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::HeaderMap;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ApiSettings, DevArgs, DispatchSettings};
 use crate::db::{self, PoolSettings};
 use crate::pgtemp::TempPostgres;
-use crate::signing::{self, SigningSecret};
+use crate::receiver::{Receiver, ReceiverConfig};
 
 /// Defaults of each component's settings, with HOOKD_* from the environment applied
 /// (one parser each: both components have a `--listen`).
@@ -57,10 +53,10 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         .collect();
     files.sort();
     let plan = crate::apply::load(&files)?;
-    let secrets: Vec<SigningSecret> = plan
+    let secrets: Vec<String> = plan
         .iter()
         .filter_map(|d| d.secret.as_ref())
-        .filter_map(|s| SigningSecret::parse(&s.value).ok())
+        .map(|s| s.value.clone())
         .collect();
     for (name, outcome) in crate::apply::apply_plan(&pool, &plan).await? {
         eprintln!(
@@ -78,13 +74,15 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
     }
     let cfg = crate::dispatch::DispatchConfig::from_settings(&dispatch)?;
 
-    let receiver = tokio::net::TcpListener::bind(args.receiver_listen).await?;
-    let receiver_app = axum::Router::new()
-        .fallback(axum::routing::post(print_delivery))
-        .with_state(Arc::new(secrets));
+    // `load` has validated every secret, so the receiver accepts them all.
+    let receiver = Receiver::new(ReceiverConfig {
+        secrets,
+        ..ReceiverConfig::default()
+    })?;
+    let receiver_listener = tokio::net::TcpListener::bind(args.receiver_listen).await?;
     tokio::spawn(crate::api::serve_on(
-        receiver,
-        receiver_app,
+        receiver_listener,
+        receiver.router(),
         shutdown.clone(),
     ));
 
@@ -112,32 +110,4 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         eprintln!("hookd dev: throwaway Postgres removed");
     }
     api_result
-}
-
-async fn print_delivery(
-    State(secrets): State<Arc<Vec<SigningSecret>>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> &'static str {
-    let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
-    let now = chrono::Utc::now().timestamp();
-    let verified = secrets.iter().any(|s| {
-        signing::verify(
-            s,
-            h("webhook-id"),
-            h("webhook-timestamp"),
-            h("webhook-signature"),
-            &body,
-            now,
-        )
-        .is_ok()
-    });
-    println!(
-        "receiver: {} webhook-id={} signature={} body={}",
-        h("hookd-event-type").unwrap_or("?"),
-        h("webhook-id").unwrap_or("?"),
-        if verified { "verified" } else { "INVALID" },
-        String::from_utf8_lossy(&body)
-    );
-    "ok"
 }

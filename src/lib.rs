@@ -15,5 +15,6 @@ pub mod notify;
 pub mod outbound;
 pub mod outbox;
 pub mod pgtemp;
+pub mod receiver;
 pub mod runtime;
 pub mod signing;

@@ -59,5 +59,6 @@ async fn run(command: Command) -> anyhow::Result<()> {
             k8s::run(pool, args.controller, runtime::shutdown_on_signals()).await
         }
         Command::Dev(args) => hookd::dev::run(args, runtime::shutdown_on_signals()).await,
+        Command::Receiver(args) => hookd::receiver::run(args, runtime::shutdown_on_signals()).await,
     }
 }
