@@ -995,58 +995,20 @@ fn expand(
         .collect()
 }
 
-/// The calls `hookd controller` makes (CONVENTIONS.md, "Controller RBAC"). When the
-/// controller exposes its own list as `hookd::k8s::REQUIRED_ACCESS`, build this from it.
+/// The calls `hookd controller` makes: the controller's own list, which its tests check
+/// every request against.
 fn controller_required_access() -> Vec<Access> {
-    use Scope::*;
-    let ns = Namespace(INSTALL_NS);
-    [
-        expand(
-            &["get", "list", "watch", "patch", "update"],
-            "hookd.dev",
-            "webhookendpoints",
-            Cluster,
-        ),
-        expand(
-            &["get", "patch", "update"],
-            "hookd.dev",
-            "webhookendpoints/status",
-            Cluster,
-        ),
-        expand(
-            &["update"],
-            "hookd.dev",
-            "webhookendpoints/finalizers",
-            Cluster,
-        ),
-        expand(&["get", "list", "watch"], "", "secrets", Cluster),
-        expand(&["create", "patch"], "events.k8s.io", "events", Cluster),
-        expand(
-            &["get", "list", "watch"],
-            "hookd.dev",
-            "webhookdispatchers",
-            ns,
-        ),
-        expand(
-            &["get", "patch", "update"],
-            "hookd.dev",
-            "webhookdispatchers/status",
-            ns,
-        ),
-        expand(
-            &["get", "list", "watch", "create", "patch"],
-            "apps",
-            "deployments",
-            ns,
-        ),
-        expand(
-            &["get", "create", "update", "patch"],
-            "coordination.k8s.io",
-            "leases",
-            ns,
-        ),
-    ]
-    .concat()
+    hookd::k8s::REQUIRED_ACCESS
+        .iter()
+        .flat_map(|a| {
+            let scope = if a.cluster_wide {
+                Scope::Cluster
+            } else {
+                Scope::Namespace(INSTALL_NS)
+            };
+            expand(a.verbs, a.group, a.resource, scope)
+        })
+        .collect()
 }
 
 /// The calls `hookd api` makes: TokenReviews of producers' projected tokens.

@@ -54,11 +54,10 @@ pub fn crds_yaml() -> String {
 /// Server-side apply field manager of every object and status the controller writes.
 pub const FIELD_MANAGER: &str = "hookd-controller";
 
-/// One Kubernetes API permission a component needs, for the RBAC manifests and the test
-/// that checks them against this list.
+/// One Kubernetes API permission the controller needs, for the RBAC manifests and the
+/// tests that check both the code's calls and the manifests against this list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Access {
-    pub component: &'static str,
     pub group: &'static str,
     pub resource: &'static str,
     pub verbs: &'static [&'static str],
@@ -71,14 +70,12 @@ pub struct Access {
 pub const REQUIRED_ACCESS: &[Access] = &[
     // the WebhookEndpoint watch (list+watch), the finalizer (patch), status (SSA patch)
     Access {
-        component: "controller",
         group: "hookd.dev",
         resource: "webhookendpoints",
         verbs: &["list", "watch", "patch"],
         cluster_wide: true,
     },
     Access {
-        component: "controller",
         group: "hookd.dev",
         resource: "webhookendpoints/status",
         verbs: &["patch"],
@@ -86,28 +83,24 @@ pub const REQUIRED_ACCESS: &[Access] = &[
     },
     // metadata-only watch of Secrets, and a GET of each referenced one
     Access {
-        component: "controller",
         group: "",
         resource: "secrets",
         verbs: &["get", "list", "watch"],
         cluster_wide: true,
     },
     Access {
-        component: "controller",
         group: "events.k8s.io",
         resource: "events",
         verbs: &["create", "patch"],
         cluster_wide: true,
     },
     Access {
-        component: "controller",
         group: "hookd.dev",
         resource: "webhookdispatchers",
         verbs: &["list", "watch"],
         cluster_wide: false,
     },
     Access {
-        component: "controller",
         group: "hookd.dev",
         resource: "webhookdispatchers/status",
         verbs: &["patch"],
@@ -116,7 +109,6 @@ pub const REQUIRED_ACCESS: &[Access] = &[
     // owner references with blockOwnerDeletion need this where the
     // OwnerReferencesPermissionEnforcement admission plugin runs (e.g. OpenShift)
     Access {
-        component: "controller",
         group: "hookd.dev",
         resource: "webhookdispatchers/finalizers",
         verbs: &["update"],
@@ -124,14 +116,12 @@ pub const REQUIRED_ACCESS: &[Access] = &[
     },
     // metadata-only watch of owned Deployments; server-side apply creates or patches them
     Access {
-        component: "controller",
         group: "apps",
         resource: "deployments",
         verbs: &["list", "watch", "create", "patch"],
         cluster_wide: false,
     },
     Access {
-        component: "controller",
         group: "coordination.k8s.io",
         resource: "leases",
         verbs: &["get", "create", "patch"],
