@@ -222,6 +222,9 @@ pub struct ControllerSettings {
     /// Image of dispatcher Deployments when a WebhookDispatcher names none (set it to the controller's own image)
     #[arg(long, env = "HOOKD_IMAGE", default_value = concat!("hookd:", env!("CARGO_PKG_VERSION")))]
     pub image: String,
+    /// Reconciles running at once per controller (each holds a database connection while it syncs)
+    #[arg(long, env = "HOOKD_RECONCILE_CONCURRENCY", default_value_t = 8)]
+    pub reconcile_concurrency: u16,
     /// How often status figures are refreshed from Postgres and autoscaling is sampled, in seconds
     #[arg(long, env = "HOOKD_STATUS_INTERVAL_SECS", default_value_t = 10)]
     pub status_interval_secs: u64,

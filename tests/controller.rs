@@ -107,6 +107,7 @@ fn context(pool: &PgPool) -> (Arc<Context>, ApiServer) {
         Settings {
             status_interval: Duration::from_secs(10),
             image: "hookd:test".into(),
+            concurrency: 4,
         },
         Some("test-replica".into()),
     );
@@ -767,6 +768,7 @@ async fn database_outage_is_reported_on_the_object(pool: PgPool) {
         Settings {
             status_interval: Duration::from_secs(10),
             image: "hookd:test".into(),
+            concurrency: 4,
         },
         None,
     ));

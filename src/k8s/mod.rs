@@ -168,6 +168,9 @@ pub struct Settings {
     pub status_interval: Duration,
     /// dispatcher image when a WebhookDispatcher names none
     pub image: String,
+    /// reconciles at once per controller; bounded so a resync of thousands of endpoints
+    /// queues instead of starving the connection pool into timeouts
+    pub concurrency: u16,
 }
 
 /// What every reconcile gets.
@@ -323,6 +326,7 @@ pub async fn run(
         Settings {
             status_interval: Duration::from_secs(settings.status_interval_secs.max(1)),
             image: settings.image.clone(),
+            concurrency: settings.reconcile_concurrency.max(1),
         },
         Some(identity.clone()),
     ));
@@ -445,7 +449,9 @@ fn endpoint_controller_stream(
         .touched_objects()
         .predicate_filter(predicates::resource_version, Default::default());
     let store = reader.clone();
+    let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency);
     let fut = Controller::for_stream(objects, reader.clone())
+        .with_config(config)
         .watches_stream(secret_changes, move |s| {
             endpoint_controller::endpoints_for_secret(&store, &s)
         })
@@ -488,7 +494,9 @@ fn dispatcher_controller_stream(
     .default_backoff()
     .touched_objects()
     .predicate_filter(predicates::resource_version, Default::default());
+    let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency);
     let fut = Controller::for_stream(objects, reader.clone())
+        .with_config(config)
         .owns_stream(owned)
         .graceful_shutdown_on(token.cancelled_owned())
         .run(
