@@ -31,6 +31,8 @@ struct DispatchDefaults {
 }
 
 pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    // Without HOOKD_ENCRYPTION_KEY this is the local key file, which is what a laptop wants.
+    let keyring = Arc::new(args.keys.keyring()?);
     let temp = match &args.database_url {
         Some(_) => None,
         None => {
@@ -62,7 +64,7 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         .filter_map(|d| d.secret.as_ref())
         .filter_map(|s| SigningSecret::parse(&s.value).ok())
         .collect();
-    for (name, outcome) in crate::apply::apply_plan(&pool, &plan).await? {
+    for (name, outcome) in crate::apply::apply_plan(&pool, &plan, &keyring).await? {
         eprintln!(
             "hookd dev: webhookendpoint/{name} applied (id {})",
             outcome.endpoint_id
@@ -91,6 +93,7 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
     let dispatcher = tokio::spawn(crate::dispatch::run_dispatcher(
         pool.clone(),
         cfg,
+        keyring,
         crate::metrics::Metrics::new(),
         shutdown.clone(),
     ));

@@ -6,6 +6,7 @@
 pub mod api;
 pub mod apply;
 pub mod config;
+pub mod crypto;
 pub mod db;
 pub mod dev;
 pub mod dispatch;
@@ -15,5 +16,7 @@ pub mod notify;
 pub mod outbound;
 pub mod outbox;
 pub mod pgtemp;
+pub mod rekey;
+pub mod retention;
 pub mod runtime;
 pub mod signing;

@@ -21,6 +21,16 @@ pub struct Outcome {
     pub outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Table {
+    pub table: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PassResult {
+    pub result: &'static str,
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     registry: Arc<Registry>,
@@ -39,6 +49,10 @@ pub struct Metrics {
     pub endpoints_disabled: Counter,
     pub backlog: Gauge,
     pub oldest_due_age_seconds: Gauge,
+    pub secret_decryptions: Counter,
+    pub secret_decrypt_failures: Counter,
+    pub retention_deleted: Family<Table, Counter>,
+    pub retention_passes: Family<PassResult, Counter>,
 }
 
 impl Default for Metrics {
@@ -140,6 +154,30 @@ impl Metrics {
             "Age of the oldest due delivery of an active endpoint (sampled)",
             oldest_due_age_seconds.clone(),
         );
+        let secret_decryptions = Counter::default();
+        r.register(
+            "secret_decryptions",
+            "Signing secrets decrypted (once per secret row per process, thanks to the cache)",
+            secret_decryptions.clone(),
+        );
+        let secret_decrypt_failures = Counter::default();
+        r.register(
+            "secret_decrypt_failures",
+            "Signing secrets that could not be decrypted (unknown key id or failed authentication)",
+            secret_decrypt_failures.clone(),
+        );
+        let retention_deleted = Family::<Table, Counter>::default();
+        r.register(
+            "retention_deleted",
+            "Rows deleted by retention, by table",
+            retention_deleted.clone(),
+        );
+        let retention_passes = Family::<PassResult, Counter>::default();
+        r.register(
+            "retention_passes",
+            "Retention passes by result: done, skipped (another process held the lock), failed",
+            retention_passes.clone(),
+        );
         Metrics {
             registry: Arc::new(r),
             http_requests,
@@ -157,6 +195,10 @@ impl Metrics {
             endpoints_disabled,
             backlog,
             oldest_due_age_seconds,
+            secret_decryptions,
+            secret_decrypt_failures,
+            retention_deleted,
+            retention_passes,
         }
     }
 
