@@ -359,18 +359,17 @@ pub enum KeyConfigError {
     #[error(transparent)]
     Key(#[from] KeyError),
     #[error(
-        "HOOKD_ENCRYPTION_KEY is not set and the local key file {path} cannot be created ({source}); set HOOKD_ENCRYPTION_KEY=<key-id>:<base64 of 32 bytes> (in Kubernetes from Secret hookd-encryption, key `key`), or HOOKD_ENCRYPTION_KEY_FILE to a writable path"
+        "HOOKD_ENCRYPTION_KEY is not set and the local key file {path} cannot be created ({error}); set HOOKD_ENCRYPTION_KEY=<key-id>:<base64 of 32 bytes> (in Kubernetes from Secret hookd-encryption, key `key`), or HOOKD_ENCRYPTION_KEY_FILE to a writable path"
     )]
     CreateFile {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        // not a #[source]: the message already says it, and error chains would repeat it
+        error: std::io::Error,
     },
-    #[error("cannot read the encryption key file {path} ({source})")]
+    #[error("cannot read the encryption key file {path} ({error})")]
     ReadFile {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(
         "HOOKD_ENCRYPTION_KEY is not set and there is no place for a local key file (HOOKD_ENCRYPTION_KEY_FILE, XDG_DATA_HOME and HOME are unset); set HOOKD_ENCRYPTION_KEY=<key-id>:<base64 of 32 bytes>"
@@ -440,9 +439,9 @@ fn read_or_create_key_file(path: &Path) -> Result<(Zeroizing<String>, bool), Key
     let read = |path: &Path| {
         std::fs::read_to_string(path)
             .map(Zeroizing::new)
-            .map_err(|source| KeyConfigError::ReadFile {
+            .map_err(|error| KeyConfigError::ReadFile {
                 path: path.to_path_buf(),
-                source,
+                error,
             })
     };
     match std::fs::metadata(path) {
@@ -450,17 +449,23 @@ fn read_or_create_key_file(path: &Path) -> Result<(Zeroizing<String>, bool), Key
             warn_if_readable_by_others(path, &meta);
             return Ok((read(path)?, false));
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(source) => {
+        // missing, or a path component is not a directory: try to create it, which
+        // reports why it cannot be
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) => {}
+        Err(error) => {
             return Err(KeyConfigError::ReadFile {
                 path: path.to_path_buf(),
-                source,
+                error,
             });
         }
     }
-    let create_err = |source| KeyConfigError::CreateFile {
+    let create_err = |error| KeyConfigError::CreateFile {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     let dir = path
         .parent()
