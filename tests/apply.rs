@@ -111,10 +111,13 @@ async fn row_versions(pool: &PgPool) -> Vec<String> {
     .unwrap()
 }
 
+/// (endpoint id, key id, ciphertext, not_after offset, active)
+type StoredRow = (Uuid, String, Vec<u8>, Option<f64>, bool);
+
 /// (secret, seconds from now()+grace to not_after (None when unset), active). Secrets
 /// are stored encrypted under the test key; this decrypts them.
 async fn secrets_of(pool: &PgPool, name: &str, grace: f64) -> Vec<(String, Option<f64>, bool)> {
-    let rows: Vec<(Uuid, String, Vec<u8>, Option<f64>, bool)> = sqlx::query_as(
+    let rows: Vec<StoredRow> = sqlx::query_as(
         "SELECT s.endpoint_id, s.key_id, s.ciphertext,
                 extract(epoch FROM s.not_after - (now() + make_interval(secs => $2)))::float8,
                 (s.not_after IS NULL OR s.not_after > now())

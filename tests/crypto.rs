@@ -93,11 +93,11 @@ async fn dump_schema(pool: &PgPool) -> String {
     out
 }
 
-/// The secret rows of an endpoint: (key id, ciphertext, plaintext column).
-async fn secret_rows(
-    pool: &PgPool,
-    endpoint_id: Uuid,
-) -> Vec<(Option<String>, Option<Vec<u8>>, Option<String>)> {
+/// (key id, ciphertext, plaintext column) of a stored secret.
+type SecretRow = (Option<String>, Option<Vec<u8>>, Option<String>);
+
+/// The secret rows of an endpoint.
+async fn secret_rows(pool: &PgPool, endpoint_id: Uuid) -> Vec<SecretRow> {
     sqlx::query_as(
         "SELECT key_id, ciphertext, plaintext_secret FROM hookd.endpoint_secrets
          WHERE endpoint_id = $1 ORDER BY id",

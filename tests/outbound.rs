@@ -401,14 +401,13 @@ async fn dispatcher_refuses_ipv6_and_mapped_loopback(pool: PgPool) {
     // are forbidden, whichever name asks first)
     let resolver = ScriptedResolver::new(&[&["::1"], &["::ffff:127.0.0.1"]]);
     let d = dispatcher(&pool, "", Some(resolver.clone()), 256).await;
-    for i in 0..urls.len() {
+    for (i, url) in urls.iter().enumerate() {
         let id = enqueue_one(&pool, &format!("v6-{i}")).await;
         let a = wait_attempt(&pool, id).await;
         assert_eq!(
             a.error_class.as_deref(),
             Some("destination_forbidden"),
-            "{}: {a:?}",
-            urls[i]
+            "{url}: {a:?}"
         );
         assert!(
             wait_until(Duration::from_secs(5), || async {

@@ -440,7 +440,7 @@ async fn claim_plan_stays_an_index_scan_after_pruning(pool: PgPool) {
     // the batch size, never a table scan
     let p = policy(30, "", 5000);
     let prune_plan = hookd::db::retention::explain_prune_endpoint_batch(
-        &mut *pool.acquire().await.unwrap(),
+        &mut pool.acquire().await.unwrap(),
         eps[0],
         days_ago(30),
         &p.cutoffs(Utc::now()),

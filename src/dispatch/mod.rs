@@ -149,12 +149,14 @@ pub async fn run(
     let cfg = DispatchConfig::from_settings(&settings)?;
     let policy = crate::retention::RetentionPolicy::from_settings(&retention)?;
     let metrics = Metrics::new();
+    // before the health listener: a dispatcher that reports ready has left no
+    // plaintext secret behind
+    encrypt_legacy_secrets(&pool, &keyring).await;
     let health = crate::api::health_app(pool.clone(), metrics.clone());
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(listen = %settings.listen, worker = %cfg.worker_id, key_id = keyring.active_key_id(), "dispatcher starting");
     let server = tokio::spawn(crate::api::serve_on(listener, health, shutdown.clone()));
     let keyring = Arc::new(keyring);
-    encrypt_legacy_secrets(&pool, &keyring).await;
     if retention.prune_interval_secs > 0 {
         crate::retention::spawn_pruner(
             pool.clone(),
