@@ -11,6 +11,7 @@ use kube::ResourceExt;
 use serde::Deserialize;
 use sqlx::PgPool;
 
+use crate::crypto::Keyring;
 use crate::db::DbError;
 use crate::k8s::WebhookEndpoint;
 use crate::k8s::sync::{self, SyncOutcome};
@@ -255,15 +256,17 @@ pub fn load(paths: &[PathBuf]) -> Result<Vec<sync::DesiredEndpoint>, ApplyError>
     plan(&files)
 }
 
-/// Applies a validated plan in one transaction.
+/// Applies a validated plan in one transaction; signing secrets are encrypted with
+/// `keyring`'s active key.
 pub async fn apply_plan(
     pool: &PgPool,
     desired: &[sync::DesiredEndpoint],
+    keyring: &Keyring,
 ) -> Result<Vec<(String, SyncOutcome)>, ApplyError> {
     let mut tx = pool.begin().await.map_err(DbError::from)?;
     let mut results = Vec::new();
     for d in desired {
-        let outcome = sync::apply_endpoint(&mut tx, d).await?;
+        let outcome = sync::apply_endpoint(&mut tx, d, keyring).await?;
         results.push((format!("{}/{}", d.row.namespace, d.row.name), outcome));
     }
     tx.commit().await.map_err(DbError::from)?;
@@ -274,7 +277,8 @@ pub async fn apply_plan(
 pub async fn apply_files(
     pool: &PgPool,
     paths: &[PathBuf],
+    keyring: &Keyring,
 ) -> Result<Vec<(String, SyncOutcome)>, ApplyError> {
     let desired = load(paths)?;
-    apply_plan(pool, &desired).await
+    apply_plan(pool, &desired, keyring).await
 }

@@ -50,6 +50,10 @@ pub enum Command {
     Dev(DevArgs),
     /// Run a webhook receiver that verifies signatures and records webhook ids (for testing a setup)
     Receiver(ReceiverArgs),
+    /// Re-encrypt every signing secret not under the active encryption key (online, idempotent)
+    Rekey(RekeyArgs),
+    /// Delete terminal deliveries, their attempts and dead letters, and events past the retention (one pass)
+    Prune(PruneArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -127,6 +131,10 @@ pub struct DispatchArgs {
     pub db: DbArgs,
     #[command(flatten)]
     pub dispatch: DispatchSettings,
+    #[command(flatten)]
+    pub keys: KeyArgs,
+    #[command(flatten)]
+    pub retention: RetentionSettings,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -189,6 +197,8 @@ pub struct DispatchSettings {
 pub struct ControllerArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    #[command(flatten)]
+    pub keys: KeyArgs,
     #[command(flatten)]
     pub controller: ControllerSettings,
 }
@@ -262,6 +272,8 @@ impl ControllerSettings {
 pub struct ApplyArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    #[command(flatten)]
+    pub keys: KeyArgs,
     /// YAML files with WebhookEndpoint and Secret documents
     #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
     pub files: Vec<PathBuf>,
@@ -285,6 +297,116 @@ pub struct DevArgs {
     /// Folder of WebhookEndpoint YAML to apply at start
     #[arg(long, env = "HOOKD_DEV_EXAMPLES", default_value = "examples")]
     pub examples: PathBuf,
+    #[command(flatten)]
+    pub keys: KeyArgs,
+}
+
+/// Key material read from the environment or a flag. Its `Debug` is redacted, so
+/// printing the parsed command line never shows a key.
+#[derive(Clone)]
+pub struct KeyMaterial(String);
+
+impl std::fmt::Debug for KeyMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyMaterial(..)")
+    }
+}
+
+// Infallible on purpose: validating here would let clap echo the rejected value, key
+// included, in its error message. `KeyArgs::keyring` validates instead.
+impl From<String> for KeyMaterial {
+    fn from(s: String) -> Self {
+        KeyMaterial(s)
+    }
+}
+
+impl KeyMaterial {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The encryption keys of signing secrets. Every component that reads or writes signing
+/// secrets (dispatch, apply, dev, rekey, controller) flattens this struct. Prefer the
+/// environment to the flags: command lines are visible to every user in `ps`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct KeyArgs {
+    /// Active key for signing secrets at rest, `<key-id>:<base64 of 32 bytes>` (in Kubernetes: Secret hookd-encryption, key `key`). Unset: the local key file (not for production)
+    #[arg(
+        long = "encryption-key",
+        env = "HOOKD_ENCRYPTION_KEY",
+        hide_env_values = true,
+        value_name = "KEY_ID:BASE64"
+    )]
+    pub encryption_key: Option<KeyMaterial>,
+    /// Older keys still accepted for decryption during a rotation, comma-separated, same format; drop them once `hookd rekey` has run
+    #[arg(
+        long = "encryption-old-keys",
+        env = "HOOKD_ENCRYPTION_OLD_KEYS",
+        hide_env_values = true,
+        value_name = "KEY_ID:BASE64,..."
+    )]
+    pub encryption_old_keys: Option<KeyMaterial>,
+    /// Key file used when HOOKD_ENCRYPTION_KEY is unset; created (mode 0600) on first use. Default: $XDG_DATA_HOME/hookd/encryption-key, else ~/.local/share/hookd/encryption-key
+    #[arg(long = "encryption-key-file", env = "HOOKD_ENCRYPTION_KEY_FILE")]
+    pub encryption_key_file: Option<PathBuf>,
+}
+
+impl KeyArgs {
+    /// The keyring: HOOKD_ENCRYPTION_KEY when set, else the local key file (created on
+    /// first use, with a warning that production must set HOOKD_ENCRYPTION_KEY).
+    pub fn keyring(&self) -> Result<crate::crypto::Keyring, crate::crypto::KeyConfigError> {
+        let env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+        crate::crypto::load_keyring(crate::crypto::KeySources {
+            key: self.encryption_key.as_ref().map(KeyMaterial::expose),
+            old_keys: self
+                .encryption_old_keys
+                .as_ref()
+                .map(KeyMaterial::expose)
+                .unwrap_or(""),
+            key_file: self.encryption_key_file.clone(),
+            xdg_data_home: env("XDG_DATA_HOME").map(PathBuf::from),
+            home: env("HOME").map(PathBuf::from),
+            in_cluster: env("KUBERNETES_SERVICE_HOST").is_some(),
+        })
+    }
+}
+
+/// How long terminal rows are kept. Read by `hookd dispatch` (which prunes on an
+/// interval) and `hookd prune`; give every process the same values.
+#[derive(Debug, Clone, Args)]
+pub struct RetentionSettings {
+    /// Days a terminal delivery (succeeded, dead, cancelled), its attempts and dead letter, and then its event are kept; 0 keeps them forever
+    #[arg(long, env = "HOOKD_RETENTION_DAYS", default_value_t = 30)]
+    pub retention_days: u32,
+    /// Per-tenant overrides, `tenant=days,...` (0 = forever), e.g. `billing=90,scratch=1`
+    #[arg(long, env = "HOOKD_TENANT_RETENTION", default_value = "")]
+    pub tenant_retention: String,
+    /// Seconds between prune passes in each dispatcher (one replica prunes at a time); 0 turns dispatcher pruning off
+    #[arg(long, env = "HOOKD_PRUNE_INTERVAL_SECS", default_value_t = 600)]
+    pub prune_interval_secs: u64,
+    /// Rows deleted per statement; each batch is its own short transaction
+    #[arg(long, env = "HOOKD_PRUNE_BATCH", default_value_t = 500)]
+    pub prune_batch: u32,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RekeyArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub keys: KeyArgs,
+    /// Secrets re-encrypted per transaction
+    #[arg(long, env = "HOOKD_REKEY_BATCH", default_value_t = 100)]
+    pub batch: u32,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PruneArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub retention: RetentionSettings,
 }
 
 #[derive(Debug, Clone, Args)]

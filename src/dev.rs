@@ -4,6 +4,8 @@
 //! (`hookd receiver`'s, from [`crate::receiver`]) that verifies each delivery's signature
 //! and prints it.
 
+use std::sync::Arc;
+
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
@@ -27,6 +29,8 @@ struct DispatchDefaults {
 }
 
 pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    // Without HOOKD_ENCRYPTION_KEY this is the local key file, which is what a laptop wants.
+    let keyring = Arc::new(args.keys.keyring()?);
     let temp = match &args.database_url {
         Some(_) => None,
         None => {
@@ -58,7 +62,7 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         .filter_map(|d| d.secret.as_ref())
         .map(|s| s.value.clone())
         .collect();
-    for (name, outcome) in crate::apply::apply_plan(&pool, &plan).await? {
+    for (name, outcome) in crate::apply::apply_plan(&pool, &plan, &keyring).await? {
         eprintln!(
             "hookd dev: webhookendpoint/{name} applied (id {})",
             outcome.endpoint_id
@@ -89,6 +93,7 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
     let dispatcher = tokio::spawn(crate::dispatch::run_dispatcher(
         pool.clone(),
         cfg,
+        keyring,
         crate::metrics::Metrics::new(),
         shutdown.clone(),
     ));

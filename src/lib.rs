@@ -6,6 +6,7 @@
 pub mod api;
 pub mod apply;
 pub mod config;
+pub mod crypto;
 pub mod db;
 pub mod dev;
 pub mod dispatch;
@@ -16,5 +17,7 @@ pub mod outbound;
 pub mod outbox;
 pub mod pgtemp;
 pub mod receiver;
+pub mod rekey;
+pub mod retention;
 pub mod runtime;
 pub mod signing;

@@ -3,7 +3,7 @@
 use clap::Parser;
 
 use hookd::config::{Cli, Command};
-use hookd::{api, apply, db, dispatch, k8s, runtime};
+use hookd::{api, apply, db, dispatch, k8s, rekey, retention, runtime};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -31,8 +31,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Apply(args) => {
+            let plan = apply::load(&args.files)?;
+            let keyring = args.keys.keyring()?;
             let pool = runtime::open_checked(&args.db).await?;
-            for (name, outcome) in apply::apply_files(&pool, &args.files).await? {
+            for (name, outcome) in apply::apply_plan(&pool, &plan, &keyring).await? {
                 let what = match (outcome.created, outcome.changed, outcome.secret_rotated) {
                     (true, _, _) => "created",
                     (_, _, true) => "secret rotated",
@@ -51,14 +53,32 @@ async fn run(command: Command) -> anyhow::Result<()> {
             api::run(pool, args.api, runtime::shutdown_on_signals()).await
         }
         Command::Dispatch(args) => {
+            let keyring = args.keys.keyring()?;
             let pool = runtime::open_checked(&args.db).await?;
-            dispatch::run(pool, args.dispatch, runtime::shutdown_on_signals()).await
+            let shutdown = runtime::shutdown_on_signals();
+            dispatch::run(pool, args.dispatch, keyring, args.retention, shutdown).await
         }
         Command::Controller(args) => {
+            let keyring = args.keys.keyring()?;
             let pool = runtime::open_checked(&args.db).await?;
-            k8s::run(pool, args.controller, runtime::shutdown_on_signals()).await
+            k8s::run(
+                pool,
+                keyring,
+                args.controller,
+                runtime::shutdown_on_signals(),
+            )
+            .await
         }
         Command::Dev(args) => hookd::dev::run(args, runtime::shutdown_on_signals()).await,
         Command::Receiver(args) => hookd::receiver::run(args, runtime::shutdown_on_signals()).await,
+        Command::Rekey(args) => {
+            let keyring = args.keys.keyring()?;
+            let pool = runtime::open_checked(&args.db).await?;
+            Ok(rekey::run(&pool, &keyring, args.batch).await?)
+        }
+        Command::Prune(args) => {
+            let pool = db::connect_lazy(&args.db.pool_settings())?;
+            retention::run_once(&pool, &args.retention).await
+        }
     }
 }

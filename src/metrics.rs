@@ -33,6 +33,16 @@ pub struct ControllerLabel {
     pub controller: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Table {
+    pub table: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PassResult {
+    pub result: &'static str,
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     registry: Arc<Registry>,
@@ -54,6 +64,10 @@ pub struct Metrics {
     pub reconciles: Family<ReconcileResult, Counter>,
     pub reconcile_seconds: Family<ControllerLabel, Histogram>,
     pub leader: Gauge,
+    pub secret_decryptions: Counter,
+    pub secret_decrypt_failures: Counter,
+    pub retention_deleted: Family<Table, Counter>,
+    pub retention_passes: Family<PassResult, Counter>,
 }
 
 fn reconcile_histogram() -> Histogram {
@@ -179,6 +193,30 @@ impl Metrics {
             "1 while this controller replica holds the leader lease",
             leader.clone(),
         );
+        let secret_decryptions = Counter::default();
+        r.register(
+            "secret_decryptions",
+            "Signing secrets decrypted (once per secret row per process, thanks to the cache)",
+            secret_decryptions.clone(),
+        );
+        let secret_decrypt_failures = Counter::default();
+        r.register(
+            "secret_decrypt_failures",
+            "Signing secrets that could not be decrypted (unknown key id or failed authentication)",
+            secret_decrypt_failures.clone(),
+        );
+        let retention_deleted = Family::<Table, Counter>::default();
+        r.register(
+            "retention_deleted",
+            "Rows deleted by retention, by table",
+            retention_deleted.clone(),
+        );
+        let retention_passes = Family::<PassResult, Counter>::default();
+        r.register(
+            "retention_passes",
+            "Retention passes by result: done, skipped (another process held the lock), failed",
+            retention_passes.clone(),
+        );
         Metrics {
             registry: Arc::new(r),
             http_requests,
@@ -199,6 +237,10 @@ impl Metrics {
             reconciles,
             reconcile_seconds,
             leader,
+            secret_decryptions,
+            secret_decrypt_failures,
+            retention_deleted,
+            retention_passes,
         }
     }
 

@@ -50,6 +50,7 @@ async fn apply(pool: &PgPool, file: &YamlFile) -> Run {
         tokio::process::Command::new(hookd_bin())
             .args(["apply", "-f", file.path()])
             .env("DATABASE_URL", database_url(pool))
+            .env(TEST_KEY_ENV, TEST_ENCRYPTION_KEY)
             .env("HOOKD_LOG", "warn")
             .kill_on_drop(true)
             .output(),
@@ -110,10 +111,14 @@ async fn row_versions(pool: &PgPool) -> Vec<String> {
     .unwrap()
 }
 
-/// (secret, seconds from now()+grace to not_after (None when unset), active)
+/// (endpoint id, key id, ciphertext, not_after offset, active)
+type StoredRow = (Uuid, String, Vec<u8>, Option<f64>, bool);
+
+/// (secret, seconds from now()+grace to not_after (None when unset), active). Secrets
+/// are stored encrypted under the test key; this decrypts them.
 async fn secrets_of(pool: &PgPool, name: &str, grace: f64) -> Vec<(String, Option<f64>, bool)> {
-    sqlx::query_as(
-        "SELECT s.secret,
+    let rows: Vec<StoredRow> = sqlx::query_as(
+        "SELECT s.endpoint_id, s.key_id, s.ciphertext,
                 extract(epoch FROM s.not_after - (now() + make_interval(secs => $2)))::float8,
                 (s.not_after IS NULL OR s.not_after > now())
          FROM hookd.endpoint_secrets s JOIN hookd.endpoints e ON e.id = s.endpoint_id
@@ -123,7 +128,14 @@ async fn secrets_of(pool: &PgPool, name: &str, grace: f64) -> Vec<(String, Optio
     .bind(grace)
     .fetch_all(pool)
     .await
-    .unwrap()
+    .unwrap();
+    let keyring = test_keyring();
+    rows.into_iter()
+        .map(|(ep, key_id, ct, offset, active)| {
+            let plain = keyring.decrypt(ep, &key_id, &ct).unwrap();
+            (plain.to_string(), offset, active)
+        })
+        .collect()
 }
 
 /// A Secret (stringData) and a WebhookEndpoint in one multi-document file become one

@@ -103,6 +103,7 @@ fn context(pool: &PgPool) -> (Arc<Context>, ApiServer) {
     let ctx = Context::new(
         client,
         pool.clone(),
+        common::keyring(common::TEST_ENCRYPTION_KEY, ""),
         hookd::metrics::Metrics::new(),
         Settings {
             status_interval: Duration::from_secs(10),
@@ -410,6 +411,18 @@ async fn rotated_secret_keeps_the_old_one_for_the_grace_period(pool: PgPool) {
     api.expect_no_more().await;
 
     let (id, _, _) = endpoint_row(&pool, "rot").await.unwrap();
+    let stored: Vec<Option<Vec<u8>>> =
+        sqlx::query_scalar("SELECT ciphertext FROM hookd.endpoint_secrets WHERE endpoint_id = $1")
+            .bind(id)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(
+        stored.iter().all(|c| c
+            .as_ref()
+            .is_some_and(|c| !c.windows(SECRET_B.len()).any(|w| w == SECRET_B.as_bytes()))),
+        "the controller stores secrets encrypted"
+    );
     let grace: Vec<Option<f64>> = sqlx::query_scalar(
         "SELECT extract(epoch FROM not_after - now())::float8 FROM hookd.endpoint_secrets WHERE endpoint_id = $1 ORDER BY id",
     )
@@ -764,6 +777,7 @@ async fn database_outage_is_reported_on_the_object(pool: PgPool) {
     let down = Arc::new(Context::new(
         ctx.client.clone(),
         dead,
+        common::keyring(common::TEST_ENCRYPTION_KEY, ""),
         hookd::metrics::Metrics::new(),
         Settings {
             status_interval: Duration::from_secs(10),

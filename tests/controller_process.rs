@@ -305,6 +305,7 @@ fn start_replica(pool: &PgPool, api: &ApiServer, name: &str) -> Replica {
         .env("POD_NAMESPACE", "hookd-system")
         .env("HOOKD_LEASE_DURATION_SECS", "4")
         .env("HOOKD_IMAGE", "registry.example/hookd:9.9")
+        .env(TEST_KEY_ENV, TEST_ENCRYPTION_KEY)
         .env("HOOKD_LOG", "info")
         .kill_on_drop(true)
         .spawn()

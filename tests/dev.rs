@@ -38,6 +38,9 @@ async fn dev_prints_a_working_curl_line(pool: PgPool) {
         .arg("--examples")
         .arg(&dir)
         .env("DATABASE_URL", common::database_url(&pool))
+        // no HOOKD_ENCRYPTION_KEY: dev falls back to a local key file; keep it out of HOME
+        .env_remove("HOOKD_ENCRYPTION_KEY")
+        .env("HOOKD_ENCRYPTION_KEY_FILE", dir.join("encryption-key"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

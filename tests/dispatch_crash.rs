@@ -88,6 +88,7 @@ fn spawn_dispatcher(database_url: &str) -> tokio::process::Child {
     tokio::process::Command::new(hookd_bin())
         .arg("dispatch")
         .env("DATABASE_URL", database_url)
+        .env(TEST_KEY_ENV, TEST_ENCRYPTION_KEY)
         .env("HOOKD_ALLOWED_DESTINATIONS", "127.0.0.0/8")
         .env("HOOKD_LISTEN", format!("127.0.0.1:{}", free_port()))
         .env("HOOKD_LEASE_SECS", "6")

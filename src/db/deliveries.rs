@@ -42,8 +42,12 @@ pub struct ClaimedDelivery {
     pub timeout_ms: Option<i32>,
     pub max_attempts: Option<i32>,
     pub retry_schedule_secs: Option<Vec<i32>>,
-    /// current and in-grace signing secrets, newest first
-    pub secrets: Vec<String>,
+    /// Current and in-grace signing secrets, newest first, still sealed: row ids, key
+    /// ids and ciphertexts, index for index. The dispatcher opens them through its cache,
+    /// so the AEAD runs once per secret row, not once per delivery.
+    pub secret_ids: Vec<i64>,
+    pub secret_key_ids: Vec<String>,
+    pub secret_ciphertexts: Vec<Vec<u8>>,
 }
 
 /// The claim statement (see [`claim`]); shared with [`explain_claim`] so the plan a test
@@ -68,7 +72,7 @@ const CLAIM_SQL: &str = r#"
             UNION ALL
             SELECT id, quota FROM probes
         ), picked AS (
-            SELECT c.id, c.visible_at
+            SELECT c.id, c.visible_at, el.id AS endpoint_id
             FROM eligible el
             CROSS JOIN LATERAL (
                 SELECT d.id, d.visible_at FROM hookd.deliveries d
@@ -82,6 +86,20 @@ const CLAIM_SQL: &str = r#"
             WHERE el.quota > 0
             ORDER BY c.visible_at
             LIMIT $2
+        ), sec AS (
+            -- once per claimed endpoint, not per row. Legacy plaintext rows (from before
+            -- migration 0004) are never handed out; `hookd rekey` or a dispatcher's
+            -- start encrypts them.
+            SELECT pe.endpoint_id, x.*
+            FROM (SELECT DISTINCT endpoint_id FROM picked) pe
+            CROSS JOIN LATERAL (
+                SELECT coalesce(array_agg(s.id ORDER BY s.id DESC), '{}') AS secret_ids,
+                       coalesce(array_agg(s.key_id ORDER BY s.id DESC), '{}') AS secret_key_ids,
+                       coalesce(array_agg(s.ciphertext ORDER BY s.id DESC), '{}') AS secret_ciphertexts
+                FROM hookd.endpoint_secrets s
+                WHERE s.endpoint_id = pe.endpoint_id AND s.ciphertext IS NOT NULL
+                  AND (s.not_after IS NULL OR s.not_after > (SELECT now FROM clock))
+            ) x
         )
         UPDATE hookd.deliveries d
         SET status = 'in_progress',
@@ -89,16 +107,14 @@ const CLAIM_SQL: &str = r#"
             visible_at = (SELECT now FROM clock) + make_interval(secs => $3),
             locked_by = $1,
             updated_at = (SELECT now FROM clock)
-        FROM picked p, hookd.events ev, hookd.endpoints ep
-        WHERE d.id = p.id AND ev.id = d.event_id AND ep.id = d.endpoint_id
+        FROM picked p, sec, hookd.events ev, hookd.endpoints ep
+        WHERE d.id = p.id AND sec.endpoint_id = p.endpoint_id AND ev.id = d.event_id
+          AND ep.id = d.endpoint_id
         RETURNING d.id, d.event_id, d.endpoint_id, d.tenant, d.attempts,
                   d.visible_at AS lease_until,
                   ev.event_type, ev.payload, ev.created_at AS event_created_at,
                   ep.url, ep.headers, ep.timeout_ms, ep.max_attempts, ep.retry_schedule_secs,
-                  (SELECT coalesce(array_agg(s.secret ORDER BY s.id DESC), '{}')
-                     FROM hookd.endpoint_secrets s
-                    WHERE s.endpoint_id = d.endpoint_id
-                      AND (s.not_after IS NULL OR s.not_after > (SELECT now FROM clock))) AS secrets
+                  sec.secret_ids, sec.secret_key_ids, sec.secret_ciphertexts
         "#;
 
 /// Leases up to `limit` due deliveries in one statement.

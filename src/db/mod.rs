@@ -6,6 +6,7 @@ pub mod dead_letters;
 pub mod deliveries;
 pub mod endpoints;
 pub mod events;
+pub mod retention;
 pub mod secrets;
 
 use std::time::Duration;

@@ -6,9 +6,14 @@ use chrono::Utc;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use super::policy::{AttemptResult, parse_retry_after};
+use super::secrets::SecretUnreadable;
 use crate::db::deliveries::ClaimedDelivery;
 use crate::outbound::{self, AllowList};
 use crate::signing::{self, SigningSecret};
+
+/// Error class of an attempt that was not made because a signing secret could not be
+/// decrypted (a key missing from this dispatcher's keyring, or a tampered row).
+pub const SECRET_UNREADABLE: &str = "secret_unreadable";
 
 pub struct AttemptReport {
     pub result: AttemptResult,
@@ -25,10 +30,14 @@ pub struct Sender<'a> {
 }
 
 impl Sender<'_> {
-    pub async fn send(&self, d: &ClaimedDelivery) -> AttemptReport {
+    pub async fn send(
+        &self,
+        d: &ClaimedDelivery,
+        secrets: Result<Vec<SigningSecret>, SecretUnreadable>,
+    ) -> AttemptReport {
         let started_at = Utc::now();
         let t0 = Instant::now();
-        let (result, snippet) = self.attempt(d).await;
+        let (result, snippet) = self.attempt(d, secrets).await;
         AttemptReport {
             result,
             started_at,
@@ -37,7 +46,11 @@ impl Sender<'_> {
         }
     }
 
-    async fn attempt(&self, d: &ClaimedDelivery) -> (AttemptResult, Option<String>) {
+    async fn attempt(
+        &self,
+        d: &ClaimedDelivery,
+        secrets: Result<Vec<SigningSecret>, SecretUnreadable>,
+    ) -> (AttemptResult, Option<String>) {
         let url = match reqwest::Url::parse(&d.url) {
             Ok(u) => u,
             Err(e) => {
@@ -61,11 +74,22 @@ impl Sender<'_> {
                 None,
             );
         }
-        let secrets: Vec<SigningSecret> = d
-            .secrets
-            .iter()
-            .filter_map(|s| SigningSecret::parse(s).ok())
-            .collect();
+        let secrets = match secrets {
+            Ok(s) => s,
+            Err(e) => {
+                // Never send unsigned or half-signed. Retried on the schedule: a
+                // dispatcher restarted with the right keys delivers it.
+                return (
+                    AttemptResult::Retryable {
+                        status: None,
+                        class: SECRET_UNREADABLE,
+                        error: e.to_string(),
+                        retry_after: None,
+                    },
+                    None,
+                );
+            }
+        };
         if secrets.is_empty() {
             // Never send unsigned. Secrets are validated at reconcile time, so this means
             // the endpoint lost its secret between claim and send: retry later.

@@ -9,6 +9,7 @@
 mod completer;
 mod deliver;
 pub mod policy;
+pub mod secrets;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,17 +23,18 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::config::DispatchSettings;
+use crate::config::{DispatchSettings, RetentionSettings};
+use crate::crypto::Keyring;
 use crate::db::{
     self, deliveries::ClaimRequest, deliveries::ClaimedDelivery, deliveries::Completion,
 };
 use crate::metrics::{Metrics, Outcome};
-use crate::outbound::{self, AllowList, ClientOptions};
+use crate::outbound::{self, AllowList, ClientOptions, HostResolver};
 use completer::Finished;
 use policy::{AttemptResult, Decision, RetryPolicy};
 
 /// Validated dispatcher configuration.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DispatchConfig {
     pub worker_id: Uuid,
     pub lease: Duration,
@@ -47,6 +49,24 @@ pub struct DispatchConfig {
     pub notify: bool,
     pub shutdown_grace: Duration,
     pub snippet_bytes: usize,
+    /// DNS for receiver host names; `None` is the system resolver. Tests script answers
+    /// here (e.g. DNS rebinding); whatever it answers still passes the outbound guard.
+    pub resolver: Option<Arc<dyn HostResolver>>,
+}
+
+impl std::fmt::Debug for DispatchConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DispatchConfig")
+            .field("worker_id", &self.worker_id)
+            .field("lease", &self.lease)
+            .field("request_timeout", &self.request_timeout)
+            .field("concurrency", &self.concurrency)
+            .field("endpoint_concurrency", &self.endpoint_concurrency)
+            .field("allow", &self.allow)
+            .field("retry", &self.retry)
+            .field("resolver", &self.resolver.as_ref().map(|_| "custom"))
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -112,25 +132,61 @@ impl DispatchConfig {
             notify: s.notify,
             shutdown_grace: Duration::from_secs(s.shutdown_grace_secs),
             snippet_bytes: s.response_snippet_bytes,
+            resolver: None,
         })
     }
 }
 
-/// `hookd dispatch`: the dispatcher plus its health/metrics listener.
+/// `hookd dispatch`: the dispatcher, its retention pruner and its health/metrics
+/// listener.
 pub async fn run(
     pool: PgPool,
     settings: DispatchSettings,
+    keyring: Keyring,
+    retention: RetentionSettings,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let cfg = DispatchConfig::from_settings(&settings)?;
+    let policy = crate::retention::RetentionPolicy::from_settings(&retention)?;
     let metrics = Metrics::new();
+    // before the health listener: a dispatcher that reports ready has left no
+    // plaintext secret behind
+    encrypt_legacy_secrets(&pool, &keyring).await;
     let health = crate::api::health_app(pool.clone(), metrics.clone());
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
-    tracing::info!(listen = %settings.listen, worker = %cfg.worker_id, "dispatcher starting");
+    tracing::info!(listen = %settings.listen, worker = %cfg.worker_id, key_id = keyring.active_key_id(), "dispatcher starting");
     let server = tokio::spawn(crate::api::serve_on(listener, health, shutdown.clone()));
-    run_dispatcher(pool, cfg, metrics, shutdown).await;
+    let keyring = Arc::new(keyring);
+    if retention.prune_interval_secs > 0 {
+        crate::retention::spawn_pruner(
+            pool.clone(),
+            policy,
+            Duration::from_secs(retention.prune_interval_secs),
+            metrics.clone(),
+            shutdown.clone(),
+        );
+    }
+    run_dispatcher(pool, cfg, keyring, metrics, shutdown).await;
     server.await??;
     Ok(())
+}
+
+/// Secrets stored before encryption at rest (migration 0004) are never handed to a
+/// worker in plaintext: encrypt them now, so an upgrade leaves none readable even if
+/// nobody runs `hookd rekey`. Idempotent and cheap when there are none; a failure is
+/// logged and left to `hookd rekey`, since it must not keep deliveries from flowing.
+pub async fn encrypt_legacy_secrets(pool: &PgPool, keyring: &Keyring) {
+    match crate::rekey::encrypt_plaintext(pool, keyring, 100).await {
+        Ok(0) => {}
+        Ok(n) => tracing::warn!(
+            encrypted = n,
+            key_id = keyring.active_key_id(),
+            "encrypted signing secrets left in plaintext by an upgrade"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not encrypt plaintext signing secrets; run `hookd rekey`")
+        }
+    }
 }
 
 /// In-flight bookkeeping shared by the claimer and delivery tasks.
@@ -146,13 +202,15 @@ struct InFlight {
 pub async fn run_dispatcher(
     pool: PgPool,
     cfg: DispatchConfig,
+    keyring: Arc<Keyring>,
     metrics: Metrics,
     shutdown: CancellationToken,
 ) {
     let cfg = Arc::new(cfg);
+    let mut secret_cache = secrets::SecretCache::new(keyring, metrics.clone());
     let client = Arc::new(outbound::build_client(ClientOptions {
         allow: cfg.allow.clone(),
-        resolver: None,
+        resolver: cfg.resolver.clone(),
         connect_timeout: Duration::from_secs(5).min(cfg.request_timeout),
         user_agent: format!("hookd/{}", env!("CARGO_PKG_VERSION")),
         pool_max_idle_per_host: cfg.endpoint_concurrency,
@@ -230,6 +288,7 @@ pub async fn run_dispatcher(
         let got = rows.len();
         metrics.claimed.inc_by(got as u64);
         for row in rows {
+            let signing = secret_cache.open(&row);
             let permit = slots
                 .clone()
                 .try_acquire_owned()
@@ -251,7 +310,7 @@ pub async fn run_dispatcher(
             tasks.spawn(async move {
                 let endpoint_id = row.endpoint_id;
                 let delivery_id = row.id;
-                let finished = deliver_one(&cfg, &client, &metrics, row).await;
+                let finished = deliver_one(&cfg, &client, &metrics, row, signing).await;
                 let _ = done_tx.send(finished);
                 {
                     let mut f = in_flight.lock().expect("in-flight lock");
@@ -327,6 +386,7 @@ async fn deliver_one(
     client: &reqwest::Client,
     metrics: &Metrics,
     row: ClaimedDelivery,
+    signing: Result<Vec<crate::signing::SigningSecret>, secrets::SecretUnreadable>,
 ) -> Finished {
     let sender = deliver::Sender {
         client,
@@ -334,7 +394,7 @@ async fn deliver_one(
         max_timeout: cfg.request_timeout,
         snippet_bytes: cfg.snippet_bytes,
     };
-    let report = sender.send(&row).await;
+    let report = sender.send(&row, signing).await;
     metrics
         .delivery_seconds
         .observe(report.duration.as_secs_f64());
@@ -376,7 +436,8 @@ async fn deliver_one(
     Finished {
         endpoint_id: row.endpoint_id,
         success: matches!(report.result, AttemptResult::Success { .. }),
-        failure: matches!(report.result, AttemptResult::Retryable { .. }),
+        // an unreadable secret is this side's configuration, not the receiver's health
+        failure: matches!(report.result, AttemptResult::Retryable { class, .. } if class != deliver::SECRET_UNREADABLE),
         gone: matches!(report.result, AttemptResult::Gone),
         completion: Completion {
             delivery_id: row.id,

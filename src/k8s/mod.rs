@@ -34,6 +34,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ControllerSettings;
+use crate::crypto::Keyring;
 use crate::db::DbError;
 use crate::metrics::{ControllerLabel, Metrics, ReconcileResult};
 
@@ -177,6 +178,8 @@ pub struct Settings {
 pub struct Context {
     pub client: Client,
     pub pool: PgPool,
+    /// seals signing secrets before they are stored
+    pub keys: Keyring,
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub settings: Settings,
@@ -230,6 +233,7 @@ impl Context {
     pub fn new(
         client: Client,
         pool: PgPool,
+        keys: Keyring,
         metrics: Metrics,
         settings: Settings,
         instance: Option<String>,
@@ -244,6 +248,7 @@ impl Context {
         Context {
             client,
             pool,
+            keys,
             recorder,
             metrics,
             settings,
@@ -300,6 +305,7 @@ struct Health {
 /// replica stands by instead of one that may still hold stale work in memory.
 pub async fn run(
     pool: PgPool,
+    keys: Keyring,
     settings: ControllerSettings,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -322,6 +328,7 @@ pub async fn run(
     let ctx = Arc::new(Context::new(
         client.clone(),
         pool,
+        keys,
         metrics.clone(),
         Settings {
             status_interval: Duration::from_secs(settings.status_interval_secs.max(1)),

@@ -10,6 +10,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::crd::WebhookEndpoint;
+use crate::crypto::Keyring;
 use crate::db::{self, DbError, endpoints::EndpointUpsert};
 use crate::signing::SigningSecret;
 
@@ -54,11 +55,11 @@ impl SecretProblem {
     }
 }
 
-/// A validated signing secret ready to store.
+/// A validated signing secret, in memory only: `apply_endpoint` encrypts it before it
+/// reaches the database.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ResolvedSecret {
     pub value: String,
-    pub fingerprint: Vec<u8>,
 }
 
 impl std::fmt::Debug for ResolvedSecret {
@@ -110,8 +111,7 @@ pub fn resolve_secret(
     // `echo whsec_... > file` leaves a newline; the secret itself is the trimmed text
     let value = text.trim().to_string();
     SigningSecret::parse(&value).map_err(|e| malformed(e.to_string()))?;
-    let fingerprint = Sha256::digest(value.as_bytes()).to_vec();
-    Ok(ResolvedSecret { value, fingerprint })
+    Ok(ResolvedSecret { value })
 }
 
 /// What the database should hold for one endpoint.
@@ -184,18 +184,33 @@ pub struct SyncOutcome {
 
 /// Writes the desired endpoint (idempotent: an unchanged endpoint writes nothing). Runs
 /// on the caller's connection so several endpoints can share one transaction.
+///
+/// The signing secret is sealed with `keyring`'s active key, bound to this endpoint's id,
+/// before it is stored; whether it changed is decided by keyed fingerprints under every
+/// key of the ring, so a secret still stored under an older key during a rotation is
+/// not mistaken for a new one.
 pub async fn apply_endpoint(
     conn: &mut PgConnection,
     desired: &DesiredEndpoint,
+    keyring: &Keyring,
 ) -> Result<SyncOutcome, DbError> {
     let up = db::endpoints::upsert(conn, &desired.row).await?;
     let (rotated, active) = match &desired.secret {
         Some(s) => {
+            let sealed = keyring.encrypt(up.id, &s.value);
+            let known = keyring.fingerprints(up.id, &s.value);
+            // rows from before encryption at rest carry a bare SHA-256 fingerprint
+            let legacy = Sha256::digest(s.value.as_bytes()).to_vec();
             let r = db::secrets::set_current(
                 conn,
                 up.id,
-                &s.value,
-                &s.fingerprint,
+                &db::secrets::NewSecret {
+                    key_id: &sealed.key_id,
+                    ciphertext: &sealed.ciphertext,
+                    fingerprint: &known[0].1,
+                    known: &known,
+                    legacy_fingerprint: &legacy,
+                },
                 desired.row.secret_grace_secs,
             )
             .await?;

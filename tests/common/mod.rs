@@ -25,6 +25,22 @@ pub const SECRET_A: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 /// Vector B's secret.
 pub const SECRET_B: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 
+/// The encryption key of the test kit (HOOKD_ENCRYPTION_KEY format). Child processes get
+/// it through the environment ([`TEST_KEY_ENV`]), so they read what in-process fixtures
+/// wrote.
+pub const TEST_ENCRYPTION_KEY: &str = "test-k1:q7ZJ4bLhxU0FPnS3cT2wdm8vR1yN6gKeA9oXiCjBfMs=";
+pub const TEST_KEY_ENV: &str = "HOOKD_ENCRYPTION_KEY";
+
+/// The keyring the kit's fixtures and in-process dispatchers use.
+pub fn test_keyring() -> Arc<hookd::crypto::Keyring> {
+    Arc::new(keyring(TEST_ENCRYPTION_KEY, ""))
+}
+
+/// A keyring from HOOKD_ENCRYPTION_KEY / HOOKD_ENCRYPTION_OLD_KEYS style text.
+pub fn keyring(active: &str, older: &str) -> hookd::crypto::Keyring {
+    hookd::crypto::Keyring::from_config("active", active, "older", older).unwrap()
+}
+
 pub fn init() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let _ = tracing_subscriber::fmt()
@@ -164,8 +180,18 @@ pub fn secret(namespace: &str, name: &str, value: &str) -> k8s_openapi::api::cor
     s
 }
 
-/// Declares an endpoint through the sync core (as `hookd apply` would); returns its id.
+/// Declares an endpoint through the sync core (as `hookd apply` would), its secret
+/// encrypted under the test key; returns its id.
 pub async fn endpoint(pool: &PgPool, o: EndpointOpts) -> Uuid {
+    endpoint_with_keyring(pool, o, &test_keyring()).await
+}
+
+/// [`endpoint`] with the secret encrypted under `keyring`.
+pub async fn endpoint_with_keyring(
+    pool: &PgPool,
+    o: EndpointOpts,
+    keyring: &hookd::crypto::Keyring,
+) -> Uuid {
     let ep = webhook_endpoint(&o);
     let s = secret(&o.namespace, &format!("{}-secret", o.name), &o.secret);
     let resolved = sync::resolve_secret(
@@ -176,7 +202,7 @@ pub async fn endpoint(pool: &PgPool, o: EndpointOpts) -> Uuid {
     );
     let desired = sync::desired_endpoint(&ep, resolved);
     let mut conn = pool.acquire().await.unwrap();
-    sync::apply_endpoint(&mut conn, &desired)
+    sync::apply_endpoint(&mut conn, &desired, keyring)
         .await
         .unwrap()
         .endpoint_id
@@ -476,24 +502,39 @@ pub struct TestDispatcher {
     shutdown: CancellationToken,
     handle: Option<tokio::task::JoinHandle<()>>,
     pub worker_id: Uuid,
+    pub metrics: hookd::metrics::Metrics,
 }
 
 impl TestDispatcher {
+    /// An in-process dispatcher with the test key.
     pub async fn start(pool: &PgPool, settings: DispatchSettings) -> TestDispatcher {
-        init();
         let cfg = hookd::dispatch::DispatchConfig::from_settings(&settings).unwrap();
+        Self::start_with(pool, cfg, test_keyring()).await
+    }
+
+    /// An in-process dispatcher with its own configuration (e.g. a scripted resolver)
+    /// and keyring.
+    pub async fn start_with(
+        pool: &PgPool,
+        cfg: hookd::dispatch::DispatchConfig,
+        keyring: Arc<hookd::crypto::Keyring>,
+    ) -> TestDispatcher {
+        init();
         let worker_id = cfg.worker_id;
         let shutdown = CancellationToken::new();
+        let metrics = hookd::metrics::Metrics::new();
         let handle = tokio::spawn(hookd::dispatch::run_dispatcher(
             pool.clone(),
             cfg,
-            hookd::metrics::Metrics::new(),
+            keyring,
+            metrics.clone(),
             shutdown.clone(),
         ));
         TestDispatcher {
             shutdown,
             handle: Some(handle),
             worker_id,
+            metrics,
         }
     }
 

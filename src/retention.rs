@@ -1,0 +1,381 @@
+//! Retention: terminal deliveries (succeeded, dead, cancelled) with their attempts and
+//! dead letters, and then their events, are deleted once older than the retention of
+//! their tenant (HOOKD_RETENTION_DAYS, default 30, or a HOOKD_TENANT_RETENTION
+//! override). Pending, in-progress and retrying deliveries are never deleted, whatever
+//! their age, and neither is an event that still has one.
+//!
+//! Every dispatcher runs a pass on an interval, under a Postgres advisory lock so only
+//! one replica prunes at a time; `hookd prune` runs one pass on demand.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::config::RetentionSettings;
+use crate::db::retention::{self as db, Cutoffs};
+use crate::db::{self as dbmod, DbError};
+use crate::metrics::{Metrics, PassResult, Table};
+
+/// Longest retention accepted, in days (a century); keeps date arithmetic in range.
+const MAX_DAYS: u32 = 36_500;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RetentionConfigError {
+    #[error("HOOKD_RETENTION_DAYS: {0} is more than {MAX_DAYS} days")]
+    TooLong(u32),
+    #[error(
+        "HOOKD_TENANT_RETENTION: {0:?} is not `tenant=days` (days: 0 for forever, at most {MAX_DAYS})"
+    )]
+    Entry(String),
+    #[error("HOOKD_TENANT_RETENTION: tenant {0:?} is listed twice")]
+    Duplicate(String),
+    #[error("HOOKD_PRUNE_BATCH must be at least 1")]
+    Batch,
+}
+
+/// Validated retention settings. Days of 0 mean "keep forever".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetentionPolicy {
+    pub default_days: u32,
+    pub tenants: BTreeMap<String, u32>,
+    pub batch: i64,
+}
+
+impl RetentionPolicy {
+    pub fn from_settings(s: &RetentionSettings) -> Result<Self, RetentionConfigError> {
+        if s.retention_days > MAX_DAYS {
+            return Err(RetentionConfigError::TooLong(s.retention_days));
+        }
+        if s.prune_batch == 0 {
+            return Err(RetentionConfigError::Batch);
+        }
+        Ok(RetentionPolicy {
+            default_days: s.retention_days,
+            tenants: parse_tenant_retention(&s.tenant_retention)?,
+            batch: i64::from(s.prune_batch),
+        })
+    }
+
+    /// The cutoffs at `now`: rows last updated before them have expired.
+    pub fn cutoffs(&self, now: DateTime<Utc>) -> Cutoffs {
+        Cutoffs {
+            default: cutoff(self.default_days, now),
+            tenants: self.tenants.keys().cloned().collect(),
+            tenant_cutoffs: self.tenants.values().map(|d| cutoff(*d, now)).collect(),
+        }
+    }
+
+    fn days_for(&self, tenant: &str) -> u32 {
+        self.tenants
+            .get(tenant)
+            .copied()
+            .unwrap_or(self.default_days)
+    }
+
+    /// One line for logs and `hookd prune`: `30 days; billing=90, scratch=1`.
+    pub fn describe(&self) -> String {
+        let days = |d: u32| {
+            if d == 0 {
+                "forever".to_string()
+            } else {
+                format!("{d} days")
+            }
+        };
+        let mut s = days(self.default_days);
+        if !self.tenants.is_empty() {
+            let overrides: Vec<String> = self
+                .tenants
+                .iter()
+                .map(|(t, d)| format!("{t}={}", days(*d)))
+                .collect();
+            s.push_str("; ");
+            s.push_str(&overrides.join(", "));
+        }
+        s
+    }
+}
+
+/// `tenant=days,tenant=days`; blanks and empty entries are ignored.
+pub fn parse_tenant_retention(text: &str) -> Result<BTreeMap<String, u32>, RetentionConfigError> {
+    let mut out = BTreeMap::new();
+    for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let bad = || RetentionConfigError::Entry(entry.to_string());
+        let (tenant, days) = entry.split_once('=').ok_or_else(bad)?;
+        let tenant = tenant.trim();
+        let days: u32 = days.trim().parse().map_err(|_| bad())?;
+        if tenant.is_empty() || days > MAX_DAYS {
+            return Err(bad());
+        }
+        if out.insert(tenant.to_string(), days).is_some() {
+            return Err(RetentionConfigError::Duplicate(tenant.to_string()));
+        }
+    }
+    Ok(out)
+}
+
+fn cutoff(days: u32, now: DateTime<Utc>) -> DateTime<Utc> {
+    if days == 0 {
+        return DateTime::UNIX_EPOCH;
+    }
+    now - TimeDelta::days(i64::from(days))
+}
+
+/// The smallest UUIDv7 of the millisecond `t`: every id minted at or after `t` sorts at
+/// or above it, so `id < floor` selects ids minted before `t` with a primary-key range.
+pub fn uuid_v7_floor(t: DateTime<Utc>) -> Uuid {
+    let ms = u64::try_from(t.timestamp_millis()).unwrap_or(0);
+    let mut bytes = [0u8; 16];
+    bytes[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+    Uuid::from_bytes(bytes)
+}
+
+/// Rows one pass deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PruneCounts {
+    pub deliveries: i64,
+    pub attempts: i64,
+    pub dead_letters: i64,
+    pub events: i64,
+}
+
+impl PruneCounts {
+    pub fn total(&self) -> i64 {
+        self.deliveries + self.attempts + self.dead_letters + self.events
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PruneOutcome {
+    Done(PruneCounts),
+    /// another process holds the pruning lock
+    Skipped,
+}
+
+/// One pass at `now`, if no other process is pruning. All statements run on one
+/// session holding the advisory lock; the session is closed afterwards, so the lock is
+/// released on every path, a cancelled pass included.
+pub async fn prune_once(
+    pool: &PgPool,
+    policy: &RetentionPolicy,
+    now: DateTime<Utc>,
+    metrics: &Metrics,
+) -> Result<PruneOutcome, DbError> {
+    let mut conn = pool.acquire().await?;
+    conn.close_on_drop();
+    if !db::try_lock(&mut conn).await? {
+        return Ok(PruneOutcome::Skipped);
+    }
+    let cutoffs = policy.cutoffs(now);
+    let mut counts = PruneCounts::default();
+    let record = |table: &'static str, n: i64| {
+        if n > 0 {
+            metrics
+                .retention_deleted
+                .get_or_create(&Table { table })
+                .inc_by(n.unsigned_abs());
+        }
+    };
+
+    for (endpoint_id, tenant) in db::endpoints(&mut conn).await? {
+        let days = policy.days_for(&tenant);
+        if days == 0 {
+            continue; // kept forever
+        }
+        // Nothing of this endpoint created after its tenant's cutoff can have expired,
+        // which bounds the index range scan. Each row is then judged by its own tenant
+        // (fixed at fan-out); only after an endpoint moved tenants can the two differ,
+        // and then a row is at worst kept longer, never deleted early.
+        let scan_before = cutoff(days, now);
+        let mut after = (DateTime::UNIX_EPOCH, Uuid::nil());
+        loop {
+            let b = db::prune_endpoint_batch(
+                &mut conn,
+                endpoint_id,
+                scan_before,
+                after,
+                &cutoffs,
+                policy.batch,
+            )
+            .await?;
+            counts.deliveries += b.deliveries;
+            counts.attempts += b.attempts;
+            counts.dead_letters += b.dead_letters;
+            counts.events += b.events;
+            record("deliveries", b.deliveries);
+            record("delivery_attempts", b.attempts);
+            record("dead_letters", b.dead_letters);
+            record("events", b.events);
+            match b.last {
+                Some(last) if b.deliveries >= policy.batch => after = last,
+                _ => break,
+            }
+            // let claims and completions interleave between batches
+            tokio::task::yield_now().await;
+        }
+    }
+
+    // Events with no delivery left: none was subscribed, or their last deliveries were
+    // deleted by batches that each still saw another one.
+    let newest = cutoffs
+        .tenant_cutoffs
+        .iter()
+        .copied()
+        .chain([cutoffs.default])
+        .max()
+        .unwrap_or(cutoffs.default);
+    if newest > DateTime::UNIX_EPOCH {
+        let before = uuid_v7_floor(newest + TimeDelta::milliseconds(1));
+        let mut after = Uuid::nil();
+        loop {
+            let (n, last) =
+                db::prune_orphan_events_batch(&mut conn, after, before, &cutoffs, policy.batch)
+                    .await?;
+            counts.events += n;
+            record("events", n);
+            match last {
+                Some(last) if n >= policy.batch => after = last,
+                _ => break,
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+    db::unlock(&mut conn).await?;
+    Ok(PruneOutcome::Done(counts))
+}
+
+/// The dispatcher's pruner: a pass every `interval` until `shutdown`.
+pub fn spawn_pruner(
+    pool: PgPool,
+    policy: RetentionPolicy,
+    interval: Duration,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) {
+    tracing::info!(retention = %policy.describe(), every = ?interval, "retention pruner started");
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = shutdown.cancelled() => return,
+            }
+            let started = std::time::Instant::now();
+            let outcome = tokio::select! {
+                r = prune_once(&pool, &policy, Utc::now(), &metrics) => r,
+                _ = shutdown.cancelled() => return,
+            };
+            let result = match outcome {
+                Ok(PruneOutcome::Done(c)) => {
+                    if c.total() > 0 {
+                        tracing::info!(
+                            deliveries = c.deliveries,
+                            attempts = c.attempts,
+                            dead_letters = c.dead_letters,
+                            events = c.events,
+                            took = ?started.elapsed(),
+                            "retention pass deleted expired rows"
+                        );
+                    }
+                    "done"
+                }
+                Ok(PruneOutcome::Skipped) => "skipped",
+                Err(e) => {
+                    tracing::warn!(error = %e, "retention pass failed; retrying at the next interval");
+                    "failed"
+                }
+            };
+            metrics
+                .retention_passes
+                .get_or_create(&PassResult { result })
+                .inc();
+        }
+    });
+}
+
+/// `hookd prune`: one pass, reported on stdout.
+pub async fn run_once(pool: &PgPool, settings: &RetentionSettings) -> anyhow::Result<()> {
+    let policy = RetentionPolicy::from_settings(settings)?;
+    dbmod::check_schema(pool).await?;
+    match prune_once(pool, &policy, Utc::now(), &Metrics::new()).await? {
+        PruneOutcome::Skipped => {
+            println!("prune: another process is pruning right now; nothing done");
+        }
+        PruneOutcome::Done(c) => println!(
+            "prune: deleted {} deliveries, {} attempts, {} dead letters, {} events (retention {})",
+            c.deliveries,
+            c.attempts,
+            c.dead_letters,
+            c.events,
+            policy.describe()
+        ),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(days: u32, tenants: &str) -> RetentionSettings {
+        RetentionSettings {
+            retention_days: days,
+            tenant_retention: tenants.into(),
+            prune_interval_secs: 600,
+            prune_batch: 500,
+        }
+    }
+
+    #[test]
+    fn tenant_overrides_parse_and_bad_ones_are_named() {
+        let p = RetentionPolicy::from_settings(&settings(30, " billing=90, scratch=1,,keep=0 "))
+            .unwrap();
+        assert_eq!(p.days_for("billing"), 90);
+        assert_eq!(p.days_for("scratch"), 1);
+        assert_eq!(p.days_for("keep"), 0);
+        assert_eq!(p.days_for("other"), 30);
+        assert_eq!(
+            p.describe(),
+            "30 days; billing=90 days, keep=forever, scratch=1 days"
+        );
+        for bad in ["billing", "billing=x", "=3", "a=-1", "a=99999"] {
+            assert_eq!(
+                RetentionPolicy::from_settings(&settings(30, bad)),
+                Err(RetentionConfigError::Entry(bad.into())),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            RetentionPolicy::from_settings(&settings(30, "a=1,a=2")),
+            Err(RetentionConfigError::Duplicate("a".into()))
+        );
+        assert!(RetentionPolicy::from_settings(&settings(99_999, "")).is_err());
+    }
+
+    #[test]
+    fn cutoffs_and_forever() {
+        let now = Utc::now();
+        let p = RetentionPolicy::from_settings(&settings(0, "short=2")).unwrap();
+        let c = p.cutoffs(now);
+        assert_eq!(c.default, DateTime::UNIX_EPOCH);
+        assert_eq!(c.tenants, vec!["short".to_string()]);
+        assert_eq!(c.tenant_cutoffs, vec![now - TimeDelta::days(2)]);
+    }
+
+    #[test]
+    fn uuid_v7_floor_orders_ids_by_time() {
+        let t = Utc::now() - TimeDelta::days(30);
+        let floor = uuid_v7_floor(t);
+        let ms = u64::try_from(t.timestamp_millis()).unwrap();
+        let ts = |ms: u64| {
+            uuid::Timestamp::from_unix(uuid::NoContext, ms / 1000, ((ms % 1000) * 1_000_000) as u32)
+        };
+        let before = Uuid::new_v7(ts(ms - 1));
+        let at = Uuid::new_v7(ts(ms));
+        let after = Uuid::new_v7(ts(ms + 1));
+        assert!(before < floor, "{before} < {floor}");
+        assert!(at >= floor && after > floor);
+    }
+}

@@ -1,0 +1,595 @@
+//! Retention (issue 8, part 7): terminal deliveries past the retention are deleted with
+//! their attempts and dead letters, and their events once no delivery remains; pending,
+//! in-progress and retrying deliveries never are, whatever their age; per-tenant
+//! overrides; one pruner at a time; the claim plan stays an index range scan; the
+//! one-shot `hookd prune` and the dispatcher's interval pruner. Rows are built backdated
+//! directly (with UUIDv7 ids of their creation time), as an old database would hold them.
+
+mod common;
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use common::*;
+use hookd::db::deliveries::{self, ClaimRequest};
+use hookd::metrics::Metrics;
+use hookd::retention::{PruneCounts, PruneOutcome, RetentionPolicy, prune_once};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+// ---- fixtures ----
+
+fn days_ago(d: i64) -> DateTime<Utc> {
+    Utc::now() - TimeDelta::days(d)
+}
+
+fn v7_at(t: DateTime<Utc>) -> Uuid {
+    let ms = u64::try_from(t.timestamp_millis()).unwrap();
+    Uuid::new_v7(uuid::Timestamp::from_unix(
+        uuid::NoContext,
+        ms / 1000,
+        u32::try_from(ms % 1000).unwrap() * 1_000_000,
+    ))
+}
+
+fn policy(days: u32, tenants: &str, batch: u32) -> RetentionPolicy {
+    RetentionPolicy::from_settings(&hookd::config::RetentionSettings {
+        retention_days: days,
+        tenant_retention: tenants.into(),
+        prune_interval_secs: 600,
+        prune_batch: batch,
+    })
+    .unwrap()
+}
+
+async fn ep(pool: &PgPool, tenant: &str) -> Uuid {
+    endpoint(
+        pool,
+        EndpointOpts {
+            tenant: Some(tenant.into()),
+            url: "http://127.0.0.1:9/unused".into(),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+async fn event(pool: &PgPool, tenant: &str, created: DateTime<Utc>) -> Uuid {
+    let id = v7_at(created);
+    sqlx::query(
+        "INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash, created_at)
+         VALUES ($1, $2, 'old.event', '{}', '\\x00'::bytea, $3)",
+    )
+    .bind(id)
+    .bind(tenant)
+    .bind(created)
+    .execute(pool)
+    .await
+    .unwrap();
+    id
+}
+
+/// A delivery created at `created`, last changed at `updated`, in `status`.
+async fn delivery(
+    pool: &PgPool,
+    event_id: Uuid,
+    endpoint_id: Uuid,
+    tenant: &str,
+    status: &str,
+    created: DateTime<Utc>,
+    updated: DateTime<Utc>,
+) -> Uuid {
+    let id = v7_at(created);
+    let (visible_at, locked_by) = match status {
+        // a live lease, and a retry due in the future
+        "in_progress" => (Utc::now() + TimeDelta::seconds(60), Some(Uuid::now_v7())),
+        "failed" => (Utc::now() + TimeDelta::hours(1), None),
+        _ => (updated, None),
+    };
+    let terminal = matches!(status, "succeeded" | "dead" | "cancelled");
+    sqlx::query(
+        "INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, status, attempts,
+             visible_at, locked_by, created_at, updated_at, completed_at)
+         VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, $9, $10)",
+    )
+    .bind(id)
+    .bind(event_id)
+    .bind(endpoint_id)
+    .bind(tenant)
+    .bind(status)
+    .bind(visible_at)
+    .bind(locked_by)
+    .bind(created)
+    .bind(updated)
+    .bind(terminal.then_some(updated))
+    .execute(pool)
+    .await
+    .unwrap();
+    id
+}
+
+async fn attempts(pool: &PgPool, delivery_id: Uuid, n: i32) {
+    sqlx::query(
+        "INSERT INTO hookd.delivery_attempts (delivery_id, attempt, started_at, duration_ms, status_code)
+         SELECT $1, g, now(), 5, 500 FROM generate_series(1, $2) g",
+    )
+    .bind(delivery_id)
+    .bind(n)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+async fn dead_letter(pool: &PgPool, delivery_id: Uuid, endpoint_id: Uuid, tenant: &str) {
+    sqlx::query(
+        "INSERT INTO hookd.dead_letters (delivery_id, endpoint_id, tenant, reason, attempts, dead_at)
+         VALUES ($1, $2, $3, 'exhausted', 1, now() - interval '40 days')",
+    )
+    .bind(delivery_id)
+    .bind(endpoint_id)
+    .bind(tenant)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// An event with one delivery in `status`, both created `age` days ago and last changed
+/// `changed` days ago; returns (event, delivery).
+async fn pair(
+    pool: &PgPool,
+    endpoint_id: Uuid,
+    tenant: &str,
+    status: &str,
+    age: i64,
+    changed: i64,
+) -> (Uuid, Uuid) {
+    let e = event(pool, tenant, days_ago(age)).await;
+    let d = delivery(
+        pool,
+        e,
+        endpoint_id,
+        tenant,
+        status,
+        days_ago(age),
+        days_ago(changed),
+    )
+    .await;
+    (e, d)
+}
+
+async fn exists(pool: &PgPool, table: &str, column: &str, id: Uuid) -> bool {
+    sqlx::query_scalar::<_, bool>(sqlx::AssertSqlSafe(format!(
+        "SELECT EXISTS (SELECT 1 FROM hookd.{table} WHERE {column} = $1)"
+    )))
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn count(pool: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM hookd.{table}"
+    )))
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn prune(pool: &PgPool, p: &RetentionPolicy, metrics: &Metrics) -> PruneCounts {
+    match prune_once(pool, p, Utc::now(), metrics).await.unwrap() {
+        PruneOutcome::Done(c) => c,
+        PruneOutcome::Skipped => panic!("no other pruner is running"),
+    }
+}
+
+// ---- what is deleted and what never is ----
+
+/// With the default 30 days and batches of 7: pending, in_progress and failed deliveries
+/// 40 days old stay with their events; succeeded, dead and cancelled ones 40 days old go
+/// with their attempts and dead letter and then their events; a 5-day-old success stays;
+/// a 40-day-old delivery replayed and succeeded yesterday stays; an event whose other
+/// delivery is still pending stays until that one expires too; an event with no
+/// delivery goes once expired. 50 more expired deliveries exercise the batching. The
+/// counts and the metric match, and a further pass deletes nothing.
+#[sqlx::test]
+async fn expired_terminal_rows_go_and_live_deliveries_never_do(pool: PgPool) {
+    init();
+    let ep1 = ep(&pool, "ret").await;
+    let ep2 = ep(&pool, "ret").await;
+    let mut kept = Vec::new();
+    for status in ["pending", "in_progress", "failed"] {
+        kept.push(pair(&pool, ep1, "ret", status, 40, 40).await);
+    }
+    let recent = pair(&pool, ep1, "ret", "succeeded", 5, 5).await;
+    let replayed = pair(&pool, ep1, "ret", "succeeded", 40, 1).await;
+    kept.extend([recent, replayed]);
+
+    let (e_ok, d_ok) = pair(&pool, ep1, "ret", "succeeded", 40, 40).await;
+    attempts(&pool, d_ok, 2).await;
+    let (e_dead, d_dead) = pair(&pool, ep1, "ret", "dead", 40, 40).await;
+    attempts(&pool, d_dead, 3).await;
+    dead_letter(&pool, d_dead, ep1, "ret").await;
+    let (e_cancel, d_cancel) = pair(&pool, ep1, "ret", "cancelled", 40, 40).await;
+    // one event, two endpoints: one delivery done long ago, the other still pending
+    let e_mixed = event(&pool, "ret", days_ago(40)).await;
+    let d_mixed_done = delivery(
+        &pool,
+        e_mixed,
+        ep1,
+        "ret",
+        "succeeded",
+        days_ago(40),
+        days_ago(40),
+    )
+    .await;
+    let d_mixed_pending = delivery(
+        &pool,
+        e_mixed,
+        ep2,
+        "ret",
+        "pending",
+        days_ago(40),
+        days_ago(40),
+    )
+    .await;
+    let orphan = event(&pool, "ret", days_ago(40)).await;
+    let young_orphan = event(&pool, "ret", days_ago(5)).await;
+    for i in 0..50 {
+        pair(&pool, ep2, "ret", "succeeded", 31 + i % 5, 31).await;
+    }
+
+    let metrics = Metrics::new();
+    let p = policy(30, "", 7);
+    let c = prune(&pool, &p, &metrics).await;
+    assert_eq!(
+        c,
+        PruneCounts {
+            deliveries: 3 + 1 + 50,
+            attempts: 5,
+            dead_letters: 1,
+            events: 3 + 50 + 1,
+        }
+    );
+    for (e, d) in &kept {
+        assert!(exists(&pool, "deliveries", "id", *d).await, "kept {d}");
+        assert!(exists(&pool, "events", "id", *e).await, "kept event {e}");
+    }
+    for (e, d) in [(e_ok, d_ok), (e_dead, d_dead), (e_cancel, d_cancel)] {
+        assert!(!exists(&pool, "deliveries", "id", d).await);
+        assert!(!exists(&pool, "events", "id", e).await);
+        assert!(!exists(&pool, "delivery_attempts", "delivery_id", d).await);
+    }
+    assert!(!exists(&pool, "dead_letters", "delivery_id", d_dead).await);
+    assert!(!exists(&pool, "deliveries", "id", d_mixed_done).await);
+    assert!(exists(&pool, "deliveries", "id", d_mixed_pending).await);
+    assert!(
+        exists(&pool, "events", "id", e_mixed).await,
+        "an event stays while a delivery remains"
+    );
+    assert!(!exists(&pool, "events", "id", orphan).await);
+    assert!(exists(&pool, "events", "id", young_orphan).await);
+    assert_eq!(count(&pool, "deliveries").await, 6);
+    assert_eq!(count(&pool, "delivery_attempts").await, 0);
+    let text = metrics.render();
+    for line in [
+        "hookd_retention_deleted_total{table=\"deliveries\"} 54",
+        "hookd_retention_deleted_total{table=\"delivery_attempts\"} 5",
+        "hookd_retention_deleted_total{table=\"dead_letters\"} 1",
+        "hookd_retention_deleted_total{table=\"events\"} 54",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
+
+    // the pending half of the mixed event finishes long ago: both go now
+    sqlx::query(
+        "UPDATE hookd.deliveries SET status = 'succeeded', updated_at = now() - interval '35 days' WHERE id = $1",
+    )
+    .bind(d_mixed_pending)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let c = prune(&pool, &p, &metrics).await;
+    assert_eq!((c.deliveries, c.events), (1, 1));
+    assert!(!exists(&pool, "events", "id", e_mixed).await);
+    assert_eq!(prune(&pool, &p, &metrics).await, PruneCounts::default());
+    for (_, d) in &kept {
+        assert!(exists(&pool, "deliveries", "id", *d).await);
+    }
+}
+
+/// Per-tenant overrides: `short=1` deletes a 2-day-old success the default would keep;
+/// `long=90` keeps a 40-day-old one the default would delete, and deletes a 100-day-old
+/// one; `forever=0` keeps everything.
+#[sqlx::test]
+async fn tenant_overrides_replace_the_default_retention(pool: PgPool) {
+    init();
+    let mut eps = std::collections::HashMap::new();
+    for t in ["default-t", "short", "long", "forever"] {
+        eps.insert(t, ep(&pool, t).await);
+    }
+    let mut rows = Vec::new();
+    for (t, age) in [
+        ("default-t", 2),
+        ("default-t", 40),
+        ("short", 2),
+        ("long", 40),
+        ("long", 100),
+        ("forever", 2),
+        ("forever", 40),
+        ("forever", 100),
+    ] {
+        rows.push((t, age, pair(&pool, eps[t], t, "succeeded", age, age).await));
+    }
+    let c = prune(
+        &pool,
+        &policy(30, "short=1,long=90,forever=0", 100),
+        &Metrics::new(),
+    )
+    .await;
+    assert_eq!((c.deliveries, c.events), (3, 3));
+    for (t, age, (e, d)) in rows {
+        let expired = matches!((t, age), ("default-t", 40) | ("short", 2) | ("long", 100));
+        assert_eq!(
+            exists(&pool, "deliveries", "id", d).await,
+            !expired,
+            "{t} {age} days"
+        );
+        assert_eq!(exists(&pool, "events", "id", e).await, !expired);
+    }
+}
+
+/// While another session holds the pruning lock, a pass is skipped and deletes nothing;
+/// once it is released, the next pass runs.
+#[sqlx::test]
+async fn only_one_process_prunes_at_a_time(pool: PgPool) {
+    init();
+    let e = ep(&pool, "lock").await;
+    let (_, d) = pair(&pool, e, "lock", "succeeded", 40, 40).await;
+    let mut holder = pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(hookd::db::retention::PRUNE_LOCK)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let p = policy(30, "", 100);
+    assert_eq!(
+        prune_once(&pool, &p, Utc::now(), &Metrics::new())
+            .await
+            .unwrap(),
+        PruneOutcome::Skipped
+    );
+    assert!(exists(&pool, "deliveries", "id", d).await);
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(hookd::db::retention::PRUNE_LOCK)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    assert_eq!(prune(&pool, &p, &Metrics::new()).await.deliveries, 1);
+    // the pass released its lock: it can be taken again at once
+    let free: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+        .bind(hookd::db::retention::PRUNE_LOCK)
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    assert!(free);
+}
+
+// ---- claims are unaffected ----
+
+/// 50k due deliveries over three endpoints and 50k expired successes: pruning deletes
+/// exactly the expired ones, and afterwards the claim statement is still an index range
+/// scan of `deliveries_claimable`, never a sequential scan, taking its full quota.
+#[sqlx::test]
+async fn claim_plan_stays_an_index_scan_after_pruning(pool: PgPool) {
+    init();
+    let mut eps = Vec::new();
+    for _ in 0..3 {
+        eps.push(ep(&pool, "plan").await);
+    }
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query(
+        "CREATE TEMP TABLE gen AS
+         SELECT g AS rn, now() - CASE WHEN g <= 50000 THEN interval '1 minute' ELSE interval '40 days' END
+                          - g * interval '1 ms' AS ts
+         FROM generate_series(1, 100000) g",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    // UUIDv7 ids of each row's (backdated) creation time, as production writes them;
+    // temporary objects live in this session, so everything runs on one connection
+    sqlx::query(
+        "CREATE FUNCTION pg_temp.v7_at(ts timestamptz) RETURNS uuid LANGUAGE sql AS $$
+           SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+                  placing substring(int8send((extract(epoch FROM ts) * 1000)::bigint) FROM 3)
+                  FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid $$",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash, created_at)
+         SELECT pg_temp.v7_at(ts), 'plan', 'bulk.event', '{}', '\\x00'::bytea, ts FROM gen",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, status, attempts,
+             visible_at, created_at, updated_at, completed_at)
+         SELECT pg_temp.v7_at(e.created_at), e.id, ($1::uuid[])[1 + (g.rn % 3)], 'plan',
+                CASE WHEN g.rn <= 50000 THEN 'pending' ELSE 'succeeded' END,
+                CASE WHEN g.rn <= 50000 THEN 0 ELSE 1 END,
+                e.created_at, e.created_at, e.created_at,
+                CASE WHEN g.rn <= 50000 THEN NULL ELSE e.created_at END
+         FROM gen g JOIN hookd.events e ON e.created_at = g.ts",
+    )
+    .bind(&eps)
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    drop(conn);
+    assert_eq!(count(&pool, "deliveries").await, 100_000);
+
+    sqlx::query("ANALYZE hookd.deliveries, hookd.events, hookd.endpoints")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // a prune batch is an ordered range scan of one endpoint's old rows that stops at
+    // the batch size, never a table scan
+    let p = policy(30, "", 5000);
+    let prune_plan = hookd::db::retention::explain_prune_endpoint_batch(
+        &mut pool.acquire().await.unwrap(),
+        eps[0],
+        days_ago(30),
+        &p.cutoffs(Utc::now()),
+        500, // the default HOOKD_PRUNE_BATCH
+    )
+    .await
+    .unwrap()
+    .join("\n");
+    assert!(
+        prune_plan.contains("Index Scan using deliveries_endpoint_created on deliveries"),
+        "{prune_plan}"
+    );
+    assert!(
+        !prune_plan.contains("Seq Scan on deliveries"),
+        "{prune_plan}"
+    );
+
+    let c = prune(&pool, &p, &Metrics::new()).await;
+    assert_eq!((c.deliveries, c.events), (50_000, 50_000));
+    sqlx::query("ANALYZE hookd.deliveries, hookd.events, hookd.endpoints")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let pending: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM hookd.deliveries WHERE status = 'pending' AND visible_at <= now()",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(pending, 50_000, "no due delivery was pruned");
+
+    let req = ClaimRequest {
+        worker_id: Uuid::now_v7(),
+        limit: 100,
+        lease_secs: 30.0,
+        per_endpoint_cap: 32,
+        busy: vec![(eps[0], 4)],
+        now: None,
+    };
+    let plan = deliveries::explain_claim(&pool, &req).await.unwrap();
+    let text = plan.join("\n");
+    assert!(
+        plan.iter()
+            .any(|l| l.contains("Index Scan using deliveries_claimable on deliveries")),
+        "claim must range-scan deliveries_claimable:\n{text}"
+    );
+    assert!(
+        !plan.iter().any(|l| l.contains("Seq Scan on deliveries")),
+        "claim must never scan deliveries sequentially:\n{text}"
+    );
+    assert!(
+        plan.iter()
+            .any(|l| l.starts_with("Update on deliveries") && l.contains("rows=92 ")),
+        "expected 92 claimed rows:\n{text}"
+    );
+}
+
+// ---- the command and the dispatcher's pruner ----
+
+/// `hookd prune` runs one pass and says what it deleted; a malformed
+/// HOOKD_TENANT_RETENTION is refused with a clear message.
+#[sqlx::test]
+async fn hookd_prune_reports_what_it_deleted(pool: PgPool) {
+    init();
+    let e = ep(&pool, "cli").await;
+    let (_, d) = pair(&pool, e, "cli", "dead", 45, 45).await;
+    attempts(&pool, d, 2).await;
+    dead_letter(&pool, d, e, "cli").await;
+    pair(&pool, e, "cli", "pending", 45, 45).await;
+    let run = |env: Vec<(&'static str, &'static str)>| {
+        let url = database_url(&pool);
+        async move {
+            let out = tokio::process::Command::new(hookd_bin())
+                .arg("prune")
+                .env("DATABASE_URL", url)
+                .env("HOOKD_LOG", "warn")
+                .envs(env)
+                .kill_on_drop(true)
+                .output()
+                .await
+                .unwrap();
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        }
+    };
+    let (ok, _, err) = run(vec![("HOOKD_TENANT_RETENTION", "cli=soon")]).await;
+    assert!(!ok);
+    assert!(
+        err.contains("HOOKD_TENANT_RETENTION: \"cli=soon\" is not `tenant=days`"),
+        "{err}"
+    );
+    assert_eq!(count(&pool, "deliveries").await, 2);
+    let (ok, out, err) = run(vec![("HOOKD_TENANT_RETENTION", "other=90")]).await;
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.trim(),
+        "prune: deleted 1 deliveries, 2 attempts, 1 dead letters, 1 events (retention 30 days; other=90 days)"
+    );
+    assert_eq!(count(&pool, "deliveries").await, 1, "the pending one stays");
+}
+
+/// A `hookd dispatch` process prunes on its interval (HOOKD_PRUNE_INTERVAL_SECS) and
+/// counts what it deleted in /metrics.
+#[sqlx::test]
+async fn dispatcher_prunes_on_its_interval(pool: PgPool) {
+    init();
+    let e = ep(&pool, "interval").await;
+    let (old_event, old) = pair(&pool, e, "interval", "succeeded", 40, 40).await;
+    let (_, live) = pair(&pool, e, "interval", "failed", 40, 40).await;
+    let port = free_port();
+    let mut child = tokio::process::Command::new(hookd_bin())
+        .arg("dispatch")
+        .env("DATABASE_URL", database_url(&pool))
+        .env(TEST_KEY_ENV, TEST_ENCRYPTION_KEY)
+        .env("HOOKD_LISTEN", format!("127.0.0.1:{port}"))
+        .env("HOOKD_PRUNE_INTERVAL_SECS", "1")
+        .env("HOOKD_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || async {
+            !exists(&pool, "deliveries", "id", old).await
+        })
+        .await,
+        "the dispatcher pruned the expired delivery"
+    );
+    assert!(!exists(&pool, "events", "id", old_event).await);
+    assert!(
+        exists(&pool, "deliveries", "id", live).await,
+        "a retrying delivery is never pruned"
+    );
+    let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("hookd_retention_deleted_total{table=\"deliveries\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("hookd_retention_passes_total{result=\"done\"}"),
+        "{metrics}"
+    );
+    child.kill().await.unwrap();
+}
