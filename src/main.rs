@@ -55,5 +55,6 @@ async fn run(command: Command) -> anyhow::Result<()> {
             dispatch::run(pool, args.dispatch, runtime::shutdown_on_signals()).await
         }
         Command::Dev(args) => hookd::dev::run(args, runtime::shutdown_on_signals()).await,
+        Command::Token(cmd) => hookd::auth::cli::run(cmd).await,
     }
 }

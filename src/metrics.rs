@@ -21,6 +21,11 @@ pub struct Outcome {
     pub outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Reason {
+    pub reason: &'static str,
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     registry: Arc<Registry>,
@@ -39,6 +44,8 @@ pub struct Metrics {
     pub endpoints_disabled: Counter,
     pub backlog: Gauge,
     pub oldest_due_age_seconds: Gauge,
+    pub auth_failures: Family<Reason, Counter>,
+    pub rate_limited_events: Counter,
 }
 
 impl Default for Metrics {
@@ -140,6 +147,18 @@ impl Metrics {
             "Age of the oldest due delivery of an active endpoint (sampled)",
             oldest_due_age_seconds.clone(),
         );
+        let auth_failures = Family::<Reason, Counter>::default();
+        r.register(
+            "auth_failures",
+            "API requests refused before authorization: missing, invalid, unavailable",
+            auth_failures.clone(),
+        );
+        let rate_limited_events = Counter::default();
+        r.register(
+            "rate_limited_events",
+            "Events refused by the per-tenant ingest rate limit",
+            rate_limited_events.clone(),
+        );
         Metrics {
             registry: Arc::new(r),
             http_requests,
@@ -157,7 +176,13 @@ impl Metrics {
             endpoints_disabled,
             backlog,
             oldest_due_age_seconds,
+            auth_failures,
+            rate_limited_events,
         }
+    }
+
+    pub fn count_auth_failure(&self, reason: &'static str) {
+        self.auth_failures.get_or_create(&Reason { reason }).inc();
     }
 
     /// Prometheus text exposition.

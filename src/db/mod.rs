@@ -7,6 +7,7 @@ pub mod deliveries;
 pub mod endpoints;
 pub mod events;
 pub mod secrets;
+pub mod tokens;
 
 use std::time::Duration;
 
