@@ -201,15 +201,3 @@ pub mod responses {
     #[response(headers(("Retry-After" = u64, description = "seconds to wait")))]
     pub struct Unavailable(ErrorBody);
 }
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn dump() {
-        std::fs::write(
-            "/tmp/openapi.json",
-            super::document().to_pretty_json().unwrap(),
-        )
-        .unwrap();
-    }
-}
