@@ -70,8 +70,8 @@ pub struct TokenCreateArgs {
     /// Tenant the token acts for
     #[arg(long)]
     pub tenant: String,
-    /// What the token may do (repeatable): produce, read, operate
-    #[arg(long = "scope", required = true)]
+    /// What the token may do (repeatable, or comma-separated): produce, read, operate
+    #[arg(long = "scope", required = true, value_delimiter = ',')]
     pub scopes: Vec<Scope>,
     /// A note for `hookd token list`, e.g. who holds it
     #[arg(long)]
