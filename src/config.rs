@@ -205,7 +205,7 @@ impl ApiSettings {
     pub fn listener_limits(&self) -> crate::api::server::ListenerLimits {
         crate::api::server::ListenerLimits {
             header_timeout: Duration::from_secs(self.api_header_timeout_secs.max(1)),
-            max_connections: self.api_max_connections.max(1),
+            max_connections: self.api_max_connections.clamp(1, 1 << 20),
             // hyper's own cap on a request head, well above ours so that a merely large
             // head gets our JSON 414/431 and only an absurd one is cut off by hyper
             max_head_bytes: (self.api_max_header_bytes + self.api_max_url_bytes) * 2 + 8192,

@@ -253,17 +253,19 @@ pub async fn replay_endpoint(
     caller.require(Scope::Operate)?;
     let id = path_id(id, "endpoint")?;
     let bytes = read_limited(body, 64 * 1024).await?;
-    let input: EndpointReplayIn = if bytes.is_empty() {
-        EndpointReplayIn {
-            since: None,
-            until: None,
-            statuses: None,
-            limit: None,
-        }
+    // no body, or JSON null: every default
+    let input: Option<EndpointReplayIn> = if bytes.is_empty() {
+        None
     } else {
         require_json(&headers)?;
         parse(&bytes)?
     };
+    let input = input.unwrap_or(EndpointReplayIn {
+        since: None,
+        until: None,
+        statuses: None,
+        limit: None,
+    });
     let statuses = input.statuses.unwrap_or_else(|| vec!["dead".into()]);
     const REPLAYABLE: [&str; 5] = ["pending", "failed", "succeeded", "dead", "cancelled"];
     if let Some(bad) = statuses.iter().find(|s| !REPLAYABLE.contains(&s.as_str())) {

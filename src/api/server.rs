@@ -82,7 +82,9 @@ pub async fn serve_api_on(
             drop(permit);
         });
     }
-    // every connection holds a permit until it is done
+    // refuse new clients at once rather than leaving them in the backlog, then wait for
+    // the connections still open: each holds a permit until it is done
+    drop(listener);
     let _ = connections
         .acquire_many(limits.max_connections as u32)
         .await;
