@@ -68,11 +68,20 @@ pub struct TokenRequest {
 }
 
 /// A freshly created token: the only time `token` is known.
-#[derive(Debug)]
 pub struct CreatedToken {
     pub id: Uuid,
     pub token: String,
     pub prefix: String,
+}
+
+/// Redacted, so that a stray `{:?}` cannot log the token.
+impl std::fmt::Debug for CreatedToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreatedToken")
+            .field("id", &self.id)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
