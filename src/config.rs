@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::auth::service_account::{NamespaceTenants, ServiceAccountPolicy};
+use crate::auth::{AuthMode, Scope};
 use crate::db::PoolSettings;
 
 #[derive(Debug, Parser)]
@@ -54,6 +56,54 @@ pub enum Command {
     Rekey(RekeyArgs),
     /// Delete terminal deliveries, their attempts and dead letters, and events past the retention (one pass)
     Prune(PruneArgs),
+    /// Manage static API tokens
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token; it is printed once, alone on the last line of stdout
+    Create(TokenCreateArgs),
+    /// List tokens (never the tokens themselves: their id, prefix, tenant and scopes)
+    List(TokenListArgs),
+    /// Revoke a token by id; the API stops accepting it within 5 seconds
+    Revoke(TokenRevokeArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TokenCreateArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Tenant the token acts for
+    #[arg(long)]
+    pub tenant: String,
+    /// What the token may do (repeatable, or comma-separated): produce, read, operate
+    #[arg(long = "scope", required = true, value_delimiter = ',')]
+    pub scopes: Vec<Scope>,
+    /// A note for `hookd token list`, e.g. who holds it
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Expiry as an RFC 3339 time, e.g. 2027-01-01T00:00:00Z (default: none)
+    #[arg(long)]
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TokenListArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Only this tenant's tokens
+    #[arg(long)]
+    pub tenant: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TokenRevokeArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Id of the token (from `hookd token create` or `hookd token list`)
+    pub id: uuid::Uuid,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -107,9 +157,69 @@ pub struct ApiSettings {
     /// Send a coalesced NOTIFY after each commit to wake dispatchers at once
     #[arg(long, env = "HOOKD_NOTIFY", default_value_t = true, action = clap::ArgAction::Set)]
     pub notify: bool,
+    /// `on`: every /v1 request needs a Bearer credential and the tenant comes from it;
+    /// `none`: no authentication, the tenant comes from the request body (local runs only)
+    #[arg(long, env = "HOOKD_AUTH", default_value = "on")]
+    pub auth: AuthMode,
+    /// Scopes every Kubernetes ServiceAccount caller gets (comma-separated)
+    #[arg(
+        long,
+        env = "HOOKD_AUTH_SA_SCOPES",
+        default_value = "produce,read",
+        value_delimiter = ','
+    )]
+    pub auth_sa_scopes: Vec<Scope>,
+    /// ServiceAccount tenant overrides, `namespace=tenant,…` (default: a ServiceAccount's tenant is its namespace)
+    #[arg(long, env = "HOOKD_AUTH_NAMESPACE_TENANTS", default_value = "")]
+    pub auth_namespace_tenants: NamespaceTenants,
+    /// Per-tenant ingest limit in events per second, per API replica (default: no limit); over it, 429 with Retry-After
+    #[arg(long, env = "HOOKD_TENANT_RATE_LIMIT", value_parser = parse_rate)]
+    pub tenant_rate_limit: Option<f64>,
+    /// Longest a request may take, body upload included, in seconds (408 after it)
+    #[arg(long, env = "HOOKD_API_REQUEST_TIMEOUT_SECS", default_value_t = 30)]
+    pub api_request_timeout_secs: u64,
+    /// Time a client has to send a complete request head, counted from when the
+    /// connection opens or last went idle: it also closes idle keep-alive connections
+    #[arg(long, env = "HOOKD_API_HEADER_TIMEOUT_SECS", default_value_t = 20)]
+    pub api_header_timeout_secs: u64,
+    /// Most open client connections; further clients wait in the listen backlog
+    #[arg(long, env = "HOOKD_API_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub api_max_connections: usize,
+    /// Largest total size of a request's headers, in bytes (431 above it)
+    #[arg(long, env = "HOOKD_API_MAX_HEADER_BYTES", default_value_t = 16 * 1024)]
+    pub api_max_header_bytes: usize,
+    /// Longest request target (path and query), in bytes (414 above it)
+    #[arg(long, env = "HOOKD_API_MAX_URL_BYTES", default_value_t = 4096)]
+    pub api_max_url_bytes: usize,
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!(
+            "{s:?} is not a positive number of events per second"
+        )),
+    }
 }
 
 impl ApiSettings {
+    pub fn service_account_policy(&self) -> ServiceAccountPolicy {
+        ServiceAccountPolicy {
+            scopes: self.auth_sa_scopes.clone(),
+            namespace_tenants: self.auth_namespace_tenants.clone(),
+        }
+    }
+
+    pub fn listener_limits(&self) -> crate::api::server::ListenerLimits {
+        crate::api::server::ListenerLimits {
+            header_timeout: Duration::from_secs(self.api_header_timeout_secs.max(1)),
+            max_connections: self.api_max_connections.clamp(1, 1 << 20),
+            // hyper's own cap on a request head, well above ours so that a merely large
+            // head gets our JSON 414/431 and only an absurd one is cut off by hyper
+            max_head_bytes: (self.api_max_header_bytes + self.api_max_url_bytes) * 2 + 8192,
+        }
+    }
+
     pub fn limits(&self) -> crate::api::Limits {
         // The envelope around a payload (tenant, type, key, quoting) is small; 16 KiB of
         // slack keeps the 413 about the payload, with its exact size in the message.
@@ -121,6 +231,9 @@ impl ApiSettings {
             max_batch_body_bytes: max_body_bytes
                 .saturating_mul(self.max_batch.max(1))
                 .min(64 << 20),
+            request_timeout: Duration::from_secs(self.api_request_timeout_secs.max(1)),
+            max_header_bytes: self.api_max_header_bytes,
+            max_url_bytes: self.api_max_url_bytes,
         }
     }
 }

@@ -9,10 +9,14 @@ use std::sync::Arc;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{AuthMode, Scope};
 use crate::config::{ApiSettings, DevArgs, DispatchSettings};
 use crate::db::{self, PoolSettings};
 use crate::pgtemp::TempPostgres;
 use crate::receiver::{Receiver, ReceiverConfig};
+
+/// The tenant of the examples (their namespace), which the printed token acts for.
+const DEV_TENANT: &str = "default";
 
 /// Defaults of each component's settings, with HOOKD_* from the environment applied
 /// (one parser each: both components have a `--listen`).
@@ -102,11 +106,43 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         args.listen, args.receiver_listen
     );
     println!("hookd dev: database {url}");
-    println!("hookd dev: send a first event with:");
-    println!(
-        "curl -sS -X POST http://{}/v1/messages -H 'content-type: application/json' -d '{{\"tenant\":\"default\",\"eventType\":\"invoice.paid\",\"payload\":{{\"invoice\":\"in_1\",\"amount\":4200}}}}'",
-        args.listen
-    );
+    let payload = r#""eventType":"invoice.paid","payload":{"invoice":"in_1","amount":4200}"#;
+    match api.auth {
+        AuthMode::On => {
+            // the examples' tenant, with every scope, so the curl line and a follow-up
+            // GET /v1/messages/{id} (and replays) all work as printed
+            let token = crate::auth::tokens::create(
+                &pool,
+                &crate::auth::tokens::TokenRequest {
+                    tenant: DEV_TENANT.into(),
+                    scopes: Scope::ALL.to_vec(),
+                    name: Some("hookd dev".into()),
+                    expires_at: None,
+                },
+            )
+            .await?
+            .token;
+            println!(
+                "hookd dev: API token for tenant {DEV_TENANT} (scopes produce, read, operate): {token}"
+            );
+            println!("hookd dev: send a first event with:");
+            println!(
+                "curl -sS -X POST http://{}/v1/messages -H 'authorization: Bearer {token}' -H 'content-type: application/json' -d '{{{payload}}}'",
+                args.listen
+            );
+            println!(
+                "hookd dev: read it back with: curl -sS http://{}/v1/messages/<eventId> -H 'authorization: Bearer {token}'",
+                args.listen
+            );
+        }
+        AuthMode::None => {
+            println!("hookd dev: HOOKD_AUTH=none, so no token is needed; send a first event with:");
+            println!(
+                "curl -sS -X POST http://{}/v1/messages -H 'content-type: application/json' -d '{{\"tenant\":\"{DEV_TENANT}\",{payload}}}'",
+                args.listen
+            );
+        }
+    }
     let api_result = crate::api::run(pool, api, shutdown.clone()).await;
     shutdown.cancel();
     let _ = dispatcher.await;

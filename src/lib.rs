@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod apply;
+pub mod auth;
 pub mod config;
 pub mod crypto;
 pub mod db;

@@ -80,5 +80,6 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let pool = db::connect_lazy(&args.db.pool_settings())?;
             retention::run_once(&pool, &args.retention).await
         }
+        Command::Token(cmd) => hookd::auth::cli::run(cmd).await,
     }
 }

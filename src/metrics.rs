@@ -43,6 +43,11 @@ pub struct PassResult {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Reason {
+    pub reason: &'static str,
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     registry: Arc<Registry>,
@@ -68,6 +73,8 @@ pub struct Metrics {
     pub secret_decrypt_failures: Counter,
     pub retention_deleted: Family<Table, Counter>,
     pub retention_passes: Family<PassResult, Counter>,
+    pub auth_failures: Family<Reason, Counter>,
+    pub rate_limited_events: Counter,
 }
 
 fn reconcile_histogram() -> Histogram {
@@ -217,6 +224,18 @@ impl Metrics {
             "Retention passes by result: done, skipped (another process held the lock), failed",
             retention_passes.clone(),
         );
+        let auth_failures = Family::<Reason, Counter>::default();
+        r.register(
+            "auth_failures",
+            "API requests refused before authorization: missing, invalid, unavailable",
+            auth_failures.clone(),
+        );
+        let rate_limited_events = Counter::default();
+        r.register(
+            "rate_limited_events",
+            "Events refused by the per-tenant ingest rate limit",
+            rate_limited_events.clone(),
+        );
         Metrics {
             registry: Arc::new(r),
             http_requests,
@@ -241,7 +260,13 @@ impl Metrics {
             secret_decrypt_failures,
             retention_deleted,
             retention_passes,
+            auth_failures,
+            rate_limited_events,
         }
+    }
+
+    pub fn count_auth_failure(&self, reason: &'static str) {
+        self.auth_failures.get_or_create(&Reason { reason }).inc();
     }
 
     /// Prometheus text exposition.

@@ -33,6 +33,28 @@ async fn sigkill_under_load_loses_no_acknowledged_event(pool: PgPool) {
     let a = endpoint(&pool, EndpointOpts::default()).await;
     let b = endpoint(&pool, EndpointOpts::default()).await;
 
+    // a real producer's credential, made the way an operator makes one
+    let out = Command::new(hookd_bin())
+        .args([
+            "token", "create", "--tenant", "team-a", "--scope", "produce",
+        ])
+        .env("DATABASE_URL", database_url(&pool))
+        .env("HOOKD_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .last()
+        .unwrap()
+        .to_string();
+    assert!(token.starts_with("hookd_"), "{token}");
+
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -71,9 +93,10 @@ async fn sigkill_under_load_loses_no_acknowledged_event(pool: PgPool) {
     let acked: Acked = Arc::default();
     let mut clients = Vec::new();
     for c in 0..CLIENTS {
-        let (client, base, stop, killed, unanswered) = (
+        let (client, base, token, stop, killed, unanswered) = (
             client.clone(),
             base.clone(),
+            token.clone(),
             stop.clone(),
             killed.clone(),
             unanswered.clone(),
@@ -100,6 +123,7 @@ async fn sigkill_under_load_loses_no_acknowledged_event(pool: PgPool) {
                 let result = async {
                     let r = client
                         .post(format!("{base}/v1/messages"))
+                        .bearer_auth(&token)
                         .header("content-type", "application/json")
                         .body(body)
                         .send()

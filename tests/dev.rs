@@ -1,6 +1,6 @@
 //! `hookd dev` as a user runs it: the printed `curl ` line, pasted into a shell, answers
-//! with the 201 JSON of the messages API, and the example receiver prints the delivery
-//! with a verified signature.
+//! with the 201 JSON of the messages API (it carries the printed token), the token reads
+//! the event back, and the example receiver prints the delivery with a verified signature.
 
 mod common;
 
@@ -61,7 +61,14 @@ async fn dev_prints_a_working_curl_line(pool: PgPool) {
             return line;
         }
     };
+    let token_line = next_matching(&|l| l.contains("API token"));
+    let token = token_line.rsplit(' ').next().unwrap().to_string();
+    assert!(token.starts_with("hookd_"), "{token_line}");
     let curl = next_matching(&|l| l.starts_with("curl "));
+    assert!(
+        curl.contains(&format!("authorization: Bearer {token}")),
+        "{curl}"
+    );
     // wait until the API answers before pasting the line
     assert!(
         common::wait_until(Duration::from_secs(20), || async {
@@ -80,6 +87,19 @@ async fn dev_prints_a_working_curl_line(pool: PgPool) {
     assert_eq!(code, "201", "{text}");
     let v: serde_json::Value = serde_json::from_str(body).unwrap();
     let delivery = v["deliveryIds"][0].as_str().unwrap().to_string();
+    // the same token reads the event back (it carries every scope of its tenant)
+    let event = v["eventId"].as_str().unwrap();
+    let r = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{api}/v1/messages/{event}"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let read: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(read["tenant"], "default");
+    assert_eq!(read["payload"]["invoice"], "in_1");
+    assert_eq!(read["deliveries"][0]["deliveryId"], delivery.as_str());
     let received = next_matching(&|l| l.starts_with("receiver: "));
     assert!(
         received.contains(&format!("webhook-id={delivery}")),

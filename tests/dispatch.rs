@@ -80,7 +80,7 @@ async fn complete(pool: &PgPool, worker: Uuid, batch: &[Completion]) -> Vec<Uuid
 }
 
 async fn endpoint_row(pool: &PgPool, id: Uuid) -> endpoints::EndpointRow {
-    endpoints::get(pool, id).await.unwrap().unwrap()
+    endpoints::get(pool, id, None).await.unwrap().unwrap()
 }
 
 async fn attempt_rows(pool: &PgPool, id: Uuid) -> Vec<hookd::db::attempts::AttemptRow> {
@@ -544,7 +544,7 @@ async fn http_500_schedules_a_retry_and_logs_the_attempt(pool: PgPool) {
     .await;
     let (_, ids) = api.enqueue("retry", "a.b", "{}").await;
     assert!(wait_status(&pool, ids[0], "failed", Duration::from_secs(10)).await);
-    let row = deliveries::get(&pool, ids[0]).await.unwrap().unwrap();
+    let row = deliveries::get(&pool, ids[0], None).await.unwrap().unwrap();
     assert_eq!(row.attempts, 1);
     assert_eq!(row.last_status_code, Some(500));
     let log = attempt_rows(&pool, ids[0]).await;
@@ -593,7 +593,7 @@ async fn retry_after_is_honoured_within_bounds(pool: PgPool) {
     .await;
     for (id, expected) in ids.iter().zip([120.0, 600.0, 30.0]) {
         assert!(wait_status(&pool, *id, "failed", Duration::from_secs(10)).await);
-        let row = deliveries::get(&pool, *id).await.unwrap().unwrap();
+        let row = deliveries::get(&pool, *id, None).await.unwrap().unwrap();
         let a = &attempt_rows(&pool, *id).await[0];
         assert_eq!(a.status_code, Some(503));
         let delay = (row.visible_at - a.started_at).as_seconds_f64();
@@ -654,7 +654,7 @@ async fn exhaustion_dead_letters_with_keyset_pagination(pool: PgPool) {
     }
     assert_eq!(rx.count(), 4);
 
-    let (s, p1) = api.get("/v1/dead-letters?limit=1").await;
+    let (s, p1) = api.get_as("exhaust", "/v1/dead-letters?limit=1").await;
     assert_eq!(s, StatusCode::OK, "{p1}");
     let items = p1["items"].as_array().unwrap();
     assert_eq!(items.len(), 1);
@@ -669,7 +669,10 @@ async fn exhaustion_dead_letters_with_keyset_pagination(pool: PgPool) {
         .as_str()
         .expect("nextCursor on a full page");
     let (s, p2) = api
-        .get(&format!("/v1/dead-letters?limit=1&cursor={cursor}"))
+        .get_as(
+            "exhaust",
+            &format!("/v1/dead-letters?limit=1&cursor={cursor}"),
+        )
         .await;
     assert_eq!(s, StatusCode::OK, "{p2}");
     let items2 = p2["items"].as_array().unwrap();
@@ -681,13 +684,19 @@ async fn exhaustion_dead_letters_with_keyset_pagination(pool: PgPool) {
     assert_eq!(seen, HashSet::from([a.to_string(), b.to_string()]));
     let cursor2 = p2["nextCursor"].as_str().unwrap();
     let (_, p3) = api
-        .get(&format!("/v1/dead-letters?limit=1&cursor={cursor2}"))
+        .get_as(
+            "exhaust",
+            &format!("/v1/dead-letters?limit=1&cursor={cursor2}"),
+        )
         .await;
     assert_eq!(p3["items"].as_array().unwrap().len(), 0);
     assert!(p3["nextCursor"].is_null());
     // the endpoint filter
     let (_, all) = api
-        .get(&format!("/v1/dead-letters?endpointId={ep}&limit=10"))
+        .get_as(
+            "exhaust",
+            &format!("/v1/dead-letters?endpointId={ep}&limit=10"),
+        )
         .await;
     assert_eq!(all["items"].as_array().unwrap().len(), 2);
     d.stop().await;
@@ -805,11 +814,13 @@ async fn replay_of_dead_and_succeeded_deliveries_resends_the_same_id(pool: PgPoo
     assert_eq!(rx.count(), 1);
     rx.set(Behavior::default());
 
-    let (s, v) = api.post(&format!("/v1/deliveries/{id}/replay"), "").await;
+    let (s, v) = api
+        .post_as("replay", &format!("/v1/deliveries/{id}/replay"), "")
+        .await;
     assert_eq!(s, StatusCode::ACCEPTED, "{v}");
     assert_eq!(v["deliveryId"], json!(id.to_string()));
     assert_eq!(v["status"], json!("pending"));
-    let row = deliveries::get(&pool, id).await.unwrap().unwrap();
+    let row = deliveries::get(&pool, id, None).await.unwrap().unwrap();
     assert_eq!((row.status.as_str(), row.attempts), ("pending", 0));
     assert!(row.visible_at <= Utc::now());
     assert!(row.completed_at.is_none());
@@ -825,14 +836,16 @@ async fn replay_of_dead_and_succeeded_deliveries_resends_the_same_id(pool: PgPoo
     assert!(wait_status(&pool, id, "succeeded", Duration::from_secs(10)).await);
     assert_eq!(rx.ids(), vec![id.to_string(), id.to_string()]);
 
-    let (s, _) = api.post(&format!("/v1/deliveries/{id}/replay"), "").await;
+    let (s, _) = api
+        .post_as("replay", &format!("/v1/deliveries/{id}/replay"), "")
+        .await;
     assert_eq!(s, StatusCode::ACCEPTED);
     assert!(wait_until(Duration::from_secs(10), || async { rx.count() == 3 }).await);
     assert!(wait_status(&pool, id, "succeeded", Duration::from_secs(10)).await);
     assert!(rx.ids().iter().all(|w| *w == id.to_string()));
     d.stop().await;
 
-    let (s, v) = api.get(&format!("/v1/deliveries/{id}")).await;
+    let (s, v) = api.get_as("replay", &format!("/v1/deliveries/{id}")).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["status"], json!("succeeded"));
     assert_eq!(v["attemptCount"], json!(1));
@@ -860,7 +873,9 @@ async fn replay_refuses_leased_and_unknown_deliveries(pool: PgPool) {
         .unwrap();
     assert_eq!(claimed.len(), 1);
 
-    let (s, v) = api.post(&format!("/v1/deliveries/{id}/replay"), "").await;
+    let (s, v) = api
+        .post_as("leased", &format!("/v1/deliveries/{id}/replay"), "")
+        .await;
     assert_eq!(s, StatusCode::CONFLICT, "{v}");
     assert_eq!(v["error"]["code"], json!("delivery_leased"));
     let (status, attempts) = delivery_status(&pool, id).await;
@@ -870,12 +885,18 @@ async fn replay_refuses_leased_and_unknown_deliveries(pool: PgPool) {
         complete(&pool, worker, &[outcome(&claimed[0], "failed")]).await,
         vec![id]
     );
-    let (s, _) = api.post(&format!("/v1/deliveries/{id}/replay"), "").await;
+    let (s, _) = api
+        .post_as("leased", &format!("/v1/deliveries/{id}/replay"), "")
+        .await;
     assert_eq!(s, StatusCode::ACCEPTED);
     assert_eq!(delivery_status(&pool, id).await, ("pending".to_string(), 0));
 
     let (s, v) = api
-        .post(&format!("/v1/deliveries/{}/replay", Uuid::now_v7()), "")
+        .post_as(
+            "leased",
+            &format!("/v1/deliveries/{}/replay", Uuid::now_v7()),
+            "",
+        )
         .await;
     assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
     assert_eq!(v["error"]["code"], json!("not_found"));
@@ -920,7 +941,9 @@ async fn endpoint_replay_filters_by_status_and_window(pool: PgPool) {
     assert_eq!(complete(&pool, worker, &batch).await.len(), 2);
 
     let body = json!({"since": since, "statuses": ["dead"]}).to_string();
-    let (s, v) = api.post(&format!("/v1/endpoints/{ep}/replay"), &body).await;
+    let (s, v) = api
+        .post_as("window", &format!("/v1/endpoints/{ep}/replay"), &body)
+        .await;
     assert_eq!(s, StatusCode::ACCEPTED, "{v}");
     assert_eq!(v["replayed"], json!(1));
     assert_eq!(v["skippedLeased"], json!(0));
@@ -937,7 +960,11 @@ async fn endpoint_replay_filters_by_status_and_window(pool: PgPool) {
     assert_eq!(dl, vec![old_dead]);
 
     let (s, _) = api
-        .post(&format!("/v1/endpoints/{}/replay", Uuid::now_v7()), "")
+        .post_as(
+            "window",
+            &format!("/v1/endpoints/{}/replay", Uuid::now_v7()),
+            "",
+        )
         .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
 }

@@ -2,6 +2,7 @@
 
 use axum::Json;
 use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -9,17 +10,22 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use super::body::{parse, read_limited, require_json};
+use super::caller::Caller;
 use super::error::ApiError;
-use super::messages::DeliverySummary;
-use super::{AppState, parse_id};
+use super::messages::{DeliveryStatus, DeliverySummary};
+use super::openapi::responses;
+use super::{AppState, path_id};
+use crate::auth::Scope;
 use crate::db::{self, deliveries::ReplayOutcome};
 
-#[derive(Serialize)]
+/// One entry of the attempt log.
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct AttemptOut {
+pub struct AttemptOut {
     attempt: i32,
     started_at: DateTime<Utc>,
     duration_ms: i32,
@@ -32,13 +38,14 @@ struct AttemptOut {
 /// `attempts` is the attempt log (the contract); `attemptCount` the counter that the
 /// retry schedule and max attempts work from (reset by replay, so it can be lower than
 /// the log's length).
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct DeliveryOut {
+pub struct DeliveryOut {
     delivery_id: Uuid,
     event_id: Uuid,
     endpoint_id: Uuid,
     tenant: String,
+    #[schema(value_type = DeliveryStatus)]
     status: String,
     attempt_count: i32,
     next_attempt_at: Option<DateTime<Utc>>,
@@ -50,12 +57,35 @@ struct DeliveryOut {
 }
 
 /// GET /v1/deliveries/{id}: the delivery and its attempt log.
+#[utoipa::path(
+    get,
+    path = "/v1/deliveries/{id}",
+    tag = "deliveries",
+    operation_id = "getDelivery",
+    summary = "A delivery and its attempt log (scope: read)",
+    params(("id" = Uuid, Path, description = "The delivery id (the webhook-id receivers see)")),
+    responses(
+        (status = 200, description = "The delivery", body = DeliveryOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 408, response = responses::RequestTimeout),
+        (status = 414, response = responses::UriTooLong),
+        (status = 431, response = responses::HeadersTooLarge),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn get(
+    caller: Caller,
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    let id = parse_id(&id, "delivery")?;
-    let d = db::deliveries::get(&state.pool, id)
+    caller.require(Scope::Read)?;
+    let id = path_id(id, "delivery")?;
+    let d = db::deliveries::get(&state.pool, id, caller.tenant_scope())
         .await?
         .ok_or_else(|| ApiError::not_found("delivery"))?;
     let attempts = db::attempts::for_delivery(&state.pool, id).await?;
@@ -88,20 +118,48 @@ pub async fn get(
     .into_response())
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct ReplayOut {
+pub struct ReplayOut {
     delivery_id: Uuid,
+    /// always `pending`: the delivery is due now
+    #[schema(value_type = String)]
     status: &'static str,
 }
 
 /// POST /v1/deliveries/{id}/replay
+#[utoipa::path(
+    post,
+    path = "/v1/deliveries/{id}/replay",
+    tag = "deliveries",
+    operation_id = "replayDelivery",
+    summary = "Send a delivery again, now (scope: operate)",
+    description = "Resets the attempts and keeps the delivery id. Refused with 409 while a \
+        dispatcher holds the delivery. A request body, if any, is ignored.",
+    params(("id" = Uuid, Path, description = "The delivery id")),
+    responses(
+        (status = 202, description = "The delivery is due now", body = ReplayOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 408, response = responses::RequestTimeout),
+        (status = 409, response = responses::Conflict),
+        (status = 414, response = responses::UriTooLong),
+        (status = 431, response = responses::HeadersTooLarge),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn replay(
+    caller: Caller,
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    let id = parse_id(&id, "delivery")?;
-    match db::deliveries::replay(&state.pool, id, None).await? {
+    caller.require(Scope::Operate)?;
+    let id = path_id(id, "delivery")?;
+    match db::deliveries::replay(&state.pool, id, caller.tenant_scope()).await? {
         ReplayOutcome::Replayed => {
             state.notifier.wake();
             Ok((
@@ -122,45 +180,92 @@ pub async fn replay(
     }
 }
 
-#[derive(Deserialize)]
+/// Statuses a window replay may select (schema only).
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum ReplayableStatus {
+    Pending,
+    Failed,
+    Succeeded,
+    Dead,
+    Cancelled,
+}
+
+/// Which of the endpoint's deliveries to replay; an empty body takes every default.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct EndpointReplayIn {
+pub struct EndpointReplayIn {
+    /// deliveries created at or after this time (default: any)
     since: Option<DateTime<Utc>>,
+    /// deliveries created before this time (default: any)
     until: Option<DateTime<Utc>>,
     /// default: `["dead"]`
+    #[schema(value_type = Option<Vec<ReplayableStatus>>)]
     statuses: Option<Vec<String>>,
     /// most deliveries replayed by this call (default 1000, at most 10000)
+    #[schema(minimum = 1, maximum = 10000)]
     limit: Option<i64>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct EndpointReplayOut {
+pub struct EndpointReplayOut {
     endpoint_id: Uuid,
     replayed: i64,
+    /// matching deliveries left alone because a dispatcher holds them
     skipped_leased: i64,
 }
 
 /// POST /v1/endpoints/{id}/replay `{"since"?, "until"?, "statuses"?, "limit"?}`
+#[utoipa::path(
+    post,
+    path = "/v1/endpoints/{id}/replay",
+    tag = "deliveries",
+    operation_id = "replayEndpoint",
+    summary = "Replay an endpoint's deliveries in a window (scope: operate)",
+    params(("id" = Uuid, Path, description = "The endpoint id")),
+    request_body(content = Option<EndpointReplayIn>, content_type = "application/json", description = "Optional; an empty body replays up to 1000 dead deliveries"),
+    responses(
+        (status = 202, description = "Replayed", body = EndpointReplayOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 408, response = responses::RequestTimeout),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 414, response = responses::UriTooLong),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, response = responses::Unprocessable),
+        (status = 431, response = responses::HeadersTooLarge),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn replay_endpoint(
+    caller: Caller,
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let id = parse_id(&id, "endpoint")?;
+    caller.require(Scope::Operate)?;
+    let id = path_id(id, "endpoint")?;
     let bytes = read_limited(body, 64 * 1024).await?;
-    let input: EndpointReplayIn = if bytes.is_empty() {
-        EndpointReplayIn {
-            since: None,
-            until: None,
-            statuses: None,
-            limit: None,
-        }
+    // no body, or JSON null: every default
+    let input: Option<EndpointReplayIn> = if bytes.is_empty() {
+        None
     } else {
         require_json(&headers)?;
         parse(&bytes)?
     };
+    let input = input.unwrap_or(EndpointReplayIn {
+        since: None,
+        until: None,
+        statuses: None,
+        limit: None,
+    });
     let statuses = input.statuses.unwrap_or_else(|| vec!["dead".into()]);
     const REPLAYABLE: [&str; 5] = ["pending", "failed", "succeeded", "dead", "cancelled"];
     if let Some(bad) = statuses.iter().find(|s| !REPLAYABLE.contains(&s.as_str())) {
@@ -176,13 +281,23 @@ pub async fn replay_endpoint(
             "limit must be between 1 and 10000",
         ));
     }
-    let since = input.since.unwrap_or(DateTime::<Utc>::MIN_UTC);
-    let until = input.until.unwrap_or(DateTime::<Utc>::MAX_UTC);
-    if db::endpoints::get(&state.pool, id).await?.is_none() {
+
+    if db::endpoints::get(&state.pool, id, caller.tenant_scope())
+        .await?
+        .is_none()
+    {
         return Err(ApiError::not_found("endpoint"));
     }
-    let (replayed, skipped) =
-        db::deliveries::replay_endpoint(&state.pool, id, since, until, &statuses, limit).await?;
+    let (replayed, skipped) = db::deliveries::replay_endpoint(
+        &state.pool,
+        id,
+        input.since,
+        input.until,
+        &statuses,
+        limit,
+        caller.tenant_scope(),
+    )
+    .await?;
     if replayed > 0 {
         state.notifier.wake();
     }
@@ -197,18 +312,25 @@ pub async fn replay_endpoint(
         .into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
 pub struct DeadLetterParams {
+    /// With authentication on, the credential's tenant (another is a 403); the filter
+    /// itself when authentication is off
     tenant: Option<String>,
+    /// only this endpoint's dead letters
     endpoint_id: Option<Uuid>,
+    /// page size, 1 to 1000 (default 100)
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<i64>,
+    /// `nextCursor` of the previous page
     cursor: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct DeadLetterOut {
+pub struct DeadLetterOut {
     delivery_id: Uuid,
     event_id: Uuid,
     endpoint_id: Uuid,
@@ -218,10 +340,12 @@ struct DeadLetterOut {
     dead_at: DateTime<Utc>,
 }
 
-#[derive(Serialize)]
+/// Oldest first.
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct DeadLetterPage {
+pub struct DeadLetterPage {
     items: Vec<DeadLetterOut>,
+    /// pass as `cursor` for the next page; absent on the last page
     next_cursor: Option<String>,
 }
 
@@ -239,11 +363,34 @@ fn decode_cursor(c: &str) -> Option<(DateTime<Utc>, Uuid)> {
 }
 
 /// GET /v1/dead-letters?tenant=&endpointId=&limit=&cursor=
+#[utoipa::path(
+    get,
+    path = "/v1/dead-letters",
+    tag = "deliveries",
+    operation_id = "listDeadLetters",
+    summary = "The caller's dead letters, keyset-paginated (scope: read)",
+    params(DeadLetterParams),
+    responses(
+        (status = 200, description = "A page of dead letters", body = DeadLetterPage),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 408, response = responses::RequestTimeout),
+        (status = 414, response = responses::UriTooLong),
+        (status = 422, response = responses::Unprocessable),
+        (status = 431, response = responses::HeadersTooLarge),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn dead_letters(
+    caller: Caller,
     State(state): State<AppState>,
     params: Result<Query<DeadLetterParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    caller.require(Scope::Read)?;
     let Query(p) = params.map_err(|e| ApiError::unprocessable("invalid_query", e.body_text()))?;
+    let tenant = caller.resolve_tenant(p.tenant)?;
     let limit = p.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::unprocessable(
@@ -261,7 +408,7 @@ pub async fn dead_letters(
     let rows = db::dead_letters::list(
         &state.pool,
         &db::dead_letters::DeadLetterQuery {
-            tenant: p.tenant,
+            tenant,
             endpoint_id: p.endpoint_id,
             after,
             limit,

@@ -1,10 +1,16 @@
 //! The one place where errors become HTTP responses. Clients get a stable `code` and a
-//! human `message`; driver errors and internals are logged, never sent.
+//! human `message`; driver errors and internals are logged, never sent. Credentials are
+//! never part of a message: an authentication failure says what was wrong with the
+//! request, not what it carried.
 
-use axum::http::{HeaderValue, StatusCode, header};
+use std::time::Duration;
+
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use utoipa::ToSchema;
 
+use crate::auth::{AuthError, Scope};
 use crate::db::DbError;
 use crate::outbox::EnqueueError;
 
@@ -13,17 +19,22 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// extra response headers (WWW-Authenticate, Retry-After)
+    pub headers: Vec<(HeaderName, HeaderValue)>,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    error: Inner<'a>,
+/// Every error answer: `{"error": {"code", "message"}}`.
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
 }
 
-#[derive(Serialize)]
-struct Inner<'a> {
-    code: &'a str,
-    message: &'a str,
+#[derive(Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// stable, machine-readable, e.g. `invalid_field`, `unauthenticated`, `rate_limited`
+    pub code: String,
+    /// for humans; wording may change
+    pub message: String,
 }
 
 impl ApiError {
@@ -32,7 +43,12 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            headers: Vec::new(),
         }
+    }
+    fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.push((name, value));
+        self
     }
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, code, message)
@@ -61,27 +77,111 @@ impl ApiError {
             "internal error; nothing was written, retry with the same idempotency key",
         )
     }
+    /// 403: the credential is valid but lacks `scope` for this route.
+    pub fn insufficient_scope(scope: Scope) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "insufficient_scope",
+            format!("this credential does not have the {scope} scope this route needs"),
+        )
+        .with_header(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static(match scope {
+                Scope::Produce => r#"Bearer error="insufficient_scope", scope="produce""#,
+                Scope::Read => r#"Bearer error="insufficient_scope", scope="read""#,
+                Scope::Operate => r#"Bearer error="insufficient_scope", scope="operate""#,
+            }),
+        )
+    }
+    /// 403: the request names a tenant other than the credential's.
+    pub fn tenant_mismatch(credential: &str, requested: &str) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "tenant_mismatch",
+            format!(
+                "this credential acts for tenant {credential:?}, not {requested:?}; omit tenant or use a credential of that tenant"
+            ),
+        )
+    }
+    /// 429 with the number of seconds to wait.
+    pub fn rate_limited(tenant: &str, retry_after: Duration) -> Self {
+        let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!(
+                "tenant {tenant:?} is over its ingest rate limit; nothing was written, retry after {secs} s"
+            ),
+        )
+        .with_header(header::RETRY_AFTER, HeaderValue::from(secs))
+    }
+    pub fn request_timeout(limit: Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "the request did not complete within {} s; if it was an enqueue, retry with the same idempotency key",
+                limit.as_secs()
+            ),
+        )
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::to_vec(&Body {
-            error: Inner {
-                code: self.code,
-                message: &self.message,
+        let body = serde_json::to_vec(&ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_string(),
+                message: self.message,
             },
         })
         .unwrap_or_default();
         let mut resp = (self.status, body).into_response();
-        resp.headers_mut().insert(
+        let headers = resp.headers_mut();
+        headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        for (name, value) in self.headers {
+            headers.insert(name, value);
         }
         resp
+    }
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Missing => ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "this route needs an Authorization: Bearer credential (a hookd_ API token or a ServiceAccount token with audience hookd)",
+            )
+            .with_header(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(r#"Bearer realm="hookd""#),
+            ),
+            AuthError::Invalid => ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_credential",
+                "the credential is malformed, unknown, revoked or expired",
+            )
+            .with_header(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(r#"Bearer realm="hookd", error="invalid_token""#),
+            ),
+            AuthError::Unavailable(detail) => {
+                tracing::warn!(error = %detail, "credential check unavailable");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "auth_unavailable",
+                    "credentials cannot be checked right now; nothing was written, retry later",
+                )
+            }
+        }
     }
 }
 

@@ -4,64 +4,93 @@ use std::time::Instant;
 
 use axum::Json;
 use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::body::{parse, read_limited, require_json};
+use super::caller::Caller;
 use super::error::ApiError;
-use super::{AppState, parse_id};
+use super::openapi::{any_json_but_null, responses};
+use super::{AppState, path_id};
+use crate::auth::Scope;
 use crate::db;
 use crate::outbox::{self, Enqueued, NewMessage};
 
-/// Unknown fields are refused (422): a misspelt `idempotencyKey` silently ignored would
-/// turn a producer's safe retry into a duplicate event.
-#[derive(Deserialize)]
+/// One event to enqueue. Unknown fields are refused (422): a misspelt `idempotencyKey`
+/// silently ignored would turn a producer's safe retry into a duplicate event.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct MessageIn {
+    /// The tenant; with authentication on it comes from the credential, and naming
+    /// another tenant is a 403. Required when authentication is off.
+    #[schema(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
     tenant: Option<String>,
+    /// Dot-separated segments of letters, digits, `_` and `-`, e.g. `invoice.paid`
+    #[schema(
+        value_type = String,
+        required = true,
+        pattern = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$",
+        max_length = 128
+    )]
     event_type: Option<String>,
+    #[schema(schema_with = any_json_but_null, required = true)]
     payload: Option<Box<RawValue>>,
+    /// A repeat with the same key returns the original ids and writes nothing
+    #[schema(pattern = r"^[!-~]{1,255}$")]
     idempotency_key: Option<String>,
 }
 
-#[derive(Deserialize)]
+/// Several events, committed in one transaction (all or none).
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchIn {
+    /// 1 to HOOKD_MAX_BATCH (default 100) messages
+    #[schema(min_items = 1)]
     messages: Vec<MessageIn>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EnqueuedOut {
     event_id: Uuid,
+    /// one per subscribed endpoint of the tenant (possibly none)
     delivery_ids: Vec<Uuid>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct BatchResultOut {
+pub struct BatchResultOut {
     event_id: Uuid,
     delivery_ids: Vec<Uuid>,
+    /// false when the idempotency key was already known and the original ids are returned
     created: bool,
 }
 
-#[derive(Serialize)]
-struct BatchOut {
+/// One result per message, in input order.
+#[derive(Serialize, ToSchema)]
+pub struct BatchOut {
     results: Vec<BatchResultOut>,
 }
 
 fn validate(
     m: MessageIn,
+    caller: &Caller,
     header_key: Option<&str>,
     max_payload: usize,
     prefix: &str,
 ) -> Result<NewMessage, ApiError> {
-    let tenant = m.tenant.ok_or_else(|| {
+    let tenant = caller.resolve_tenant(m.tenant).map_err(|mut e| {
+        e.message = format!("{prefix}{}", e.message);
+        e
+    })?;
+    let tenant = tenant.ok_or_else(|| {
         ApiError::unprocessable("missing_field", format!("{prefix}tenant is required"))
     })?;
     outbox::validate_tenant(&tenant)
@@ -124,20 +153,56 @@ fn header_idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError>
     }
 }
 
+/// POST /v1/messages
+#[utoipa::path(
+    post,
+    path = "/v1/messages",
+    tag = "messages",
+    operation_id = "createMessage",
+    summary = "Enqueue one event (scope: produce)",
+    description = "Answers only after the event and one delivery per subscribed endpoint of the \
+        tenant are committed. A repeat of an idempotency key answers 200 with the original ids.",
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "Same as the idempotencyKey field; if both are given they must be equal"),
+    ),
+    request_body(content = MessageIn, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Committed", body = EnqueuedOut),
+        (status = 200, description = "A repeat of a known idempotency key: the original ids; nothing was written", body = EnqueuedOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 408, response = responses::RequestTimeout),
+        (status = 409, response = responses::Conflict),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 414, response = responses::UriTooLong),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, response = responses::Unprocessable),
+        (status = 429, response = responses::TooManyRequests),
+        (status = 431, response = responses::HeadersTooLarge),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn create(
+    caller: Caller,
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    caller.require(Scope::Produce)?;
     require_json(&headers)?;
     let bytes = read_limited(body, state.limits.max_body_bytes).await?;
     let input: MessageIn = parse(&bytes)?;
     let msg = validate(
         input,
+        &caller,
         header_idempotency_key(&headers)?,
         state.limits.max_payload_bytes,
         "",
     )?;
+    state.admit(&[(msg.tenant.as_str(), 1)])?;
     let started = Instant::now();
     let result = state.outbox.enqueue(vec![msg]).await?;
     state
@@ -171,11 +236,43 @@ pub async fn create(
         .into_response())
 }
 
+/// POST /v1/messages/batch
+#[utoipa::path(
+    post,
+    path = "/v1/messages/batch",
+    tag = "messages",
+    operation_id = "createMessageBatch",
+    summary = "Enqueue several events in one transaction (scope: produce)",
+    description = "All messages are committed together or none is. Idempotency keys go in each \
+        message; an Idempotency-Key header is refused (422). Each message counts against the \
+        tenant's rate limit.",
+    request_body(content = BatchIn, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Committed (at least one message was new)", body = BatchOut),
+        (status = 200, description = "Every message repeated a known idempotency key; nothing was written", body = BatchOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 408, response = responses::RequestTimeout),
+        (status = 409, response = responses::Conflict),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 414, response = responses::UriTooLong),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, response = responses::Unprocessable),
+        (status = 429, response = responses::TooManyRequests),
+        (status = 431, response = responses::HeadersTooLarge),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn create_batch(
+    caller: Caller,
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    caller.require(Scope::Produce)?;
     require_json(&headers)?;
     if headers.contains_key("idempotency-key") {
         return Err(ApiError::unprocessable(
@@ -208,12 +305,21 @@ pub async fn create_batch(
         .map(|(i, m)| {
             validate(
                 m,
+                &caller,
                 None,
                 state.limits.max_payload_bytes,
                 &format!("messages[{i}]: "),
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let mut demand: Vec<(&str, u32)> = Vec::new();
+    for m in &messages {
+        match demand.iter_mut().find(|d| d.0 == m.tenant) {
+            Some(d) => d.1 += 1,
+            None => demand.push((&m.tenant, 1)),
+        }
+    }
+    state.admit(&demand)?;
     let started = Instant::now();
     let results = state.outbox.enqueue(messages).await?;
     state
@@ -246,13 +352,29 @@ pub async fn create_batch(
     Ok((status, Json(out)).into_response())
 }
 
-#[derive(Serialize)]
+/// The states of a delivery (schema only; rows carry them as text).
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum DeliveryStatus {
+    Pending,
+    InProgress,
+    Failed,
+    Succeeded,
+    Dead,
+    Cancelled,
+}
+
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeliverySummary {
     pub delivery_id: Uuid,
     pub endpoint_id: Uuid,
+    #[schema(value_type = DeliveryStatus)]
     pub status: String,
+    /// attempts since enqueue or the last replay
     pub attempts: i32,
+    /// when the next attempt is due (pending and failed deliveries only)
     pub next_attempt_at: Option<DateTime<Utc>>,
     pub last_status_code: Option<i32>,
     pub last_error: Option<String>,
@@ -277,24 +399,51 @@ impl From<db::deliveries::DeliveryRow> for DeliverySummary {
     }
 }
 
-#[derive(Serialize)]
+/// An event as stored, with each of its deliveries.
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct MessageOut {
+pub struct MessageOut {
     event_id: Uuid,
     tenant: String,
     event_type: String,
+    /// the payload exactly as it was sent
+    #[schema(schema_with = any_json_but_null)]
     payload: Box<RawValue>,
     idempotency_key: Option<String>,
     created_at: DateTime<Utc>,
     deliveries: Vec<DeliverySummary>,
 }
 
+/// GET /v1/messages/{id}
+#[utoipa::path(
+    get,
+    path = "/v1/messages/{id}",
+    tag = "messages",
+    operation_id = "getMessage",
+    summary = "An event and its deliveries (scope: read)",
+    params(("id" = Uuid, Path, description = "The eventId")),
+    responses(
+        (status = 200, description = "The event", body = MessageOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 408, response = responses::RequestTimeout),
+        (status = 414, response = responses::UriTooLong),
+        (status = 431, response = responses::HeadersTooLarge),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn get(
+    caller: Caller,
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    let id = parse_id(&id, "message")?;
-    let event = db::events::get(&state.pool, id)
+    caller.require(Scope::Read)?;
+    let id = path_id(id, "message")?;
+    let event = db::events::get(&state.pool, id, caller.tenant_scope())
         .await?
         .ok_or_else(|| ApiError::not_found("message"))?;
     let deliveries = db::deliveries::for_event(&state.pool, id).await?;

@@ -1,35 +1,49 @@
 //! The HTTP API: `app(state)` builds the router; `run` serves it until shutdown.
 
 mod body;
+mod caller;
 mod deliveries;
 pub mod error;
+pub mod limits;
 mod messages;
+pub mod openapi;
+pub mod server;
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
+use crate::auth::{AuthMode, Authenticator, ServiceAccounts};
+use crate::config::ApiSettings;
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::outbox::Outbox;
 use error::ApiError;
+use limits::TenantRateLimiter;
 
-/// Request limits (all configurable, see `ApiArgs`).
+/// Request limits (all configurable, see `ApiSettings`).
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_payload_bytes: usize,
     pub max_body_bytes: usize,
     pub max_batch: usize,
     pub max_batch_body_bytes: usize,
+    pub request_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_url_bytes: usize,
 }
 
 #[derive(Clone)]
@@ -39,22 +53,94 @@ pub struct AppState {
     pub notifier: Notifier,
     pub metrics: Metrics,
     pub limits: Limits,
+    pub auth: Authenticator,
+    /// `None`: no per-tenant ingest limit
+    pub rate_limiter: Option<Arc<TenantRateLimiter>>,
+}
+
+impl AppState {
+    /// Starts the ingest pipeline and assembles what the router needs. `kube` is the
+    /// client TokenReviews go through; without one, ServiceAccount tokens are invalid.
+    pub fn start(
+        pool: PgPool,
+        settings: &ApiSettings,
+        kube: Option<kube::Client>,
+        shutdown: CancellationToken,
+    ) -> AppState {
+        let metrics = Metrics::new();
+        let notifier = if settings.notify {
+            Notifier::spawn(pool.clone(), Duration::from_millis(2), shutdown)
+        } else {
+            Notifier::disabled()
+        };
+        let outbox = Outbox::start(
+            pool.clone(),
+            crate::outbox::OutboxConfig {
+                committers: settings.ingest_committers,
+                max_group: settings.ingest_max_group,
+            },
+            notifier.clone(),
+            metrics.clone(),
+        );
+        let auth = match settings.auth {
+            AuthMode::None => Authenticator::disabled(),
+            AuthMode::On => Authenticator::new(
+                pool.clone(),
+                kube.map(|c| ServiceAccounts::new(c, settings.service_account_policy())),
+            ),
+        };
+        AppState {
+            pool,
+            outbox,
+            notifier,
+            metrics,
+            limits: settings.limits(),
+            auth,
+            rate_limiter: settings
+                .tenant_rate_limit
+                .map(|r| Arc::new(TenantRateLimiter::new(r))),
+        }
+    }
+
+    /// Admits `demand` (events per tenant) under the per-tenant rate limit, or 429.
+    pub(crate) fn admit(&self, demand: &[(&str, u32)]) -> Result<(), ApiError> {
+        let Some(limiter) = &self.rate_limiter else {
+            return Ok(());
+        };
+        limiter
+            .admit(demand, Instant::now())
+            .map_err(|(tenant, wait)| {
+                let events: u32 = demand.iter().map(|d| d.1).sum();
+                self.metrics.rate_limited_events.inc_by(u64::from(events));
+                ApiError::rate_limited(tenant, wait)
+            })
+    }
+}
+
+/// Every documented route, with its OpenAPI description, from the same `routes!` calls.
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(messages::create))
+        .routes(routes!(messages::create_batch))
+        .routes(routes!(messages::get))
+        .routes(routes!(deliveries::get))
+        .routes(routes!(deliveries::replay))
+        .routes(routes!(deliveries::replay_endpoint))
+        .routes(routes!(deliveries::dead_letters))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi::openapi_json))
 }
 
 pub fn app(state: AppState) -> Router {
-    let v1 = Router::new()
-        .route("/v1/messages", post(messages::create))
-        .route("/v1/messages/batch", post(messages::create_batch))
-        .route("/v1/messages/{id}", get(messages::get))
-        .route("/v1/deliveries/{id}", get(deliveries::get))
-        .route("/v1/deliveries/{id}/replay", post(deliveries::replay))
-        .route(
-            "/v1/endpoints/{id}/replay",
-            post(deliveries::replay_endpoint),
-        )
-        .route("/v1/dead-letters", get(deliveries::dead_letters));
-    v1.merge(health_routes())
+    let (router, _) = routes().split_for_parts();
+    router
         .fallback(|| async { ApiError::not_found("route") })
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            limits::enforce,
+        ))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             count_requests,
@@ -62,7 +148,7 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// `/healthz`, `/readyz` and `/metrics`, shared by every component that serves HTTP.
+/// `/healthz`, `/readyz` and `/metrics` for components other than the API.
 pub fn health_routes<S>() -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
@@ -70,7 +156,7 @@ where
     PgPool: axum::extract::FromRef<S>,
 {
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
 }
@@ -87,6 +173,41 @@ impl axum::extract::FromRef<AppState> for PgPool {
     }
 }
 
+/// GET /healthz
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    operation_id = "healthz",
+    summary = "Liveness: the process serves requests",
+    security(()),
+    responses(
+        (status = 200, description = "`ok`", content_type = "text/plain", body = String),
+        (status = 408, response = openapi::responses::RequestTimeout),
+        (status = 414, response = openapi::responses::UriTooLong),
+        (status = 431, response = openapi::responses::HeadersTooLarge),
+    )
+)]
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// GET /readyz
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    operation_id = "readyz",
+    summary = "Readiness: the database is reachable",
+    security(()),
+    responses(
+        (status = 200, description = "`ready`", content_type = "text/plain", body = String),
+        (status = 408, response = openapi::responses::RequestTimeout),
+        (status = 414, response = openapi::responses::UriTooLong),
+        (status = 431, response = openapi::responses::HeadersTooLarge),
+        (status = 503, response = openapi::responses::Unavailable),
+    )
+)]
 async fn readyz(State(pool): State<PgPool>) -> Response {
     match tokio::time::timeout(Duration::from_secs(2), crate::db::ping(&pool)).await {
         Ok(Ok(())) => "ready".into_response(),
@@ -94,6 +215,21 @@ async fn readyz(State(pool): State<PgPool>) -> Response {
     }
 }
 
+/// GET /metrics
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    operation_id = "metrics",
+    summary = "Prometheus metrics (OpenMetrics text)",
+    security(()),
+    responses(
+        (status = 200, description = "OpenMetrics text exposition", content_type = "application/openmetrics-text", body = String),
+        (status = 408, response = openapi::responses::RequestTimeout),
+        (status = 414, response = openapi::responses::UriTooLong),
+        (status = 431, response = openapi::responses::HeadersTooLarge),
+    )
+)]
 async fn metrics(State(m): State<Metrics>) -> Response {
     (
         [(
@@ -129,17 +265,24 @@ async fn count_requests(State(state): State<AppState>, req: Request, next: Next)
     resp
 }
 
-pub(crate) fn parse_id(raw: &str, what: &str) -> Result<Uuid, ApiError> {
-    raw.parse::<Uuid>().map_err(|_| {
+/// The `{id}` of a path: 400 (JSON) when it is not a UUID or not even valid UTF-8.
+pub(crate) fn path_id(
+    raw: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
+    what: &str,
+) -> Result<Uuid, ApiError> {
+    let invalid = |shown: &str| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_id",
-            format!("{what} id {raw:?} is not a UUID"),
+            format!("{what} id {shown:?} is not a UUID"),
         )
-    })
+    };
+    let axum::extract::Path(raw) = raw.map_err(|_| invalid("(undecodable)"))?;
+    raw.parse::<Uuid>().map_err(|_| invalid(&raw))
 }
 
 /// Serves `router` on `listen` until `shutdown` fires, then finishes in-flight requests.
+/// For the health listeners of other components; the API itself uses `server`.
 pub async fn serve(
     listen: SocketAddr,
     router: Router,
@@ -160,35 +303,25 @@ pub async fn serve_on(
         .await
 }
 
-/// `hookd api`: the ingest pipeline plus the router, until `shutdown`.
+/// `hookd api`: the ingest pipeline, authentication and the router, until `shutdown`.
 pub async fn run(
     pool: PgPool,
-    settings: crate::config::ApiSettings,
+    settings: ApiSettings,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let metrics = Metrics::new();
-    let notifier = if settings.notify {
-        Notifier::spawn(pool.clone(), Duration::from_millis(2), shutdown.clone())
-    } else {
-        Notifier::disabled()
+    let kube = match settings.auth {
+        AuthMode::On => crate::auth::service_account::client_from_environment().await,
+        AuthMode::None => {
+            tracing::warn!(
+                "HOOKD_AUTH=none: authentication is OFF; any caller can enqueue, read and replay for any tenant. Use this only for local runs"
+            );
+            None
+        }
     };
-    let outbox = Outbox::start(
-        pool.clone(),
-        crate::outbox::OutboxConfig {
-            committers: settings.ingest_committers,
-            max_group: settings.ingest_max_group,
-        },
-        notifier.clone(),
-        metrics.clone(),
-    );
-    let state = AppState {
-        pool,
-        outbox,
-        notifier,
-        metrics,
-        limits: settings.limits(),
-    };
-    serve(settings.listen, app(state), shutdown).await?;
+    let state = AppState::start(pool, &settings, kube, shutdown.clone());
+    let listener = tokio::net::TcpListener::bind(settings.listen).await?;
+    tracing::info!(listen = %settings.listen, "listening");
+    server::serve_api_on(listener, app(state), settings.listener_limits(), shutdown).await?;
     Ok(())
 }
 

@@ -364,23 +364,30 @@ pub async fn replay(
     })
 }
 
-/// Replays an endpoint's deliveries created in [since, until) whose status is one of
-/// `statuses`, skipping leased ones; at most `limit` per call. Returns (replayed, skipped
+/// Replays an endpoint's deliveries created in [since, until) (either end open when
+/// `None`) whose status is one of `statuses`, skipping leased ones; at most `limit` per
+/// call. `tenant` confines it to that tenant's deliveries (an endpoint whose tenant was
+/// changed keeps its older deliveries under the old one). Returns (replayed, skipped
 /// because leased).
 pub async fn replay_endpoint(
     pool: &PgPool,
     endpoint_id: Uuid,
-    since: DateTime<Utc>,
-    until: DateTime<Utc>,
+    since: Option<DateTime<Utc>>,
+    until: Option<DateTime<Utc>>,
     statuses: &[String],
     limit: i64,
+    tenant: Option<&str>,
 ) -> Result<(i64, i64), DbError> {
     let row: (i64, i64) = sqlx::query_as(
         r#"
         WITH target AS (
             SELECT id, status = 'in_progress' AND visible_at > now() AS leased
             FROM hookd.deliveries
-            WHERE endpoint_id = $1 AND created_at >= $2 AND created_at < $3 AND status = ANY($4)
+            WHERE endpoint_id = $1
+              AND ($2::timestamptz IS NULL OR created_at >= $2)
+              AND ($3::timestamptz IS NULL OR created_at < $3)
+              AND status = ANY($4)
+              AND ($6::text IS NULL OR tenant = $6)
             ORDER BY created_at
             LIMIT $5
             FOR UPDATE SKIP LOCKED
@@ -401,6 +408,7 @@ pub async fn replay_endpoint(
     .bind(until)
     .bind(statuses)
     .bind(limit)
+    .bind(tenant)
     .fetch_one(pool)
     .await?;
     Ok(row)
@@ -422,13 +430,19 @@ pub struct DeliveryRow {
     pub completed_at: Option<DateTime<Utc>>,
 }
 
-pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<DeliveryRow>, DbError> {
+/// The delivery with this id; with `tenant` set, only if it is that tenant's.
+pub async fn get(
+    pool: &PgPool,
+    id: Uuid,
+    tenant: Option<&str>,
+) -> Result<Option<DeliveryRow>, DbError> {
     Ok(sqlx::query_as::<_, DeliveryRow>(
         "SELECT id, event_id, endpoint_id, tenant, status, attempts, visible_at, last_status_code,
                 last_error, created_at, updated_at, completed_at
-         FROM hookd.deliveries WHERE id = $1",
+         FROM hookd.deliveries WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)",
     )
     .bind(id)
+    .bind(tenant)
     .fetch_optional(pool)
     .await?)
 }

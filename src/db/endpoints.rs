@@ -254,12 +254,19 @@ pub struct EndpointRow {
     pub circuit_open_until: Option<DateTime<Utc>>,
 }
 
-pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<EndpointRow>, DbError> {
+/// The endpoint with this id; with `tenant` set, only if it belongs to that tenant (another
+/// tenant's endpoint is as absent as an unknown id).
+pub async fn get(
+    pool: &PgPool,
+    id: Uuid,
+    tenant: Option<&str>,
+) -> Result<Option<EndpointRow>, DbError> {
     Ok(sqlx::query_as::<_, EndpointRow>(
         "SELECT id, tenant, k8s_namespace, k8s_name, url, event_types, state, state_reason, circuit_state, circuit_failures, circuit_open_until
-         FROM hookd.endpoints WHERE id = $1",
+         FROM hookd.endpoints WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)",
     )
     .bind(id)
+    .bind(tenant)
     .fetch_optional(pool)
     .await?)
 }

@@ -129,11 +129,18 @@ pub struct EventRow {
     pub created_at: DateTime<Utc>,
 }
 
-pub async fn get(pool: &PgPool, id: Uuid) -> Result<Option<EventRow>, DbError> {
+/// The event with this id; with `tenant` set, only if it is that tenant's.
+pub async fn get(
+    pool: &PgPool,
+    id: Uuid,
+    tenant: Option<&str>,
+) -> Result<Option<EventRow>, DbError> {
     Ok(sqlx::query_as::<_, EventRow>(
-        "SELECT id, tenant, event_type, payload, idempotency_key, created_at FROM hookd.events WHERE id = $1",
+        "SELECT id, tenant, event_type, payload, idempotency_key, created_at FROM hookd.events
+         WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)",
     )
     .bind(id)
+    .bind(tenant)
     .fetch_optional(pool)
     .await?)
 }

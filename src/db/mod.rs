@@ -8,6 +8,7 @@ pub mod endpoints;
 pub mod events;
 pub mod retention;
 pub mod secrets;
+pub mod tokens;
 
 use std::time::Duration;
 

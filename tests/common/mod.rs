@@ -3,7 +3,7 @@
 //! Standard Webhooks verifier, and condition waits (no fixed sleeps).
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -13,6 +13,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use hookd::auth::{AuthMode, Scope};
 use hookd::config::{ApiSettings, DispatchSettings};
 use hookd::k8s::crd::{SecretKeyRef, WebhookEndpoint, WebhookEndpointSpec};
 use hookd::k8s::sync;
@@ -218,12 +219,45 @@ pub fn api_settings() -> ApiSettings {
         ingest_committers: 4,
         ingest_max_group: 256,
         notify: true,
+        auth: AuthMode::On,
+        auth_sa_scopes: vec![Scope::Produce, Scope::Read],
+        auth_namespace_tenants: Default::default(),
+        tenant_rate_limit: None,
+        api_request_timeout_secs: 30,
+        api_header_timeout_secs: 20,
+        api_max_connections: 4096,
+        api_max_header_bytes: 16 * 1024,
+        api_max_url_bytes: 4096,
     }
 }
 
+/// The tenant whose token `TestApi::get` and `post` use when the request names none.
+pub const DEFAULT_TENANT: &str = "team-a";
+
+/// A static API token with `scopes`, straight through the code `hookd token create` runs.
+pub async fn mint_token(pool: &PgPool, tenant: &str, scopes: &[Scope]) -> String {
+    hookd::auth::tokens::create(
+        pool,
+        &hookd::auth::tokens::TokenRequest {
+            tenant: tenant.into(),
+            scopes: scopes.to_vec(),
+            name: Some("test".into()),
+            expires_at: None,
+        },
+    )
+    .await
+    .unwrap()
+    .token
+}
+
+/// The API with real authentication: requests carry real static tokens, minted on first
+/// use per tenant (every scope) unless the test passes its own.
 pub struct TestApi {
     pub base: String,
     pub client: reqwest::Client,
+    pool: PgPool,
+    auth: bool,
+    tokens: Mutex<HashMap<String, String>>,
     shutdown: CancellationToken,
 }
 
@@ -239,75 +273,93 @@ impl TestApi {
     }
 
     pub async fn start_with(pool: &PgPool, settings: ApiSettings) -> TestApi {
+        Self::start_with_kube(pool, settings, None).await
+    }
+
+    /// With a Kubernetes client for TokenReviews (a tower_test mock in the tests).
+    pub async fn start_with_kube(
+        pool: &PgPool,
+        settings: ApiSettings,
+        kube: Option<kube::Client>,
+    ) -> TestApi {
         init();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
-        let metrics = hookd::metrics::Metrics::new();
-        let notifier = hookd::notify::Notifier::spawn(
-            pool.clone(),
-            Duration::from_millis(2),
-            shutdown.clone(),
-        );
-        let outbox = hookd::outbox::Outbox::start(
-            pool.clone(),
-            hookd::outbox::OutboxConfig {
-                committers: settings.ingest_committers,
-                max_group: settings.ingest_max_group,
-            },
-            notifier.clone(),
-            metrics.clone(),
-        );
-        let state = hookd::api::AppState {
-            pool: pool.clone(),
-            outbox,
-            notifier,
-            metrics,
-            limits: settings.limits(),
-        };
-        tokio::spawn(hookd::api::serve_on(
+        let state = hookd::api::AppState::start(pool.clone(), &settings, kube, shutdown.clone());
+        tokio::spawn(hookd::api::server::serve_api_on(
             listener,
             hookd::api::app(state),
+            settings.listener_limits(),
             shutdown.clone(),
         ));
         TestApi {
             base: format!("http://{addr}"),
             client: reqwest::Client::new(),
+            pool: pool.clone(),
+            auth: settings.auth == AuthMode::On,
+            tokens: Mutex::new(HashMap::new()),
             shutdown,
         }
     }
 
-    /// POST JSON text (sent byte for byte) and return (status, parsed body).
-    pub async fn post(&self, path: &str, body: &str) -> (StatusCode, serde_json::Value) {
-        let r = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
-        let status = StatusCode::from_u16(r.status().as_u16()).unwrap();
-        let text = r.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
-        )
+    /// The every-scope token of `tenant` (minted once per tenant).
+    pub async fn token_for(&self, tenant: &str) -> String {
+        if let Some(t) = self.tokens.lock().unwrap().get(tenant) {
+            return t.clone();
+        }
+        let t = mint_token(&self.pool, tenant, &Scope::ALL).await;
+        self.tokens
+            .lock()
+            .unwrap()
+            .entry(tenant.to_string())
+            .or_insert(t)
+            .clone()
     }
 
-    pub async fn get(&self, path: &str) -> (StatusCode, serde_json::Value) {
+    /// A request to `path` authenticated as `tenant` (nothing added when auth is off).
+    pub async fn request_as(
+        &self,
+        tenant: &str,
+        method: reqwest::Method,
+        path: &str,
+    ) -> reqwest::RequestBuilder {
+        let req = self.client.request(method, format!("{}{path}", self.base));
+        if self.auth {
+            req.bearer_auth(self.token_for(tenant).await)
+        } else {
+            req
+        }
+    }
+
+    /// POST JSON text (sent byte for byte) as the tenant the body names (the first
+    /// message's, for a batch; `DEFAULT_TENANT` if none), and return (status, parsed body).
+    pub async fn post(&self, path: &str, body: &str) -> (StatusCode, serde_json::Value) {
+        let tenant = body_tenant(body).unwrap_or_else(|| DEFAULT_TENANT.to_string());
+        self.post_as(&tenant, path, body).await
+    }
+
+    pub async fn post_as(
+        &self,
+        tenant: &str,
+        path: &str,
+        body: &str,
+    ) -> (StatusCode, serde_json::Value) {
         let r = self
-            .client
-            .get(format!("{}{path}", self.base))
-            .send()
+            .request_as(tenant, reqwest::Method::POST, path)
             .await
-            .unwrap();
-        let status = StatusCode::from_u16(r.status().as_u16()).unwrap();
-        let text = r.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
-        )
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        send(r).await
+    }
+
+    /// GET as `DEFAULT_TENANT`.
+    pub async fn get(&self, path: &str) -> (StatusCode, serde_json::Value) {
+        self.get_as(DEFAULT_TENANT, path).await
+    }
+
+    pub async fn get_as(&self, tenant: &str, path: &str) -> (StatusCode, serde_json::Value) {
+        send(self.request_as(tenant, reqwest::Method::GET, path).await).await
     }
 
     /// Enqueues one message and returns (eventId, deliveryIds); panics unless 201.
@@ -323,6 +375,26 @@ impl TestApi {
         assert_eq!(status, StatusCode::CREATED, "{v}");
         ids(&v)
     }
+}
+
+/// The tenant a message or batch body names, if it is JSON and names one.
+fn body_tenant(body: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    let t = v
+        .get("tenant")
+        .or_else(|| v.get("messages")?.get(0)?.get("tenant"))?;
+    t.as_str().map(str::to_owned)
+}
+
+/// Sends and returns (status, body parsed as JSON, or as a JSON string if it is not JSON).
+pub async fn send(req: reqwest::RequestBuilder) -> (StatusCode, serde_json::Value) {
+    let r = req.send().await.unwrap();
+    let status = StatusCode::from_u16(r.status().as_u16()).unwrap();
+    let text = r.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
 }
 
 pub fn ids(v: &serde_json::Value) -> (Uuid, Vec<Uuid>) {

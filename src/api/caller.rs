@@ -1,0 +1,76 @@
+//! The caller of a `/v1` request, as every handler's first extractor: authentication runs
+//! before anything of the request body is read, so an unauthenticated client learns
+//! nothing from validation errors and costs no parsing.
+
+use axum::extract::FromRequestParts;
+use axum::http::header;
+use axum::http::request::Parts;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::auth::{AuthError, Principal, Scope};
+
+/// `Anonymous` only when authentication is off (`HOOKD_AUTH=none`).
+#[derive(Debug, Clone)]
+pub enum Caller {
+    Anonymous,
+    Authenticated(Principal),
+}
+
+impl Caller {
+    /// 403 unless the credential carries `scope`.
+    pub fn require(&self, scope: Scope) -> Result<(), ApiError> {
+        match self {
+            Caller::Authenticated(p) if !p.has(scope) => Err(ApiError::insufficient_scope(scope)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The tenant reads and replays are confined to; `None` (every tenant) only when
+    /// authentication is off.
+    pub fn tenant_scope(&self) -> Option<&str> {
+        match self {
+            Caller::Anonymous => None,
+            Caller::Authenticated(p) => Some(&p.tenant),
+        }
+    }
+
+    /// The tenant a write or query acts for: the credential's, which a tenant named in the
+    /// request may repeat but not change (403). Without authentication, the named one.
+    pub fn resolve_tenant(&self, named: Option<String>) -> Result<Option<String>, ApiError> {
+        match (self, named) {
+            (Caller::Anonymous, named) => Ok(named),
+            (Caller::Authenticated(p), Some(n)) if n != p.tenant => {
+                Err(ApiError::tenant_mismatch(&p.tenant, &n))
+            }
+            (Caller::Authenticated(p), _) => Ok(Some(p.tenant.clone())),
+        }
+    }
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        match state
+            .auth
+            .authenticate(parts.headers.get(header::AUTHORIZATION))
+            .await
+        {
+            Ok(None) => Ok(Caller::Anonymous),
+            Ok(Some(p)) => {
+                tracing::trace!(subject = %p.subject, tenant = %p.tenant, "authenticated");
+                Ok(Caller::Authenticated(p))
+            }
+            Err(e) => {
+                let reason = match &e {
+                    AuthError::Missing => "missing",
+                    AuthError::Invalid => "invalid",
+                    AuthError::Unavailable(_) => "unavailable",
+                };
+                state.metrics.count_auth_failure(reason);
+                Err(e.into())
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! The OpenAPI 3.1 document, generated from the handlers' `#[utoipa::path]` attributes and
+//! the request/response types. The router and the document are built from the same
+//! `routes!` calls (see `api::routes`), so a route cannot be served without being
+//! documented, or documented without being served.
+
+use std::sync::LazyLock;
+
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use super::error::{ErrorBody, ErrorDetail};
+
+/// The name of the bearer security scheme every `/v1` operation requires.
+pub const BEARER: &str = "bearer";
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "hookd",
+        description = "Webhook gateway on the transactional outbox pattern. Every /v1 route \
+            needs `Authorization: Bearer <token>`: a static API token (`hookd_…`, made by \
+            `hookd token create`) or a Kubernetes ServiceAccount token with audience `hookd`. \
+            The tenant comes from the credential. Errors are `{\"error\": {\"code\", \"message\"}}`.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0"),
+    ),
+    components(
+        schemas(ErrorBody, ErrorDetail),
+        responses(
+            responses::BadRequest,
+            responses::Unauthorized,
+            responses::Forbidden,
+            responses::NotFound,
+            responses::RequestTimeout,
+            responses::Conflict,
+            responses::PayloadTooLarge,
+            responses::UriTooLong,
+            responses::UnsupportedMediaType,
+            responses::Unprocessable,
+            responses::TooManyRequests,
+            responses::HeadersTooLarge,
+            responses::Internal,
+            responses::Unavailable,
+        )
+    ),
+    modifiers(&BearerScheme),
+    tags(
+        (name = "messages", description = "Enqueue events and read them back"),
+        (name = "deliveries", description = "Inspect, replay and dead-letter deliveries"),
+        (name = "operations", description = "Health, readiness, metrics and this document"),
+    )
+)]
+pub struct ApiDoc;
+
+struct BearerScheme;
+
+impl Modify for BearerScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        openapi
+            .components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme(
+            BEARER,
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format(
+                        "hookd_ API token, or Kubernetes ServiceAccount JWT with audience hookd",
+                    )
+                    .description(Some(
+                        "Missing or invalid: 401 with WWW-Authenticate. Valid but lacking the \
+                         route's scope (produce, read or operate), or naming another tenant: 403.",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// Schema of a payload: any JSON value except null (stored and sent byte for byte).
+pub fn any_json_but_null() -> utoipa::openapi::schema::Object {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::Array(vec![
+            Type::Object,
+            Type::Array,
+            Type::String,
+            Type::Number,
+            Type::Boolean,
+        ]))
+        .description(Some(
+            "Any JSON value except null, kept byte for byte (key order, whitespace, big numbers)",
+        ))
+        .build()
+}
+
+/// The whole document (built once; `GET /openapi.json` serves these bytes).
+pub fn document() -> utoipa::openapi::OpenApi {
+    super::routes().split_for_parts().1
+}
+
+static DOCUMENT_JSON: LazyLock<String> = LazyLock::new(|| {
+    document()
+        .to_json()
+        .expect("the OpenAPI document serializes")
+});
+
+/// GET /openapi.json
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operations",
+    operation_id = "openapi",
+    summary = "This OpenAPI 3.1 document",
+    security(()),
+    responses(
+        (status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json", body = Object),
+        (status = 408, response = responses::RequestTimeout),
+        (status = 414, response = responses::UriTooLong),
+        (status = 431, response = responses::HeadersTooLarge),
+    )
+)]
+pub async fn openapi_json() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        DOCUMENT_JSON.as_str(),
+    )
+        .into_response()
+}
+
+/// Reusable error responses. The types exist for the document only.
+#[allow(dead_code)]
+pub mod responses {
+    use utoipa::ToResponse;
+
+    use super::ErrorBody;
+
+    /// Malformed JSON (`malformed_json`), or an id that is not a UUID (`invalid_id`)
+    #[derive(ToResponse)]
+    pub struct BadRequest(ErrorBody);
+
+    /// No credential (`unauthenticated`), or one that is malformed, unknown, revoked or
+    /// expired (`invalid_credential`)
+    #[derive(ToResponse)]
+    #[response(headers(("WWW-Authenticate" = String, description = "`Bearer realm=\"hookd\"`, with `error=\"invalid_token\"` for a bad credential")))]
+    pub struct Unauthorized(ErrorBody);
+
+    /// The credential lacks this route's scope (`insufficient_scope`), or the request names
+    /// a tenant other than the credential's (`tenant_mismatch`)
+    #[derive(ToResponse)]
+    #[response(headers(("WWW-Authenticate" = String, description = "`Bearer error=\"insufficient_scope\", scope=\"…\"` when a scope is missing")))]
+    pub struct Forbidden(ErrorBody);
+
+    /// No such object for the caller's tenant; another tenant's object gets this same answer
+    #[derive(ToResponse)]
+    pub struct NotFound(ErrorBody);
+
+    /// The request, body upload included, took longer than HOOKD_API_REQUEST_TIMEOUT_SECS
+    /// (`request_timeout`)
+    #[derive(ToResponse)]
+    pub struct RequestTimeout(ErrorBody);
+
+    /// The idempotency key was used with other content (`idempotency_key_conflict`), or a
+    /// dispatcher is sending the delivery right now (`delivery_leased`)
+    #[derive(ToResponse)]
+    pub struct Conflict(ErrorBody);
+
+    /// The body or a payload is over its limit (`body_too_large`, `payload_too_large`)
+    #[derive(ToResponse)]
+    pub struct PayloadTooLarge(ErrorBody);
+
+    /// The request target is longer than HOOKD_API_MAX_URL_BYTES (`uri_too_long`)
+    #[derive(ToResponse)]
+    pub struct UriTooLong(ErrorBody);
+
+    /// The body is not `application/json` (`unsupported_media_type`)
+    #[derive(ToResponse)]
+    pub struct UnsupportedMediaType(ErrorBody);
+
+    /// A field or parameter is missing, unknown or invalid
+    #[derive(ToResponse)]
+    pub struct Unprocessable(ErrorBody);
+
+    /// The tenant is over HOOKD_TENANT_RATE_LIMIT (`rate_limited`); nothing was written
+    #[derive(ToResponse)]
+    #[response(headers(("Retry-After" = u64, description = "seconds to wait")))]
+    pub struct TooManyRequests(ErrorBody);
+
+    /// The request headers are larger than HOOKD_API_MAX_HEADER_BYTES (`headers_too_large`)
+    #[derive(ToResponse)]
+    pub struct HeadersTooLarge(ErrorBody);
+
+    /// An unexpected error (`internal`); nothing was written
+    #[derive(ToResponse)]
+    pub struct Internal(ErrorBody);
+
+    /// The database or the Kubernetes API server (for ServiceAccount tokens) is unreachable
+    /// (`database_unavailable`, `auth_unavailable`, `shutting_down`); never a 2xx
+    #[derive(ToResponse)]
+    #[response(headers(("Retry-After" = u64, description = "seconds to wait")))]
+    pub struct Unavailable(ErrorBody);
+}

@@ -1,0 +1,234 @@
+//! Who is calling, for which tenant, with which scopes.
+//!
+//! Two kinds of credential travel as `Authorization: Bearer <token>`:
+//! - static API tokens (`hookd_…`, made by `hookd token create`), checked against their
+//!   SHA-256 in Postgres ([`tokens`]);
+//! - Kubernetes ServiceAccount tokens with audience `hookd`, checked with a TokenReview
+//!   ([`service_account`]).
+//!
+//! The prefix decides which verifier sees a token, so a static token is never sent to the
+//! Kubernetes API server and a ServiceAccount token never touches the token table.
+//! Nothing here logs, returns or counts a token: only a token's id or the ServiceAccount's
+//! name ever appear.
+
+mod cache;
+pub mod cli;
+pub mod service_account;
+pub mod tokens;
+
+use std::sync::Arc;
+
+use axum::http::HeaderValue;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+pub use service_account::ServiceAccounts;
+pub use tokens::StaticTokens;
+
+/// What a credential may do. Each route needs exactly one.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// POST /v1/messages and /v1/messages/batch
+    Produce,
+    /// GET /v1/messages/{id}, /v1/deliveries/{id}, /v1/dead-letters
+    Read,
+    /// POST /v1/deliveries/{id}/replay and /v1/endpoints/{id}/replay
+    Operate,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 3] = [Scope::Produce, Scope::Read, Scope::Operate];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Produce => "produce",
+            Scope::Read => "read",
+            Scope::Operate => "operate",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Scope> {
+        Scope::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether `/v1` requests need a credential (`HOOKD_AUTH`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuthMode {
+    /// Every /v1 request needs a credential; the tenant comes from it.
+    On,
+    /// No authentication: the tenant comes from the request body. Local runs only.
+    None,
+}
+
+/// Who a valid credential belongs to (never the credential itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subject {
+    Token { id: Uuid },
+    ServiceAccount { namespace: String, name: String },
+}
+
+impl std::fmt::Display for Subject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Subject::Token { id } => write!(f, "token {id}"),
+            Subject::ServiceAccount { namespace, name } => {
+                write!(f, "serviceaccount {namespace}/{name}")
+            }
+        }
+    }
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub tenant: String,
+    pub scopes: Vec<Scope>,
+    pub subject: Subject,
+}
+
+impl Principal {
+    pub fn has(&self, scope: Scope) -> bool {
+        self.scopes.contains(&scope)
+    }
+}
+
+/// Why a request is not authenticated. The strings are for logs; clients get the fixed
+/// texts of `api::error`.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("no Authorization: Bearer credential")]
+    Missing,
+    #[error("invalid credential")]
+    Invalid,
+    /// The credential could not be checked (database or Kubernetes API server down or
+    /// refusing us). Never treated as valid, and never as invalid either: the caller may
+    /// well be legitimate, so this is a 503 to retry, not a 401 to give up on.
+    #[error("credentials cannot be checked right now: {0}")]
+    Unavailable(String),
+}
+
+/// Longest credential accepted; a projected ServiceAccount token is about 1 KiB.
+const MAX_TOKEN_LEN: usize = 8 * 1024;
+
+/// The token from an `Authorization: Bearer <token>` header value.
+pub fn bearer_token(header: Option<&HeaderValue>) -> Result<&str, AuthError> {
+    let value = header.ok_or(AuthError::Missing)?;
+    let value = value.to_str().map_err(|_| AuthError::Invalid)?;
+    let (scheme, token) = value.split_once(' ').ok_or(AuthError::Invalid)?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(AuthError::Invalid);
+    }
+    let token = token.trim();
+    if token.is_empty()
+        || token.len() > MAX_TOKEN_LEN
+        || !token.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(AuthError::Invalid);
+    }
+    Ok(token)
+}
+
+/// The verifiers of one API process. Cheap to clone.
+#[derive(Clone)]
+pub struct Authenticator {
+    /// `None`: authentication is off (`HOOKD_AUTH=none`).
+    inner: Option<Arc<Verifiers>>,
+}
+
+struct Verifiers {
+    tokens: StaticTokens,
+    /// `None` when no cluster is configured: ServiceAccount tokens are then invalid.
+    service_accounts: Option<ServiceAccounts>,
+}
+
+impl Authenticator {
+    /// Authentication off: every request is anonymous and names its tenant itself.
+    pub fn disabled() -> Self {
+        Authenticator { inner: None }
+    }
+
+    pub fn new(pool: PgPool, service_accounts: Option<ServiceAccounts>) -> Self {
+        Authenticator {
+            inner: Some(Arc::new(Verifiers {
+                tokens: StaticTokens::new(pool),
+                service_accounts,
+            })),
+        }
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.inner.is_some()
+    }
+
+    /// Checks the request's credential. `Ok(None)` when authentication is off.
+    pub async fn authenticate(
+        &self,
+        authorization: Option<&HeaderValue>,
+    ) -> Result<Option<Principal>, AuthError> {
+        let Some(v) = &self.inner else {
+            return Ok(None);
+        };
+        let token = bearer_token(authorization)?;
+        let principal = if tokens::is_static_token(token) {
+            v.tokens.verify(token).await?
+        } else {
+            match &v.service_accounts {
+                Some(sa) => sa.verify(token).await?,
+                None => return Err(AuthError::Invalid),
+            }
+        };
+        Ok(Some(principal))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_header_parsing() {
+        let h = |s: &str| HeaderValue::from_str(s).unwrap();
+        assert!(matches!(bearer_token(None), Err(AuthError::Missing)));
+        assert_eq!(bearer_token(Some(&h("Bearer abc"))).unwrap(), "abc");
+        assert_eq!(bearer_token(Some(&h("bearer  abc "))).unwrap(), "abc");
+        for bad in ["Basic abc", "Bearer", "Bearer ", "abc", "Bearer a b"] {
+            assert!(
+                matches!(bearer_token(Some(&h(bad))), Err(AuthError::Invalid)),
+                "{bad}"
+            );
+        }
+        let long = format!("Bearer {}", "a".repeat(MAX_TOKEN_LEN + 1));
+        assert!(matches!(
+            bearer_token(Some(&h(&long))),
+            Err(AuthError::Invalid)
+        ));
+    }
+
+    #[test]
+    fn scopes_round_trip() {
+        for s in Scope::ALL {
+            assert_eq!(Scope::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(Scope::parse("admin"), None);
+    }
+}

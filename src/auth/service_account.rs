@@ -1,0 +1,277 @@
+//! Kubernetes ServiceAccount tokens: a pod presents its projected token (audience
+//! `hookd`); the API asks the Kubernetes API server about it with a TokenReview and maps
+//! the ServiceAccount to a tenant.
+//!
+//! Tenant mapping: the ServiceAccount's namespace, unless the operator's
+//! `HOOKD_AUTH_NAMESPACE_TENANTS` (`namespace=tenant,…`) says otherwise. The mapping lives
+//! in hookd's own configuration on purpose: a namespace annotation or label would need
+//! read access to namespaces, and in many multi-tenant clusters the tenants themselves
+//! can edit their namespace's metadata, which would let them claim another tenant.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use kube::api::PostParams;
+
+use super::cache::TtlCache;
+use super::{AuthError, Principal, Scope, Subject};
+
+/// The audience a token must be issued for (`serviceAccountToken.audience` in the pod's
+/// projected volume). Tokens for other audiences, including the API server's own default
+/// token, are refused: a token made for another service must not be replayable here.
+pub const AUDIENCE: &str = "hookd";
+
+/// Every Kubernetes API permission `hookd api` needs, as (apiGroup, resource, verbs):
+/// the install kit's ClusterRole for the API's ServiceAccount grants exactly these.
+pub const API_RBAC: &[(&str, &str, &[&str])] =
+    &[("authentication.k8s.io", "tokenreviews", &["create"])];
+
+/// How long a positive TokenReview is reused (never past the token's own `exp`). A deleted
+/// ServiceAccount's token keeps working this long; Kubernetes' own webhook token
+/// authenticator caches for 2 minutes by default.
+pub const POSITIVE_TTL: Duration = Duration::from_secs(30);
+/// How long a refusal is reused, so a client looping on a bad token costs the API server
+/// one review per few seconds, not one per request.
+pub const NEGATIVE_TTL: Duration = Duration::from_secs(5);
+/// A TokenReview slower than this is treated as the API server being unreachable (503).
+pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
+const CACHE_MAX_ENTRIES: usize = 10_000;
+
+/// `namespace=tenant` overrides of the default mapping (`HOOKD_AUTH_NAMESPACE_TENANTS`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NamespaceTenants(pub HashMap<String, String>);
+
+impl FromStr for NamespaceTenants {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut map = HashMap::new();
+        for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (ns, tenant) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?} is not namespace=tenant"))?;
+            let (ns, tenant) = (ns.trim(), tenant.trim());
+            if ns.is_empty() {
+                return Err(format!("{pair:?} has an empty namespace"));
+            }
+            crate::outbox::validate_tenant(tenant)?;
+            if map.insert(ns.to_string(), tenant.to_string()).is_some() {
+                return Err(format!("namespace {ns:?} is mapped twice"));
+            }
+        }
+        Ok(NamespaceTenants(map))
+    }
+}
+
+/// What ServiceAccount callers are allowed.
+#[derive(Debug, Clone)]
+pub struct ServiceAccountPolicy {
+    /// scopes every ServiceAccount caller gets (`HOOKD_AUTH_SA_SCOPES`)
+    pub scopes: Vec<Scope>,
+    pub namespace_tenants: NamespaceTenants,
+}
+
+impl ServiceAccountPolicy {
+    /// The principal for an authenticated Kubernetes username, if it is a ServiceAccount.
+    pub fn principal_for(&self, username: &str) -> Option<Principal> {
+        let rest = username.strip_prefix("system:serviceaccount:")?;
+        let (namespace, name) = rest.split_once(':')?;
+        if namespace.is_empty() || name.is_empty() || name.contains(':') {
+            return None;
+        }
+        let tenant = self
+            .namespace_tenants
+            .0
+            .get(namespace)
+            .cloned()
+            .unwrap_or_else(|| namespace.to_string());
+        crate::outbox::validate_tenant(&tenant).ok()?;
+        Some(Principal {
+            tenant,
+            scopes: self.scopes.clone(),
+            subject: Subject::ServiceAccount {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            },
+        })
+    }
+}
+
+/// Verifies ServiceAccount tokens with TokenReviews, caching results by token hash.
+pub struct ServiceAccounts {
+    client: kube::Client,
+    policy: ServiceAccountPolicy,
+    cache: TtlCache<Option<Principal>>,
+}
+
+impl ServiceAccounts {
+    pub fn new(client: kube::Client, policy: ServiceAccountPolicy) -> Self {
+        ServiceAccounts {
+            client,
+            policy,
+            cache: TtlCache::new(CACHE_MAX_ENTRIES),
+        }
+    }
+
+    pub async fn verify(&self, token: &str) -> Result<Principal, AuthError> {
+        let key = super::tokens::hash(token);
+        let now = Instant::now();
+        if let Some(cached) = self.cache.get(&key, now) {
+            return cached.ok_or(AuthError::Invalid);
+        }
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_string()),
+                audiences: Some(vec![AUDIENCE.to_string()]),
+            },
+            ..Default::default()
+        };
+        let api: kube::Api<TokenReview> = kube::Api::all(self.client.clone());
+        let reviewed =
+            match tokio::time::timeout(REVIEW_TIMEOUT, api.create(&PostParams::default(), &review))
+                .await
+            {
+                Err(_) => {
+                    return Err(AuthError::Unavailable(format!(
+                        "TokenReview took longer than {REVIEW_TIMEOUT:?}"
+                    )));
+                }
+                // Any error (unreachable, 5xx, or a 403 because the API's ServiceAccount may
+                // not create TokenReviews) says nothing about the caller's token: 503, not 401.
+                Ok(Err(e)) => return Err(AuthError::Unavailable(format!("TokenReview: {e}"))),
+                Ok(Ok(r)) => r,
+            };
+        let principal = self.judge(&reviewed);
+        let until = if principal.is_some() {
+            now + POSITIVE_TTL.min(time_left(token).unwrap_or(POSITIVE_TTL))
+        } else {
+            now + NEGATIVE_TTL
+        };
+        self.cache.insert(key, principal.clone(), until, now);
+        principal.ok_or(AuthError::Invalid)
+    }
+
+    /// The caller a TokenReview answer vouches for, if any.
+    fn judge(&self, review: &TokenReview) -> Option<Principal> {
+        let status = review.status.as_ref()?;
+        if status.authenticated != Some(true) {
+            tracing::debug!(error = ?status.error, "TokenReview: not authenticated");
+            return None;
+        }
+        // An empty audience list means "valid for the API server", not for us.
+        if !status
+            .audiences
+            .as_ref()
+            .is_some_and(|a| a.iter().any(|x| x == AUDIENCE))
+        {
+            tracing::debug!(audiences = ?status.audiences, "TokenReview: token not issued for audience hookd");
+            return None;
+        }
+        let username = status.user.as_ref()?.username.as_deref()?;
+        let principal = self.policy.principal_for(username);
+        if principal.is_none() {
+            tracing::debug!(%username, "TokenReview: not a ServiceAccount with a valid tenant");
+        }
+        principal
+    }
+}
+
+/// Time until the JWT's `exp`, read without verifying (the TokenReview verified it): a
+/// cached positive result must not outlive the token.
+fn time_left(token: &str) -> Option<Duration> {
+    let claims = token.split('.').nth(1)?;
+    let claims: serde_json::Value =
+        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(claims).ok()?).ok()?;
+    let exp = claims.get("exp")?.as_i64()?;
+    let left = exp - chrono::Utc::now().timestamp();
+    Some(Duration::from_secs(left.max(0) as u64))
+}
+
+/// A client for the cluster hookd runs in (or the one KUBECONFIG names), or `None` when
+/// there is none: ServiceAccount tokens are then simply invalid.
+pub async fn client_from_environment() -> Option<kube::Client> {
+    // kube's rustls connector needs a process-wide provider; the outbound client uses ring too
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    match kube::Config::infer().await {
+        Ok(config) => match kube::Client::try_from(config) {
+            Ok(client) => {
+                tracing::info!("ServiceAccount tokens are verified with TokenReviews");
+                Some(client)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no Kubernetes client; ServiceAccount tokens will be refused");
+                None
+            }
+        },
+        Err(e) => {
+            tracing::info!(reason = %e, "no Kubernetes cluster configured; ServiceAccount tokens will be refused");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(map: &str) -> ServiceAccountPolicy {
+        ServiceAccountPolicy {
+            scopes: vec![Scope::Produce, Scope::Read],
+            namespace_tenants: map.parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn serviceaccounts_map_to_their_namespace_unless_overridden() {
+        let p = policy("billing-prod=billing, shop=retail");
+        let got = p
+            .principal_for("system:serviceaccount:team-a:producer")
+            .unwrap();
+        assert_eq!(got.tenant, "team-a");
+        assert_eq!(
+            got.subject,
+            Subject::ServiceAccount {
+                namespace: "team-a".into(),
+                name: "producer".into()
+            }
+        );
+        assert_eq!(got.scopes, vec![Scope::Produce, Scope::Read]);
+        assert_eq!(
+            p.principal_for("system:serviceaccount:billing-prod:x")
+                .unwrap()
+                .tenant,
+            "billing"
+        );
+        for not_sa in [
+            "alice",
+            "system:serviceaccount:ns",
+            "system:serviceaccount::x",
+            "system:serviceaccount:ns:",
+            "system:node:worker-1",
+        ] {
+            assert!(p.principal_for(not_sa).is_none(), "{not_sa}");
+        }
+    }
+
+    #[test]
+    fn namespace_tenant_config_is_validated() {
+        assert_eq!("".parse::<NamespaceTenants>().unwrap().0.len(), 0);
+        assert!("a".parse::<NamespaceTenants>().is_err());
+        assert!("=t".parse::<NamespaceTenants>().is_err());
+        assert!("a=bad tenant".parse::<NamespaceTenants>().is_err());
+        assert!("a=x,a=y".parse::<NamespaceTenants>().is_err());
+    }
+
+    #[test]
+    fn jwt_expiry_bounds_the_cache() {
+        let exp = chrono::Utc::now().timestamp() + 10;
+        let claims = URL_SAFE_NO_PAD.encode(format!(r#"{{"exp":{exp}}}"#));
+        let left = time_left(&format!("e30.{claims}.sig")).unwrap();
+        assert!(left <= Duration::from_secs(10) && left >= Duration::from_secs(8));
+        assert_eq!(time_left("not-a-jwt"), None);
+    }
+}

@@ -1,0 +1,115 @@
+//! `hookd.api_tokens`: static API tokens, stored as their SHA-256 only (see the
+//! migration for why a fast hash is the right one).
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::DbError;
+
+/// A token row as `hookd token create` writes it.
+#[derive(Debug, Clone)]
+pub struct NewToken {
+    pub id: Uuid,
+    pub token_hash: Vec<u8>,
+    pub prefix: String,
+    pub tenant: String,
+    pub scopes: Vec<String>,
+    pub name: Option<String>,
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// What the API needs to authorize a request made with a valid token.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ValidToken {
+    pub id: Uuid,
+    pub tenant: String,
+    pub scopes: Vec<String>,
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// A token row for `hookd token list` (no hash: nothing secret leaves this module).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TokenRow {
+    pub id: Uuid,
+    pub prefix: String,
+    pub tenant: String,
+    pub scopes: Vec<String>,
+    pub name: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+pub async fn insert(pool: &PgPool, t: &NewToken) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO hookd.api_tokens (id, token_hash, prefix, tenant, scopes, name, expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(t.id)
+    .bind(&t.token_hash)
+    .bind(&t.prefix)
+    .bind(&t.tenant)
+    .bind(&t.scopes)
+    .bind(&t.name)
+    .bind(t.expires_at)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The unrevoked, unexpired token with this hash, if any.
+pub async fn find_valid(pool: &PgPool, token_hash: &[u8]) -> Result<Option<ValidToken>, DbError> {
+    Ok(sqlx::query_as::<_, ValidToken>(
+        "SELECT id, tenant, scopes, expires_at FROM hookd.api_tokens
+         WHERE token_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())",
+    )
+    .bind(token_hash)
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// Every token (optionally of one tenant), newest first.
+pub async fn list(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<TokenRow>, DbError> {
+    Ok(sqlx::query_as::<_, TokenRow>(
+        "SELECT id, prefix, tenant, scopes, name, created_at, expires_at, revoked_at
+         FROM hookd.api_tokens WHERE ($1::text IS NULL OR tenant = $1)
+         ORDER BY created_at DESC, id DESC",
+    )
+    .bind(tenant)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Outcome of a revocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revoked {
+    Now,
+    Already(DateTime<Utc>),
+    NotFound,
+}
+
+/// Revokes a token; revoking it again keeps the first revocation time.
+pub async fn revoke(pool: &PgPool, id: Uuid) -> Result<Revoked, DbError> {
+    let row: Option<(bool, DateTime<Utc>)> = sqlx::query_as(
+        r#"
+        WITH before AS (SELECT id, revoked_at FROM hookd.api_tokens WHERE id = $1 FOR UPDATE),
+        upd AS (
+            UPDATE hookd.api_tokens t SET revoked_at = now()
+            FROM before WHERE t.id = before.id AND before.revoked_at IS NULL
+            RETURNING t.revoked_at
+        )
+        SELECT before.revoked_at IS NULL AS now_revoked,
+               coalesce(before.revoked_at, (SELECT revoked_at FROM upd)) AS revoked_at
+        FROM before
+        "#,
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(match row {
+        None => Revoked::NotFound,
+        Some((true, _)) => Revoked::Now,
+        Some((false, at)) => Revoked::Already(at),
+    })
+}
