@@ -345,6 +345,9 @@ pub struct ControllerSettings {
     /// Image of dispatcher Deployments when a WebhookDispatcher names none (set it to the controller's own image)
     #[arg(long, env = "HOOKD_IMAGE", default_value = concat!("hookd:", env!("CARGO_PKG_VERSION")))]
     pub image: String,
+    /// Tenant of each namespace's WebhookEndpoints, `namespace=tenant,…` (default: the namespace; the API's mapping of ServiceAccounts, so share the value)
+    #[arg(long, env = "HOOKD_AUTH_NAMESPACE_TENANTS", default_value = "")]
+    pub namespace_tenants: NamespaceTenants,
     /// Reconciles running at once per controller (each holds a database connection while it syncs)
     #[arg(long, env = "HOOKD_RECONCILE_CONCURRENCY", default_value_t = 8)]
     pub reconcile_concurrency: u16,

@@ -109,6 +109,7 @@ fn context(pool: &PgPool) -> (Arc<Context>, ApiServer) {
             status_interval: Duration::from_secs(10),
             image: "hookd:test".into(),
             concurrency: 4,
+            namespace_tenants: "mapped-ns=shared-tenant".parse().unwrap(),
         },
         Some("test-replica".into()),
     );
@@ -783,6 +784,7 @@ async fn database_outage_is_reported_on_the_object(pool: PgPool) {
             status_interval: Duration::from_secs(10),
             image: "hookd:test".into(),
             concurrency: 4,
+            namespace_tenants: "mapped-ns=shared-tenant".parse().unwrap(),
         },
         None,
     ));
@@ -1081,4 +1083,183 @@ fn dispatcher_cel_rules() {
         check(json!({"databaseSecretRef": {"name": "db"}, "allowedDestinations": ["not a cidr"]}))
             .is_err()
     );
+}
+
+// ---- tenancy ----
+
+/// A namespace cannot subscribe to another tenant's events: a foreign `spec.tenant` is
+/// refused before anything is read or written (no Secret GET, no row), with
+/// `Ready=False/TenantNotAllowed` and a Warning.
+#[sqlx::test]
+async fn foreign_tenant_is_refused_and_nothing_subscribes(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let ep = endpoint_object("spy", true, json!({"tenant": "billing"}));
+    let run = tokio::spawn(endpoint_controller::reconcile(Arc::new(ep.clone()), ctx));
+    let patch = api
+        .expect(
+            "PATCH",
+            &format!("{}/status", ep_path("spy")),
+            with_status(&ep),
+        )
+        .await;
+    let ready = condition(&patch.body["status"], "Ready");
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("False"), Some("TenantNotAllowed"))
+    );
+    assert!(ready["message"].as_str().unwrap().contains("\"billing\""));
+    assert!(patch.body["status"].get("endpointId").is_none());
+    let event = api.expect("POST", EVENTS_PATH, echo(201)).await;
+    assert_eq!(
+        (event.body["reason"].as_str(), event.body["type"].as_str()),
+        (Some("TenantNotAllowed"), Some("Warning"))
+    );
+    run.await.unwrap().unwrap();
+    api.expect_no_more().await;
+    assert!(endpoint_row(&pool, "spy").await.is_none());
+    enqueue(&pool, "billing").await;
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM hookd.deliveries")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "billing's event reached no endpoint of team-a");
+}
+
+/// An endpoint that was accepted and then asks for a foreign tenant keeps its last
+/// accepted row (its own tenant) but is held: its deliveries wait, nothing of the other
+/// tenant reaches it.
+#[sqlx::test]
+async fn switching_to_a_foreign_tenant_holds_the_endpoint(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let ep = endpoint_object("sw", true, json!({}));
+    let run = tokio::spawn(endpoint_controller::reconcile(
+        Arc::new(ep.clone()),
+        ctx.clone(),
+    ));
+    api.expect("GET", &secret_path("sw"), |_| {
+        (200, secret_object("sw-secret", SECRET_A))
+    })
+    .await;
+    let first = api
+        .expect(
+            "PATCH",
+            &format!("{}/status", ep_path("sw")),
+            with_status(&ep),
+        )
+        .await;
+    api.expect("POST", EVENTS_PATH, echo(201)).await;
+    run.await.unwrap().unwrap();
+    let (id, _, _) = endpoint_row(&pool, "sw").await.unwrap();
+
+    let mut foreign = endpoint_object("sw", true, json!({"tenant": "billing"}));
+    foreign.metadata.uid = ep.metadata.uid.clone();
+    foreign.metadata.generation = Some(2);
+    foreign.status = Some(serde_json::from_value(first.body["status"].clone()).unwrap());
+    let run = tokio::spawn(endpoint_controller::reconcile(
+        Arc::new(foreign.clone()),
+        ctx,
+    ));
+    let patch = api
+        .expect(
+            "PATCH",
+            &format!("{}/status", ep_path("sw")),
+            with_status(&foreign),
+        )
+        .await;
+    let status = &patch.body["status"];
+    assert_eq!(condition(status, "Ready")["reason"], "TenantNotAllowed");
+    assert_eq!(status["endpointId"], id.to_string());
+    assert_eq!(status["activeSecrets"], 0);
+    assert_eq!(
+        condition(status, "SecretResolved")["status"],
+        "True",
+        "kept from before"
+    );
+    api.expect("POST", EVENTS_PATH, echo(201)).await;
+    run.await.unwrap().unwrap();
+    api.expect_no_more().await;
+    let row: (String, String) =
+        sqlx::query_as("SELECT state, tenant FROM hookd.endpoints WHERE id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        row,
+        ("paused".to_string(), NS.to_string()),
+        "held under its old tenant"
+    );
+    enqueue(&pool, "billing").await;
+    enqueue(&pool, NS).await;
+    assert_eq!(
+        delivery_statuses(&pool, id).await,
+        vec!["pending"],
+        "only its own tenant's event, held"
+    );
+}
+
+/// With `HOOKD_AUTH_NAMESPACE_TENANTS` mapping a namespace to a tenant, its endpoints
+/// default to that tenant (as its ServiceAccounts produce for it) and may not claim the
+/// namespace's own name as a tenant.
+#[sqlx::test]
+async fn mapped_namespaces_subscribe_to_their_mapped_tenant(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let mut ep = endpoint_object("m", true, json!({}));
+    ep.metadata.namespace = Some("mapped-ns".into());
+    let path = "/apis/hookd.dev/v1alpha1/namespaces/mapped-ns/webhookendpoints/m";
+    let run = tokio::spawn(endpoint_controller::reconcile(
+        Arc::new(ep.clone()),
+        ctx.clone(),
+    ));
+    api.expect(
+        "GET",
+        "/api/v1/namespaces/mapped-ns/secrets/m-secret",
+        |_| {
+            let mut s = secret_object("m-secret", SECRET_A);
+            s["metadata"]["namespace"] = json!("mapped-ns");
+            (200, s)
+        },
+    )
+    .await;
+    api.expect("PATCH", &format!("{path}/status"), with_status(&ep))
+        .await;
+    api.expect(
+        "POST",
+        "/apis/events.k8s.io/v1/namespaces/mapped-ns/events",
+        echo(201),
+    )
+    .await;
+    run.await.unwrap().unwrap();
+    let tenant: String =
+        sqlx::query_scalar("SELECT tenant FROM hookd.endpoints WHERE k8s_namespace = 'mapped-ns'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(tenant, "shared-tenant");
+
+    let mut own_name = endpoint_object("m2", true, json!({"tenant": "mapped-ns"}));
+    own_name.metadata.namespace = Some("mapped-ns".into());
+    let run = tokio::spawn(endpoint_controller::reconcile(
+        Arc::new(own_name.clone()),
+        ctx,
+    ));
+    let patch = api
+        .expect(
+            "PATCH",
+            "/apis/hookd.dev/v1alpha1/namespaces/mapped-ns/webhookendpoints/m2/status",
+            with_status(&own_name),
+        )
+        .await;
+    assert_eq!(
+        condition(&patch.body["status"], "Ready")["reason"],
+        "TenantNotAllowed"
+    );
+    api.expect(
+        "POST",
+        "/apis/events.k8s.io/v1/namespaces/mapped-ns/events",
+        echo(201),
+    )
+    .await;
+    run.await.unwrap().unwrap();
+    api.expect_no_more().await;
 }

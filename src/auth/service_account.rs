@@ -67,6 +67,19 @@ impl FromStr for NamespaceTenants {
     }
 }
 
+impl NamespaceTenants {
+    /// The tenant a namespace acts for: its override, else the namespace itself. The API
+    /// maps ServiceAccount callers with it and the controller checks WebhookEndpoints
+    /// against it, so a namespace can neither produce for nor subscribe to another
+    /// tenant's events.
+    pub fn tenant_of(&self, namespace: &str) -> String {
+        self.0
+            .get(namespace)
+            .cloned()
+            .unwrap_or_else(|| namespace.to_string())
+    }
+}
+
 /// What ServiceAccount callers are allowed.
 #[derive(Debug, Clone)]
 pub struct ServiceAccountPolicy {
@@ -83,12 +96,7 @@ impl ServiceAccountPolicy {
         if namespace.is_empty() || name.is_empty() || name.contains(':') {
             return None;
         }
-        let tenant = self
-            .namespace_tenants
-            .0
-            .get(namespace)
-            .cloned()
-            .unwrap_or_else(|| namespace.to_string());
+        let tenant = self.namespace_tenants.tenant_of(namespace);
         crate::outbox::validate_tenant(&tenant).ok()?;
         Some(Principal {
             tenant,

@@ -145,6 +145,33 @@ pub async fn remove_declared(
     Ok(row)
 }
 
+/// Holds the endpoint declared as namespace/name (paused, with `reason`) without touching
+/// the rest of its row: its current declaration is refused, so the last accepted one stays
+/// but nothing is sent. A disabled endpoint stays disabled. Clearing the fingerprint makes
+/// the next accepted declaration rewrite the row. Returns the id, if such a row exists.
+pub async fn hold_declared(
+    conn: &mut PgConnection,
+    namespace: &str,
+    name: &str,
+    reason: &str,
+) -> Result<Option<Uuid>, DbError> {
+    Ok(sqlx::query_scalar(
+        r#"
+        UPDATE hookd.endpoints
+        SET state = CASE WHEN state = 'disabled' THEN state ELSE 'paused' END,
+            state_reason = CASE WHEN state = 'disabled' THEN state_reason ELSE $3 END,
+            spec_fingerprint = NULL, updated_at = now()
+        WHERE k8s_namespace = $1 AND k8s_name = $2
+        RETURNING id
+        "#,
+    )
+    .bind(namespace)
+    .bind(name)
+    .bind(reason)
+    .fetch_optional(conn)
+    .await?)
+}
+
 /// Disables an endpoint because its receiver said so (410 Gone). Deliveries stay where
 /// they are: an operator who re-enables the endpoint (by changing its declaration) can
 /// let them drain.

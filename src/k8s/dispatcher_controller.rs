@@ -43,6 +43,10 @@ pub const DEFAULT_LEASE_SECS: u32 = 60;
 pub const DEFAULT_REQUEST_TIMEOUT_SECS: u32 = 15;
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "hookd-dispatcher";
 pub const DEFAULT_ENCRYPTION_SECRET: (&str, &str) = ("hookd-encryption", "key");
+/// The key of the encryption Secret holding `HOOKD_ENCRYPTION_OLD_KEYS` during a rotation.
+pub const OLD_KEYS_SECRET_KEY: &str = "old-keys";
+/// uid/gid of the distroless image's `nonroot` user.
+const NONROOT_UID: i64 = 65532;
 
 /// The owned Deployment's name.
 pub fn deployment_name(d: &WebhookDispatcher) -> String {
@@ -300,13 +304,17 @@ fn labels(d: &WebhookDispatcher) -> BTreeMap<String, String> {
 }
 
 fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
+    secret_env_optional(name, secret, key, false)
+}
+
+fn secret_env_optional(name: &str, secret: &str, key: &str, optional: bool) -> EnvVar {
     EnvVar {
         name: name.into(),
         value_from: Some(EnvVarSource {
             secret_key_ref: Some(SecretKeySelector {
                 name: secret.into(),
                 key: key.into(),
-                optional: Some(false),
+                optional: Some(optional),
             }),
             ..Default::default()
         }),
@@ -340,6 +348,14 @@ fn environment(spec: &WebhookDispatcherSpec) -> Vec<EnvVar> {
             &spec.database_secret_ref.key,
         ),
         secret_env("HOOKD_ENCRYPTION_KEY", enc_name, enc_key),
+        // Present only during a key rotation (see `hookd rekey`): dispatchers must still
+        // decrypt rows sealed under the old keys until rekey has finished.
+        secret_env_optional(
+            "HOOKD_ENCRYPTION_OLD_KEYS",
+            enc_name,
+            OLD_KEYS_SECRET_KEY,
+            true,
+        ),
         value_env("HOOKD_LISTEN", format!("0.0.0.0:{METRICS_PORT}")),
         value_env(
             "HOOKD_CONCURRENCY",
@@ -488,6 +504,9 @@ pub fn desired_deployment(d: &WebhookDispatcher, default_image: &str, replicas: 
                     termination_grace_period_seconds: Some(timeout + 15),
                     security_context: Some(PodSecurityContext {
                         run_as_non_root: Some(true),
+                        // distroless `nonroot`; numeric so the kubelet can check runAsNonRoot
+                        run_as_user: Some(NONROOT_UID),
+                        run_as_group: Some(NONROOT_UID),
                         seccomp_profile: Some(SeccompProfile {
                             type_: "RuntimeDefault".into(),
                             ..Default::default()
@@ -595,6 +614,19 @@ mod tests {
             (key.name.as_str(), key.key.as_str()),
             ("hookd-encryption", "key")
         );
+        // old keys come from the same Secret, and their absence must not block the pod
+        let old = env["HOOKD_ENCRYPTION_OLD_KEYS"]
+            .value_from
+            .as_ref()
+            .unwrap()
+            .secret_key_ref
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            (old.name.as_str(), old.key.as_str(), old.optional),
+            ("hookd-encryption", "old-keys", Some(true))
+        );
+        assert_eq!(key.optional, Some(false));
         let v = |n: &str| env[n].value.as_deref();
         assert_eq!(v("HOOKD_CONCURRENCY"), Some("7"), "the spec's env wins");
         assert_eq!(v("HOOKD_LEASE_SECS"), Some("90"));
@@ -612,6 +644,11 @@ mod tests {
         }
         let sc = c.security_context.as_ref().unwrap();
         assert_eq!(sc.read_only_root_filesystem, Some(true));
+        let pod_sc = pod.security_context.as_ref().unwrap();
+        assert_eq!(
+            (pod_sc.run_as_non_root, pod_sc.run_as_user),
+            (Some(true), Some(65532))
+        );
         // the selector is a subset of the pod labels, and stable across spec changes
         let sel = spec.selector.match_labels.as_ref().unwrap();
         let pod_labels = spec

@@ -69,6 +69,22 @@ pub fn error_policy(ep: Arc<WebhookEndpoint>, err: &Error, _ctx: Arc<Context>) -
 
 async fn apply(ep: &WebhookEndpoint, ctx: &Context) -> Result<Action, Error> {
     let ns = ep.namespace().unwrap_or_default();
+    // A namespace subscribes only to its own tenant's events (the same mapping the API
+    // uses for its ServiceAccounts), or any team could declare an endpoint that receives
+    // another team's webhooks.
+    let own_tenant = ctx.settings.namespace_tenants.tenant_of(&ns);
+    let effective;
+    let ep = match &ep.spec.tenant {
+        Some(t) if *t != own_tenant => return refuse_tenant(ep, ctx, t, &own_tenant).await,
+        Some(_) => ep,
+        None if own_tenant == ns => ep,
+        None => {
+            let mut e = ep.clone();
+            e.spec.tenant = Some(own_tenant);
+            effective = e;
+            &effective
+        }
+    };
     let secret = read_secret(ctx, &ns, &ep.spec.secret_ref).await?;
     let problem = secret.as_ref().err().cloned();
     let desired = sync::desired_endpoint(ep, secret);
@@ -91,6 +107,42 @@ async fn apply(ep: &WebhookEndpoint, ctx: &Context) -> Result<Action, Error> {
     };
     let status = desired_status(ep, problem.as_ref(), &outcome, &stats, &now);
     let events = status_events(ep.status.as_ref(), &status, &outcome);
+    if ep.status.as_ref() != Some(&status) {
+        patch_status(ctx, ep, &status).await?;
+    }
+    for e in events {
+        ctx.publish(ep, e).await;
+    }
+    Ok(Action::requeue(ctx.settings.status_interval))
+}
+
+/// The declared tenant is not the namespace's: keep the last accepted row (if any) but
+/// hold its deliveries, and say why.
+async fn refuse_tenant(
+    ep: &WebhookEndpoint,
+    ctx: &Context,
+    requested: &str,
+    own: &str,
+) -> Result<Action, Error> {
+    let ns = ep.namespace().unwrap_or_default();
+    let message = format!(
+        "spec.tenant {requested:?} is not the tenant of namespace {ns:?} ({own:?}); an operator maps namespaces to tenants with HOOKD_AUTH_NAMESPACE_TENANTS. Deliveries are held"
+    );
+    let mut conn = ctx.pool.acquire().await.map_err(db::DbError::from)?;
+    let held = db::endpoints::hold_declared(&mut conn, &ns, &ep.name_any(), &message).await?;
+    drop(conn);
+    let stats = match held {
+        Some(id) => db::endpoints::stats(&ctx.pool, id, STATS_CAP).await?,
+        None => None,
+    };
+    let status = refused_status(
+        ep,
+        "TenantNotAllowed",
+        &message,
+        stats.as_ref(),
+        &to_time(Utc::now()),
+    );
+    let events = status_events(ep.status.as_ref(), &status, &SyncOutcome::unchanged());
     if ep.status.as_ref() != Some(&status) {
         patch_status(ctx, ep, &status).await?;
     }
@@ -300,6 +352,41 @@ pub fn desired_status(
     }
 }
 
+/// Pure: the status of a declaration the controller refuses (`reason`): `Ready=False`,
+/// the other conditions as they were, figures from the held row if there is one.
+pub fn refused_status(
+    ep: &WebhookEndpoint,
+    reason: &str,
+    message: &str,
+    stats: Option<&EndpointStats>,
+    now: &Time,
+) -> WebhookEndpointStatus {
+    let prev = ep.status.clone().unwrap_or_default();
+    let ready = condition(
+        &prev.conditions,
+        "Ready",
+        "False",
+        reason,
+        message,
+        ep.metadata.generation,
+        now,
+    );
+    let mut conditions = vec![ready];
+    conditions.extend(prev.conditions.into_iter().filter(|c| c.type_ != "Ready"));
+    WebhookEndpointStatus {
+        observed_generation: ep.metadata.generation,
+        conditions,
+        endpoint_id: stats.map(|s| s.id.to_string()),
+        // a held row signs nothing
+        active_secrets: stats.map(|_| 0),
+        circuit: stats.map(|s| s.circuit_state.clone()),
+        backlog: stats.map(|s| s.backlog),
+        dead_letters: stats.map(|s| s.dead_letters),
+        last_success_time: stats.and_then(|s| s.last_success_at.map(to_time)),
+        last_failure_time: stats.and_then(|s| s.last_failure_at.map(to_time)),
+    }
+}
+
 /// The previous status with `Ready=Unknown` (the database cannot be reached, so nothing
 /// is known about the endpoint right now).
 fn unavailable_status(ep: &WebhookEndpoint, now: &Time) -> WebhookEndpointStatus {
@@ -357,10 +444,12 @@ pub fn status_events(
         }
     }
     if let Some(c) = find(&new.conditions, "Ready")
-        && c.reason == "EndpointDisabled"
-        && was("Ready").map(|w| w.1) != Some("EndpointDisabled")
+        && let Some(reason) = ["EndpointDisabled", "TenantNotAllowed"]
+            .into_iter()
+            .find(|r| *r == c.reason)
+        && was("Ready").map(|w| w.1) != Some(reason)
     {
-        out.push(ObjectEvent::warning("EndpointDisabled", c.message.clone()));
+        out.push(ObjectEvent::warning(reason, c.message.clone()));
     }
     let old_circuit = old.and_then(|s| s.circuit.as_deref());
     match (old_circuit, new.circuit.as_deref()) {

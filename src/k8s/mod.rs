@@ -33,6 +33,7 @@ use kube::{Api, Client, CustomResourceExt, Resource};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::service_account::NamespaceTenants;
 use crate::config::ControllerSettings;
 use crate::crypto::Keyring;
 use crate::db::DbError;
@@ -169,6 +170,8 @@ pub struct Settings {
     pub status_interval: Duration,
     /// dispatcher image when a WebhookDispatcher names none
     pub image: String,
+    /// the tenant each namespace's WebhookEndpoints may subscribe to
+    pub namespace_tenants: NamespaceTenants,
     /// reconciles at once per controller; bounded so a resync of thousands of endpoints
     /// queues instead of starving the connection pool into timeouts
     pub concurrency: u16,
@@ -334,6 +337,7 @@ pub async fn run(
             status_interval: Duration::from_secs(settings.status_interval_secs.max(1)),
             image: settings.image.clone(),
             concurrency: settings.reconcile_concurrency.max(1),
+            namespace_tenants: settings.namespace_tenants.clone(),
         },
         Some(identity.clone()),
     ));

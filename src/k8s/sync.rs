@@ -182,6 +182,20 @@ pub struct SyncOutcome {
     pub state: String,
 }
 
+impl SyncOutcome {
+    /// Nothing was written (a refused declaration).
+    pub fn unchanged() -> Self {
+        SyncOutcome {
+            endpoint_id: Uuid::nil(),
+            created: false,
+            changed: false,
+            secret_rotated: false,
+            active_secrets: 0,
+            state: String::new(),
+        }
+    }
+}
+
 /// Writes the desired endpoint (idempotent: an unchanged endpoint writes nothing). Runs
 /// on the caller's connection so several endpoints can share one transaction.
 ///
