@@ -229,6 +229,37 @@ fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
 }
 
+/// Drives one reconcile of `ep` (finalizer already on) whose Secret `<name>-secret` holds
+/// `secret`, answering the calls a sync with one transition makes: the Secret GET, the
+/// status patch and one Event. Returns the status the controller wrote.
+async fn sync_once(
+    ctx: &Arc<Context>,
+    api: &mut ApiServer,
+    ep: &WebhookEndpoint,
+    secret: &'static str,
+) -> Value {
+    let name = ep.metadata.name.clone().unwrap();
+    let run = tokio::spawn(endpoint_controller::reconcile(
+        Arc::new(ep.clone()),
+        ctx.clone(),
+    ));
+    let secret_name = format!("{name}-secret");
+    api.expect("GET", &secret_path(&name), move |_| {
+        (200, secret_object(&secret_name, secret))
+    })
+    .await;
+    let patch = api
+        .expect(
+            "PATCH",
+            &format!("{}/status", ep_path(&name)),
+            with_status(ep),
+        )
+        .await;
+    api.expect("POST", EVENTS_PATH, echo(201)).await;
+    run.await.unwrap().unwrap();
+    patch.body["status"].clone()
+}
+
 async fn endpoint_row(pool: &PgPool, name: &str) -> Option<(Uuid, String, Option<String>)> {
     sqlx::query_as("SELECT id, state, state_reason FROM hookd.endpoints WHERE k8s_namespace = $1 AND k8s_name = $2")
         .bind(NS)
@@ -372,26 +403,10 @@ async fn endpoint_is_synced_and_status_applied_once(pool: PgPool) {
 async fn rotated_secret_keeps_the_old_one_for_the_grace_period(pool: PgPool) {
     let (ctx, mut api) = context(&pool);
     let ep = endpoint_object("rot", true, json!({"secretRotationGraceSeconds": 3600}));
-    let run = tokio::spawn(endpoint_controller::reconcile(
-        Arc::new(ep.clone()),
-        ctx.clone(),
-    ));
-    api.expect("GET", &secret_path("rot"), |_| {
-        (200, secret_object("rot-secret", SECRET_A))
-    })
-    .await;
-    let first = api
-        .expect(
-            "PATCH",
-            &format!("{}/status", ep_path("rot")),
-            with_status(&ep),
-        )
-        .await;
-    api.expect("POST", EVENTS_PATH, echo(201)).await;
-    run.await.unwrap().unwrap();
+    let first = sync_once(&ctx, &mut api, &ep, SECRET_A).await;
 
     let mut stored = ep.clone();
-    stored.status = Some(serde_json::from_value(first.body["status"].clone()).unwrap());
+    stored.status = Some(serde_json::from_value(first.clone()).unwrap());
     let run = tokio::spawn(endpoint_controller::reconcile(Arc::new(stored), ctx));
     api.expect("GET", &secret_path("rot"), |_| {
         (200, secret_object("rot-secret", SECRET_B))
@@ -651,22 +666,7 @@ async fn paused_endpoint_holds_deliveries(pool: PgPool) {
 async fn deleting_cancels_pending_deliveries_and_removes_the_finalizer(pool: PgPool) {
     let (ctx, mut api) = context(&pool);
     let ep = endpoint_object("gone", true, json!({}));
-    let run = tokio::spawn(endpoint_controller::reconcile(
-        Arc::new(ep.clone()),
-        ctx.clone(),
-    ));
-    api.expect("GET", &secret_path("gone"), |_| {
-        (200, secret_object("gone-secret", SECRET_A))
-    })
-    .await;
-    api.expect(
-        "PATCH",
-        &format!("{}/status", ep_path("gone")),
-        with_status(&ep),
-    )
-    .await;
-    api.expect("POST", EVENTS_PATH, echo(201)).await;
-    run.await.unwrap().unwrap();
+    sync_once(&ctx, &mut api, &ep, SECRET_A).await;
     let (id, _, _) = endpoint_row(&pool, "gone").await.unwrap();
     for _ in 0..3 {
         enqueue(&pool, NS).await;
@@ -747,23 +747,7 @@ async fn api_server_error_writes_nothing_and_retries(pool: PgPool) {
 async fn database_outage_is_reported_on_the_object(pool: PgPool) {
     let (ctx, mut api) = context(&pool);
     let ep = endpoint_object("db", true, json!({}));
-    let run = tokio::spawn(endpoint_controller::reconcile(
-        Arc::new(ep.clone()),
-        ctx.clone(),
-    ));
-    api.expect("GET", &secret_path("db"), |_| {
-        (200, secret_object("db-secret", SECRET_A))
-    })
-    .await;
-    let first = api
-        .expect(
-            "PATCH",
-            &format!("{}/status", ep_path("db")),
-            with_status(&ep),
-        )
-        .await;
-    api.expect("POST", EVENTS_PATH, echo(201)).await;
-    run.await.unwrap().unwrap();
+    let first = sync_once(&ctx, &mut api, &ep, SECRET_A).await;
 
     // the same controller against a database that refuses connections
     let dead = hookd::db::connect_lazy(&hookd::db::PoolSettings {
@@ -789,7 +773,7 @@ async fn database_outage_is_reported_on_the_object(pool: PgPool) {
         None,
     ));
     let mut stored = ep.clone();
-    stored.status = Some(serde_json::from_value(first.body["status"].clone()).unwrap());
+    stored.status = Some(serde_json::from_value(first.clone()).unwrap());
     let run = tokio::spawn(endpoint_controller::reconcile(Arc::new(stored), down));
     api.expect("GET", &secret_path("db"), |_| {
         (200, secret_object("db-secret", SECRET_A))
@@ -820,23 +804,7 @@ async fn database_outage_is_reported_on_the_object(pool: PgPool) {
 async fn endpoint_disabled_by_410_is_reported(pool: PgPool) {
     let (ctx, mut api) = context(&pool);
     let ep = endpoint_object("g410", true, json!({}));
-    let run = tokio::spawn(endpoint_controller::reconcile(
-        Arc::new(ep.clone()),
-        ctx.clone(),
-    ));
-    api.expect("GET", &secret_path("g410"), |_| {
-        (200, secret_object("g410-secret", SECRET_A))
-    })
-    .await;
-    let first = api
-        .expect(
-            "PATCH",
-            &format!("{}/status", ep_path("g410")),
-            with_status(&ep),
-        )
-        .await;
-    api.expect("POST", EVENTS_PATH, echo(201)).await;
-    run.await.unwrap().unwrap();
+    let first = sync_once(&ctx, &mut api, &ep, SECRET_A).await;
     let (id, _, _) = endpoint_row(&pool, "g410").await.unwrap();
     let mut conn = pool.acquire().await.unwrap();
     hookd::db::endpoints::disable(&mut conn, &[id], "receiver answered 410 Gone")
@@ -845,7 +813,7 @@ async fn endpoint_disabled_by_410_is_reported(pool: PgPool) {
     drop(conn);
 
     let mut stored = ep.clone();
-    stored.status = Some(serde_json::from_value(first.body["status"].clone()).unwrap());
+    stored.status = Some(serde_json::from_value(first.clone()).unwrap());
     let run = tokio::spawn(endpoint_controller::reconcile(Arc::new(stored), ctx));
     api.expect("GET", &secret_path("g410"), |_| {
         (200, secret_object("g410-secret", SECRET_A))
@@ -1132,29 +1100,13 @@ async fn foreign_tenant_is_refused_and_nothing_subscribes(pool: PgPool) {
 async fn switching_to_a_foreign_tenant_holds_the_endpoint(pool: PgPool) {
     let (ctx, mut api) = context(&pool);
     let ep = endpoint_object("sw", true, json!({}));
-    let run = tokio::spawn(endpoint_controller::reconcile(
-        Arc::new(ep.clone()),
-        ctx.clone(),
-    ));
-    api.expect("GET", &secret_path("sw"), |_| {
-        (200, secret_object("sw-secret", SECRET_A))
-    })
-    .await;
-    let first = api
-        .expect(
-            "PATCH",
-            &format!("{}/status", ep_path("sw")),
-            with_status(&ep),
-        )
-        .await;
-    api.expect("POST", EVENTS_PATH, echo(201)).await;
-    run.await.unwrap().unwrap();
+    let first = sync_once(&ctx, &mut api, &ep, SECRET_A).await;
     let (id, _, _) = endpoint_row(&pool, "sw").await.unwrap();
 
     let mut foreign = endpoint_object("sw", true, json!({"tenant": "billing"}));
     foreign.metadata.uid = ep.metadata.uid.clone();
     foreign.metadata.generation = Some(2);
-    foreign.status = Some(serde_json::from_value(first.body["status"].clone()).unwrap());
+    foreign.status = Some(serde_json::from_value(first.clone()).unwrap());
     let run = tokio::spawn(endpoint_controller::reconcile(
         Arc::new(foreign.clone()),
         ctx,

@@ -595,33 +595,22 @@ mod tests {
             c.env.as_ref().unwrap().len(),
             "no duplicate names"
         );
-        let db = env["DATABASE_URL"]
-            .value_from
-            .as_ref()
-            .unwrap()
-            .secret_key_ref
-            .as_ref()
-            .unwrap();
+        let secret_ref = |n: &str| {
+            env[n]
+                .value_from
+                .as_ref()
+                .and_then(|v| v.secret_key_ref.clone())
+                .unwrap_or_else(|| panic!("{n} comes from a Secret"))
+        };
+        let db = secret_ref("DATABASE_URL");
         assert_eq!((db.name.as_str(), db.key.as_str()), ("db", "url"));
-        let key = env["HOOKD_ENCRYPTION_KEY"]
-            .value_from
-            .as_ref()
-            .unwrap()
-            .secret_key_ref
-            .as_ref()
-            .unwrap();
+        let key = secret_ref("HOOKD_ENCRYPTION_KEY");
         assert_eq!(
             (key.name.as_str(), key.key.as_str()),
             ("hookd-encryption", "key")
         );
         // old keys come from the same Secret, and their absence must not block the pod
-        let old = env["HOOKD_ENCRYPTION_OLD_KEYS"]
-            .value_from
-            .as_ref()
-            .unwrap()
-            .secret_key_ref
-            .as_ref()
-            .unwrap();
+        let old = secret_ref("HOOKD_ENCRYPTION_OLD_KEYS");
         assert_eq!(
             (old.name.as_str(), old.key.as_str(), old.optional),
             ("hookd-encryption", "old-keys", Some(true))
