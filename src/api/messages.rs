@@ -251,12 +251,17 @@ fn header_idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError>
     description = "Answers only after the event and one delivery per subscribed endpoint of the \
         tenant are committed. A repeat of an idempotency key answers 200 with the original ids.",
     params(
-        ("Idempotency-Key" = Option<String>, Header, description = "Same as the idempotencyKey field; if both are given they must be equal"),
+        ("Idempotency-Key" = Option<String>, Header, pattern = r"^[!-~]{1,255}$", description = "Same as the idempotencyKey field; if both are given they must be equal"),
     ),
     request_body(content = MessageIn, content_type = "application/json"),
     responses(
-        (status = 201, description = "Committed", body = EnqueuedOut),
-        (status = 200, description = "A repeat of a known idempotency key: the original ids; nothing was written", body = EnqueuedOut),
+        (status = 201, description = "Committed", body = EnqueuedOut, links(
+            ("getMessage" = (operation_id = "getMessage", parameters(("id" = "$response.body#/eventId")), description = "The event just enqueued")),
+            ("getDelivery" = (operation_id = "getDelivery", parameters(("id" = "$response.body#/deliveryIds/0")), description = "Its first delivery, if any endpoint subscribes")),
+        )),
+        (status = 200, description = "A repeat of a known idempotency key: the original ids; nothing was written", body = EnqueuedOut, links(
+            ("getMessage" = (operation_id = "getMessage", parameters(("id" = "$response.body#/eventId")), description = "The original event")),
+        )),
         (status = 400, response = responses::BadRequest),
         (status = 401, response = responses::Unauthorized),
         (status = 403, response = responses::Forbidden),
@@ -334,7 +339,9 @@ pub async fn create(
         tenant's rate limit.",
     request_body(content = BatchIn, content_type = "application/json"),
     responses(
-        (status = 201, description = "Committed (at least one message was new)", body = BatchOut),
+        (status = 201, description = "Committed (at least one message was new)", body = BatchOut, links(
+            ("getMessage" = (operation_id = "getMessage", parameters(("id" = "$response.body#/results/0/eventId")), description = "The first event of the batch")),
+        )),
         (status = 200, description = "Every message repeated a known idempotency key; nothing was written", body = BatchOut),
         (status = 400, response = responses::BadRequest),
         (status = 401, response = responses::Unauthorized),
@@ -479,7 +486,10 @@ pub struct MessageOut {
     summary = "An event and its deliveries (scope: read)",
     params(("id" = Uuid, Path, description = "The eventId")),
     responses(
-        (status = 200, description = "The event", body = MessageOut),
+        (status = 200, description = "The event", body = MessageOut, links(
+            ("getDelivery" = (operation_id = "getDelivery", parameters(("id" = "$response.body#/deliveries/0/deliveryId")), description = "Its first delivery")),
+            ("replayEndpoint" = (operation_id = "replayEndpoint", parameters(("id" = "$response.body#/deliveries/0/endpointId")), description = "The endpoint of its first delivery")),
+        )),
         (status = 400, response = responses::BadRequest),
         (status = 401, response = responses::Unauthorized),
         (status = 403, response = responses::Forbidden),
