@@ -554,7 +554,7 @@ mod tests {
     }
 
     fn code(r: Result<Vec<NewMessage>, ApiError>) -> (u16, &'static str) {
-        let e = r.err().expect("an error");
+        let e = r.expect_err("an error");
         (e.status.as_u16(), e.code)
     }
 
@@ -618,8 +618,7 @@ mod tests {
         let bad_second =
             br#"{"messages":[{"eventType":"a","payload":1},{"eventType":"a..b","payload":1}]}"#;
         let e = parse_ingest_body(IngestRoute::Batch, bad_second, None, None, &limits())
-            .err()
-            .unwrap();
+            .expect_err("no tenant");
         assert_eq!(e.code, "missing_field", "no tenant without a credential");
         let e = parse_ingest_body(
             IngestRoute::Batch,
@@ -628,8 +627,7 @@ mod tests {
             None,
             &limits(),
         )
-        .err()
-        .unwrap();
+        .expect_err("a bad event type");
         assert_eq!(e.code, "invalid_event_type");
         assert!(e.message.starts_with("messages[1]: "), "{}", e.message);
     }
