@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The project's one test command: fmt, clippy and nextest against a Postgres.
+# The project's one test command: fmt, clippy, nextest and a bounded schemathesis run
+# (scripts/schemathesis.sh) against a Postgres.
 #
 # If DATABASE_URL is set it is used as is. Otherwise a throwaway cluster is
 # created in a fresh temp dir on a free 127.0.0.1 port and destroyed on exit
@@ -10,6 +11,7 @@
 #   DATABASE_URL          use this database instead of provisioning one
 #   HOOKD_PG_BINDIR       directory with initdb/pg_ctl/postgres (overrides search)
 #   HOOKD_TEST_SKIP_LINT=1  skip cargo fmt/clippy (quick local loops)
+#   HOOKD_TEST_SKIP_SCHEMATHESIS=1  skip the schemathesis run (quick local loops)
 # Extra arguments are passed to `cargo nextest run`.
 set -euo pipefail
 
@@ -204,3 +206,10 @@ fi
 log "cargo nextest run"
 # Not exec: the EXIT trap must still run to tear the cluster down.
 cargo nextest run --locked --no-fail-fast "$@"
+
+if [[ "${HOOKD_TEST_SKIP_SCHEMATHESIS:-0}" != 1 ]]; then
+  log "schemathesis against a live hookd api"
+  bash scripts/schemathesis.sh
+else
+  log "HOOKD_TEST_SKIP_SCHEMATHESIS=1: skipping the schemathesis run"
+fi

@@ -65,7 +65,11 @@ pub struct DeliveryOut {
     summary = "A delivery and its attempt log (scope: read)",
     params(("id" = Uuid, Path, description = "The delivery id (the webhook-id receivers see)")),
     responses(
-        (status = 200, description = "The delivery", body = DeliveryOut),
+        (status = 200, description = "The delivery", body = DeliveryOut, links(
+            ("replayDelivery" = (operation_id = "replayDelivery", parameters(("id" = "$response.body#/deliveryId")), description = "Replay this delivery")),
+            ("getMessage" = (operation_id = "getMessage", parameters(("id" = "$response.body#/eventId")), description = "Its event")),
+            ("replayEndpoint" = (operation_id = "replayEndpoint", parameters(("id" = "$response.body#/endpointId")), description = "Its endpoint")),
+        )),
         (status = 400, response = responses::BadRequest),
         (status = 401, response = responses::Unauthorized),
         (status = 403, response = responses::Forbidden),
@@ -324,7 +328,8 @@ pub struct DeadLetterParams {
     /// page size, 1 to 1000 (default 100)
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<i64>,
-    /// `nextCursor` of the previous page
+    /// `nextCursor` of the previous page (opaque, URL-safe base64)
+    #[param(pattern = "^[A-Za-z0-9_-]+$")]
     cursor: Option<String>,
 }
 

@@ -18,8 +18,8 @@ use super::body::{parse, read_limited, require_json};
 use super::caller::Caller;
 use super::error::ApiError;
 use super::openapi::{any_json_but_null, responses};
-use super::{AppState, path_id};
-use crate::auth::Scope;
+use super::{AppState, Limits, path_id};
+use crate::auth::{Principal, Scope, Subject};
 use crate::db;
 use crate::outbox::{self, Enqueued, NewMessage};
 
@@ -141,6 +141,94 @@ fn validate(
     })
 }
 
+/// The body of `POST /v1/messages`: parsed and validated, before rate limiting and the
+/// database.
+fn parse_single(
+    bytes: &[u8],
+    caller: &Caller,
+    header_key: Option<&str>,
+    limits: &Limits,
+) -> Result<NewMessage, ApiError> {
+    let input: MessageIn = parse(bytes)?;
+    validate(input, caller, header_key, limits.max_payload_bytes, "")
+}
+
+/// The body of `POST /v1/messages/batch`: parsed, its size checked, every message
+/// validated, before rate limiting and the database.
+fn parse_batch(
+    bytes: &[u8],
+    caller: &Caller,
+    limits: &Limits,
+) -> Result<Vec<NewMessage>, ApiError> {
+    let input: BatchIn = parse(bytes)?;
+    if input.messages.is_empty() {
+        return Err(ApiError::unprocessable(
+            "empty_batch",
+            "messages must not be empty",
+        ));
+    }
+    if input.messages.len() > limits.max_batch {
+        return Err(ApiError::unprocessable(
+            "batch_too_large",
+            format!(
+                "batch has {} messages; at most {} are allowed",
+                input.messages.len(),
+                limits.max_batch
+            ),
+        ));
+    }
+    input
+        .messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            validate(
+                m,
+                caller,
+                None,
+                limits.max_payload_bytes,
+                &format!("messages[{i}]: "),
+            )
+        })
+        .collect()
+}
+
+/// Which ingest route a body is sent to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IngestRoute {
+    /// `POST /v1/messages`
+    Single,
+    /// `POST /v1/messages/batch`
+    Batch,
+}
+
+/// What the ingest routes do with the body bytes once the caller is authenticated and the
+/// body is read: parse, check the batch size and validate every message, exactly as the
+/// handlers do (they call the same functions). `tenant` is the credential's tenant (`None`:
+/// `HOOKD_AUTH=none`); `header_key` is an `Idempotency-Key` header (single route only).
+/// Used by the fuzz targets (`fuzz/fuzz_targets/ingest.rs`), which have no database or
+/// credential; the caller built here is never seen by anything but `validate`.
+pub fn parse_ingest_body(
+    route: IngestRoute,
+    bytes: &[u8],
+    tenant: Option<&str>,
+    header_key: Option<&str>,
+    limits: &Limits,
+) -> Result<Vec<NewMessage>, ApiError> {
+    let caller = match tenant {
+        None => Caller::Anonymous,
+        Some(t) => Caller::Authenticated(Principal {
+            tenant: t.to_owned(),
+            scopes: vec![Scope::Produce],
+            subject: Subject::Token { id: Uuid::nil() },
+        }),
+    };
+    match route {
+        IngestRoute::Single => parse_single(bytes, &caller, header_key, limits).map(|m| vec![m]),
+        IngestRoute::Batch => parse_batch(bytes, &caller, limits),
+    }
+}
+
 fn header_idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     match headers.get("idempotency-key") {
         None => Ok(None),
@@ -163,12 +251,17 @@ fn header_idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError>
     description = "Answers only after the event and one delivery per subscribed endpoint of the \
         tenant are committed. A repeat of an idempotency key answers 200 with the original ids.",
     params(
-        ("Idempotency-Key" = Option<String>, Header, description = "Same as the idempotencyKey field; if both are given they must be equal"),
+        ("Idempotency-Key" = Option<String>, Header, pattern = r"^[!-~]{1,255}$", description = "Same as the idempotencyKey field; if both are given they must be equal"),
     ),
     request_body(content = MessageIn, content_type = "application/json"),
     responses(
-        (status = 201, description = "Committed", body = EnqueuedOut),
-        (status = 200, description = "A repeat of a known idempotency key: the original ids; nothing was written", body = EnqueuedOut),
+        (status = 201, description = "Committed", body = EnqueuedOut, links(
+            ("getMessage" = (operation_id = "getMessage", parameters(("id" = "$response.body#/eventId")), description = "The event just enqueued")),
+            ("getDelivery" = (operation_id = "getDelivery", parameters(("id" = "$response.body#/deliveryIds/0")), description = "Its first delivery, if any endpoint subscribes")),
+        )),
+        (status = 200, description = "A repeat of a known idempotency key: the original ids; nothing was written", body = EnqueuedOut, links(
+            ("getMessage" = (operation_id = "getMessage", parameters(("id" = "$response.body#/eventId")), description = "The original event")),
+        )),
         (status = 400, response = responses::BadRequest),
         (status = 401, response = responses::Unauthorized),
         (status = 403, response = responses::Forbidden),
@@ -194,13 +287,11 @@ pub async fn create(
     caller.require(Scope::Produce)?;
     require_json(&headers)?;
     let bytes = read_limited(body, state.limits.max_body_bytes).await?;
-    let input: MessageIn = parse(&bytes)?;
-    let msg = validate(
-        input,
+    let msg = parse_single(
+        &bytes,
         &caller,
         header_idempotency_key(&headers)?,
-        state.limits.max_payload_bytes,
-        "",
+        &state.limits,
     )?;
     state.admit(&[(msg.tenant.as_str(), 1)])?;
     let started = Instant::now();
@@ -248,7 +339,9 @@ pub async fn create(
         tenant's rate limit.",
     request_body(content = BatchIn, content_type = "application/json"),
     responses(
-        (status = 201, description = "Committed (at least one message was new)", body = BatchOut),
+        (status = 201, description = "Committed (at least one message was new)", body = BatchOut, links(
+            ("getMessage" = (operation_id = "getMessage", parameters(("id" = "$response.body#/results/0/eventId")), description = "The first event of the batch")),
+        )),
         (status = 200, description = "Every message repeated a known idempotency key; nothing was written", body = BatchOut),
         (status = 400, response = responses::BadRequest),
         (status = 401, response = responses::Unauthorized),
@@ -281,37 +374,7 @@ pub async fn create_batch(
         ));
     }
     let bytes = read_limited(body, state.limits.max_batch_body_bytes).await?;
-    let input: BatchIn = parse(&bytes)?;
-    if input.messages.is_empty() {
-        return Err(ApiError::unprocessable(
-            "empty_batch",
-            "messages must not be empty",
-        ));
-    }
-    if input.messages.len() > state.limits.max_batch {
-        return Err(ApiError::unprocessable(
-            "batch_too_large",
-            format!(
-                "batch has {} messages; at most {} are allowed",
-                input.messages.len(),
-                state.limits.max_batch
-            ),
-        ));
-    }
-    let messages = input
-        .messages
-        .into_iter()
-        .enumerate()
-        .map(|(i, m)| {
-            validate(
-                m,
-                &caller,
-                None,
-                state.limits.max_payload_bytes,
-                &format!("messages[{i}]: "),
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let messages = parse_batch(&bytes, &caller, &state.limits)?;
     let mut demand: Vec<(&str, u32)> = Vec::new();
     for m in &messages {
         match demand.iter_mut().find(|d| d.0 == m.tenant) {
@@ -423,7 +486,10 @@ pub struct MessageOut {
     summary = "An event and its deliveries (scope: read)",
     params(("id" = Uuid, Path, description = "The eventId")),
     responses(
-        (status = 200, description = "The event", body = MessageOut),
+        (status = 200, description = "The event", body = MessageOut, links(
+            ("getDelivery" = (operation_id = "getDelivery", parameters(("id" = "$response.body#/deliveries/0/deliveryId")), description = "Its first delivery")),
+            ("replayEndpoint" = (operation_id = "replayEndpoint", parameters(("id" = "$response.body#/deliveries/0/endpointId")), description = "The endpoint of its first delivery")),
+        )),
         (status = 400, response = responses::BadRequest),
         (status = 401, response = responses::Unauthorized),
         (status = 403, response = responses::Forbidden),
@@ -467,4 +533,102 @@ pub async fn get(
         deliveries: deliveries.into_iter().map(Into::into).collect(),
     })
     .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            max_payload_bytes: 16,
+            max_body_bytes: 1024,
+            max_batch: 2,
+            max_batch_body_bytes: 2048,
+            request_timeout: Duration::from_secs(30),
+            max_header_bytes: 16 * 1024,
+            max_url_bytes: 4096,
+        }
+    }
+
+    fn code(r: Result<Vec<NewMessage>, ApiError>) -> (u16, &'static str) {
+        let e = r.expect_err("an error");
+        (e.status.as_u16(), e.code)
+    }
+
+    #[test]
+    fn ingest_body_takes_the_credentials_tenant() {
+        let body = br#"{"eventType":"a.b","payload":{"x": 1},"idempotencyKey":"k"}"#;
+        let m =
+            parse_ingest_body(IngestRoute::Single, body, Some("acme"), None, &limits()).unwrap();
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].tenant, "acme");
+        assert_eq!(m[0].payload, r#"{"x": 1}"#, "the payload byte for byte");
+        assert_eq!(m[0].idempotency_key.as_deref(), Some("k"));
+
+        let other = br#"{"tenant":"other","eventType":"a","payload":1}"#;
+        let r = parse_ingest_body(IngestRoute::Single, other, Some("acme"), None, &limits());
+        assert_eq!(code(r), (403, "tenant_mismatch"));
+        let r = parse_ingest_body(IngestRoute::Single, other, None, None, &limits());
+        assert_eq!(r.unwrap()[0].tenant, "other");
+    }
+
+    #[test]
+    fn ingest_body_refusals() {
+        let single = |b: &[u8], key| {
+            code(parse_ingest_body(
+                IngestRoute::Single,
+                b,
+                Some("acme"),
+                key,
+                &limits(),
+            ))
+        };
+        assert_eq!(single(b"{", None), (400, "malformed_json"));
+        assert_eq!(
+            single(br#"{"eventType":"a","payload":null}"#, None),
+            (422, "missing_field")
+        );
+        assert_eq!(
+            single(br#"{"eventType":"a","payload":"0123456789abcdef"}"#, None),
+            (413, "payload_too_large")
+        );
+        assert_eq!(
+            single(
+                br#"{"eventType":"a","payload":1,"idempotencyKey":"x"}"#,
+                Some("y")
+            ),
+            (422, "idempotency_key_mismatch")
+        );
+
+        let batch = |b: &[u8]| {
+            code(parse_ingest_body(
+                IngestRoute::Batch,
+                b,
+                Some("acme"),
+                None,
+                &limits(),
+            ))
+        };
+        assert_eq!(batch(br#"{"messages":[]}"#), (422, "empty_batch"));
+        let three = br#"{"messages":[{"eventType":"a","payload":1},{"eventType":"a","payload":1},{"eventType":"a","payload":1}]}"#;
+        assert_eq!(batch(three), (422, "batch_too_large"));
+        let bad_second =
+            br#"{"messages":[{"eventType":"a","payload":1},{"eventType":"a..b","payload":1}]}"#;
+        let e = parse_ingest_body(IngestRoute::Batch, bad_second, None, None, &limits())
+            .expect_err("no tenant");
+        assert_eq!(e.code, "missing_field", "no tenant without a credential");
+        let e = parse_ingest_body(
+            IngestRoute::Batch,
+            bad_second,
+            Some("acme"),
+            None,
+            &limits(),
+        )
+        .expect_err("a bad event type");
+        assert_eq!(e.code, "invalid_event_type");
+        assert!(e.message.starts_with("messages[1]: "), "{}", e.message);
+    }
 }

@@ -33,6 +33,7 @@ use crate::notify::Notifier;
 use crate::outbox::Outbox;
 use error::ApiError;
 use limits::TenantRateLimiter;
+pub use messages::{IngestRoute, parse_ingest_body};
 
 /// Request limits (all configurable, see `ApiSettings`).
 #[derive(Debug, Clone)]

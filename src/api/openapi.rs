@@ -97,7 +97,47 @@ pub fn any_json_but_null() -> utoipa::openapi::schema::Object {
 
 /// The whole document (built once; `GET /openapi.json` serves these bytes).
 pub fn document() -> utoipa::openapi::OpenApi {
-    super::routes().split_for_parts().1
+    let mut doc = super::routes().split_for_parts().1;
+    camel_case_links(&mut doc);
+    doc
+}
+
+/// utoipa 5.5 serializes a Link object's `operationId` as `operation_id` (its `Link` lacks
+/// serde's camelCase renaming), which OpenAPI tools ignore: schemathesis followed none of
+/// the links. The handlers' `links(...)` give only `operation_id` and `parameters`; this
+/// moves the id to the field's OpenAPI name, through the extensions map that is
+/// serialized flat into the Link object.
+fn camel_case_links(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::RefOr;
+    for item in doc.paths.paths.values_mut() {
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.options,
+            &mut item.head,
+            &mut item.patch,
+            &mut item.trace,
+        ];
+        for op in operations.into_iter().flatten() {
+            for response in op.responses.responses.values_mut() {
+                let RefOr::T(response) = response else {
+                    continue;
+                };
+                for link in response.links.values_mut() {
+                    let RefOr::T(link) = link else { continue };
+                    if link.operation_id.is_empty() {
+                        continue;
+                    }
+                    let id = std::mem::take(&mut link.operation_id);
+                    link.extensions
+                        .get_or_insert_with(Default::default)
+                        .insert("operationId".into(), id.into());
+                }
+            }
+        }
+    }
 }
 
 static DOCUMENT_JSON: LazyLock<String> = LazyLock::new(|| {
