@@ -417,10 +417,10 @@ pub async fn run_report(
     // Always drop what we created, whatever happened above.
     let dropped = db::bench::drop_database(&admin, &database).await;
     admin.close().await;
-    if let Some(t) = temp {
-        if let Err(e) = t.shutdown().await {
-            progress(&format!("could not remove the throwaway PostgreSQL: {e}"));
-        }
+    if let Some(t) = temp
+        && let Err(e) = t.shutdown().await
+    {
+        progress(&format!("could not remove the throwaway PostgreSQL: {e}"));
     }
     let mut report = outcome?;
     dropped?;

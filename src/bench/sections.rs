@@ -500,19 +500,19 @@ pub(crate) async fn baselines(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
         }
     };
     ratio(
-        format!("ratio ingest single / 1 ev/tx"),
+        "ratio ingest single / 1 ev/tx".to_string(),
         ingest_single,
         results[0],
         "HTTP single-message ingest (group commit) over one-transaction-per-event SQL",
     );
     ratio(
-        format!("ratio ingest single / 64 ev/tx"),
+        "ratio ingest single / 64 ev/tx".to_string(),
         ingest_single,
         results[1],
         "HTTP single-message ingest over 64-events-per-transaction SQL",
     );
     ratio(
-        format!("ratio ingest batch / 64 ev/tx"),
+        "ratio ingest batch / 64 ev/tx".to_string(),
         ingest_batch,
         results[1],
         "HTTP batch ingest over 64-events-per-transaction SQL",
