@@ -52,6 +52,9 @@ pub struct BenchArgs {
     /// Make the receiver verify every signature (off by default: that is the receiver's CPU, not hookd's)
     #[arg(long)]
     pub verify_signatures: bool,
+    /// Print the claim statement's EXPLAIN (ANALYZE, BUFFERS) at each claim point to stderr
+    #[arg(long)]
+    pub explain: bool,
     /// A tiny run for the test suite (seconds in a debug build)
     #[arg(long, hide = true)]
     pub smoke: bool,
@@ -66,6 +69,7 @@ impl BenchArgs {
             only: Vec::new(),
             pool_size: 16,
             verify_signatures: false,
+            explain: false,
             smoke: false,
         }
     }

@@ -213,7 +213,7 @@ async fn wait_for(
                 secs(timeout)
             )));
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -816,6 +816,12 @@ pub(crate) async fn claim(ctx: &Ctx, report: &mut Report) -> Result<(), BenchErr
             now: None,
         };
         let plan = db::deliveries::explain_claim(&ctx.pool, &req).await?;
+        if ctx.args.explain {
+            progress(&format!(
+                "claim plan at {due} due, {terminal} terminal:\n{}",
+                plan.join("\n")
+            ));
+        }
         let index = plan.iter().any(|l| l.contains("deliveries_claimable"));
         let seq_scan = plan.iter().any(|l| l.contains("Seq Scan on deliveries"));
         let mut lat = Vec::with_capacity(s.claim_samples);
