@@ -32,7 +32,7 @@ Database: when DATABASE_URL is set, the bench creates a dedicated database \
 hookd_bench_<pid>_<n> on that server (the role needs CREATEDB), works only in it and drops it \
 at the end (also on error or Ctrl-C); the database DATABASE_URL names is never written. When \
 DATABASE_URL is unset, a throwaway PostgreSQL cluster is started and removed.\n\n\
-A full run takes about 5-8 minutes (it writes 2 M rows for the claim figures); --quick takes \
+A full run takes about 3-4 minutes on 2 cores (it writes 2 M rows for the claim figures); --quick takes \
 under a minute with smaller counts and shorter runs. Build with --release: debug figures \
 mean nothing."
 )]
