@@ -59,6 +59,8 @@ pub enum Command {
     /// Manage static API tokens
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Measure ingest, dispatch, end-to-end latency and claim cost on this machine (in a dedicated, dropped database)
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, Subcommand)]

@@ -81,5 +81,6 @@ async fn run(command: Command) -> anyhow::Result<()> {
             retention::run_once(&pool, &args.retention).await
         }
         Command::Token(cmd) => hookd::auth::cli::run(cmd).await,
+        Command::Bench(args) => hookd::bench::run(args, runtime::shutdown_on_signals()).await,
     }
 }

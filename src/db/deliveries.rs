@@ -246,6 +246,20 @@ pub async fn complete(
                                  $7::int[], $8::int[], $9::text[], $10::text[], $11::text[], $12::text[])
               AS i(id, attempt, status, retry_at, started_at, duration_ms, status_code, error_class,
                    error, snippet, dead_reason)
+        ), fenced AS (
+            -- One primary-key probe per outcome, locking the rows that pass the fence.
+            -- Written as a LATERAL so the plan is driven from the batch whatever the
+            -- statistics say: with the fence as a plain join filter the planner expects
+            -- ~1 in_progress row (true of the table as a whole), scans the table and
+            -- joins it to the batch in a nested loop: 0.3-0.8 s per 512 outcomes on a
+            -- 20 k-row table, measured by `hookd bench`.
+            SELECT x.id FROM i
+            CROSS JOIN LATERAL (
+                SELECT d.id FROM hookd.deliveries d
+                WHERE d.id = i.id AND d.locked_by = $1 AND d.attempts = i.attempt
+                  AND d.status = 'in_progress'
+                FOR UPDATE OF d
+            ) x
         ), upd AS (
             UPDATE hookd.deliveries d
             SET status = i.status,
@@ -255,9 +269,11 @@ pub async fn complete(
                 last_error = i.error,
                 updated_at = now(),
                 completed_at = CASE WHEN i.status IN ('succeeded', 'dead') THEN now() END
-            FROM i
-            WHERE d.id = i.id AND d.locked_by = $1 AND d.attempts = i.attempt
-              AND d.status = 'in_progress'
+            -- no fence here: `fenced` checked it under the row locks this transaction now
+            -- holds, so nobody can have changed these rows since (and restating it here
+            -- brings the mis-estimated scan back)
+            FROM fenced f JOIN i ON i.id = f.id
+            WHERE d.id = f.id
             RETURNING d.id, d.endpoint_id, d.tenant
         ), log AS (
             INSERT INTO hookd.delivery_attempts

@@ -2,6 +2,7 @@
 //! per table. Callers get typed functions and row structs, never SQL text.
 
 pub mod attempts;
+pub mod bench;
 pub mod dead_letters;
 pub mod deliveries;
 pub mod endpoints;

@@ -1,0 +1,871 @@
+//! The sections of the table. Each starts from emptied tables, sets up what it needs
+//! through the real code paths (endpoints through `apply`, the API's `AppState` and
+//! listener, `run_dispatcher`), measures, and stops what it started.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use base64::Engine as _;
+use http::StatusCode;
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::load::{self, Conn, Target, ms, percentile};
+use super::receiver::FastReceiver;
+use super::{BenchError, Check, Ctx, Report, Row, progress};
+use crate::auth::{AuthMode, Scope};
+use crate::config::{ApiSettings, DispatchSettings};
+use crate::db::{self, deliveries::ClaimRequest};
+use crate::signing::SigningSecret;
+
+const INGEST_COMMITTERS: usize = 4;
+const INGEST_MAX_GROUP: usize = 256;
+const DISPATCH_CONCURRENCY: usize = 256;
+const ENDPOINT_CONCURRENCY: usize = 32;
+const UNUSED_URL: &str = "http://127.0.0.1:9/unused";
+
+pub(crate) fn random_signing_secret() -> String {
+    let bytes: [u8; 32] = rand::random();
+    format!(
+        "whsec_{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+// ---- setup helpers ----
+
+/// Empties endpoints and the queue (secrets, deliveries, attempts, dead letters follow
+/// by cascade).
+async fn reset(ctx: &Ctx) -> Result<(), BenchError> {
+    sqlx::query("SELECT 1").execute(&ctx.pool).await.ok();
+    db::bench::truncate_queue(&ctx.pool).await?;
+    db::bench::delete_endpoints(&ctx.pool).await?;
+    Ok(())
+}
+
+/// Declares one endpoint per URL for `tenant` (its namespace), through `hookd apply`'s
+/// code, all signed with the run's secret; returns their ids.
+async fn endpoints(ctx: &Ctx, tenant: &str, urls: &[String]) -> Result<Vec<Uuid>, BenchError> {
+    let mut yaml = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: bench-secret, namespace: {tenant}}}\nstringData: {{secret: \"{}\"}}\n",
+        ctx.signing_secret
+    );
+    for (i, url) in urls.iter().enumerate() {
+        yaml.push_str(&format!(
+            "---\napiVersion: hookd.dev/v1alpha1\nkind: WebhookEndpoint\nmetadata: {{name: ep-{i}, namespace: {tenant}}}\nspec:\n  url: \"{url}\"\n  secretRef: {{name: bench-secret, key: secret}}\n"
+        ));
+    }
+    let file = Path::new("bench.yaml");
+    let docs =
+        crate::apply::parse_documents(file, &yaml).map_err(|e| BenchError::Setup(e.to_string()))?;
+    let plan = crate::apply::plan(&[(file.to_path_buf(), docs)])
+        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    let applied = crate::apply::apply_plan(&ctx.pool, &plan, &ctx.keyring)
+        .await
+        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    Ok(applied.into_iter().map(|(_, o)| o.endpoint_id).collect())
+}
+
+/// A JSON object of about `bytes` bytes.
+fn payload(bytes: usize, seq: u64) -> String {
+    let head = format!(r#"{{"seq":{seq},"invoice":"in_1","amount":4200,"pad":""#);
+    let pad = bytes.saturating_sub(head.len() + 2);
+    format!("{head}{}\"}}", "x".repeat(pad))
+}
+
+fn api_settings(auth: AuthMode) -> ApiSettings {
+    ApiSettings {
+        listen: "127.0.0.1:0".parse().expect("an address"),
+        max_payload_bytes: 256 * 1024,
+        max_batch: 100,
+        ingest_committers: INGEST_COMMITTERS,
+        ingest_max_group: INGEST_MAX_GROUP,
+        notify: true,
+        auth,
+        auth_sa_scopes: vec![Scope::Produce, Scope::Read],
+        auth_namespace_tenants: Default::default(),
+        tenant_rate_limit: None,
+        api_request_timeout_secs: 30,
+        api_header_timeout_secs: 20,
+        api_max_connections: 4096,
+        api_max_header_bytes: 16 * 1024,
+        api_max_url_bytes: 4096,
+    }
+}
+
+/// The API (real AppState, router and listener) on an ephemeral loopback port, with its
+/// own pool; stopped by cancelling the returned token.
+async fn start_api(
+    ctx: &Ctx,
+    auth: AuthMode,
+) -> Result<(SocketAddr, CancellationToken), BenchError> {
+    let pool = ctx.new_pool()?;
+    let settings = api_settings(auth);
+    let stop = ctx.shutdown.child_token();
+    let state = crate::api::AppState::start(pool, &settings, None, stop.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(crate::api::server::serve_api_on(
+        listener,
+        crate::api::app(state),
+        settings.listener_limits(),
+        stop.clone(),
+    ));
+    Ok((addr, stop))
+}
+
+fn dispatch_settings() -> DispatchSettings {
+    DispatchSettings {
+        listen: "127.0.0.1:0".parse().expect("an address"),
+        lease_secs: 60,
+        request_timeout_secs: 15,
+        concurrency: DISPATCH_CONCURRENCY,
+        endpoint_concurrency: ENDPOINT_CONCURRENCY,
+        // the receiver is on loopback, which is refused by default
+        allowed_destinations: "127.0.0.0/8".into(),
+        retry_schedule: "5,300,1800,7200,18000,36000,36000".into(),
+        max_attempts: None,
+        retry_jitter: 0.2,
+        max_retry_after_secs: 3600,
+        circuit_failures: 5,
+        circuit_cooldown_secs: 30,
+        poll_ms: 1000,
+        notify: true,
+        shutdown_grace_secs: 10,
+        response_snippet_bytes: 1024,
+    }
+}
+
+struct RunningDispatcher {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningDispatcher {
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+fn start_dispatcher(ctx: &Ctx) -> Result<RunningDispatcher, BenchError> {
+    let cfg = crate::dispatch::DispatchConfig::from_settings(&dispatch_settings())
+        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    let pool = ctx.new_pool()?;
+    let stop = ctx.shutdown.child_token();
+    let task = tokio::spawn(crate::dispatch::run_dispatcher(
+        pool,
+        cfg,
+        ctx.keyring.clone(),
+        crate::metrics::Metrics::new(),
+        stop.clone(),
+    ));
+    Ok(RunningDispatcher { stop, task })
+}
+
+async fn start_receiver(ctx: &Ctx) -> Result<FastReceiver, BenchError> {
+    let verify = if ctx.args.verify_signatures {
+        Some(
+            SigningSecret::parse(&ctx.signing_secret)
+                .map_err(|e| BenchError::Setup(e.to_string()))?,
+        )
+    } else {
+        None
+    };
+    Ok(FastReceiver::start(verify, ctx.shutdown.child_token()).await?)
+}
+
+fn receiver_note(ctx: &Ctx) -> &'static str {
+    if ctx.args.verify_signatures {
+        "receiver verifies signatures"
+    } else {
+        "receiver answers 204 without verifying"
+    }
+}
+
+fn secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 1.0 {
+        format!("{:.0} ms", s * 1000.0)
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
+async fn wait_for(
+    what: &str,
+    timeout: Duration,
+    mut done: impl AsyncFnMut() -> Result<bool, BenchError>,
+) -> Result<(), BenchError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if done().await? {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(BenchError::Check(format!(
+                "{what}: not done after {}",
+                secs(timeout)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ---- ingest ----
+
+pub(crate) async fn ingest(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
+    let s = &ctx.scale;
+    reset(ctx).await?;
+    endpoints(ctx, "bench-fo1", &[UNUSED_URL.to_string()]).await?;
+    endpoints(ctx, "bench-fo5", &vec![UNUSED_URL.to_string(); 5]).await?;
+    let (addr, stop) = start_api(ctx, AuthMode::None).await?;
+    let top = s.concurrencies.iter().copied().max().unwrap_or(1);
+    let (mut acked, mut rows, mut expected_deliveries, mut deliveries) = (0, 0, 0, 0);
+    let mut plan: Vec<(usize, bool, usize, AuthMode)> = Vec::new();
+    for fanout in [1, 5] {
+        for batch in [false, true] {
+            for &c in &s.concurrencies {
+                plan.push((fanout, batch, c, AuthMode::None));
+            }
+        }
+    }
+    // the same as the headline figure, with a Bearer token: what authentication costs
+    plan.push((1, false, top, AuthMode::On));
+    let mut auth_api: Option<(SocketAddr, CancellationToken, String)> = None;
+    for (fanout, batch, c, auth) in plan {
+        db::bench::truncate_queue(&ctx.pool).await?;
+        let tenant = format!("bench-fo{fanout}");
+        let one = |seq: u64| {
+            format!(
+                r#"{{"tenant":"{tenant}","eventType":"bench.ingest","payload":{}}}"#,
+                payload(s.payload_bytes, seq)
+            )
+        };
+        let (path, body, per_request, expect) = if batch {
+            let msgs: Vec<String> = (0..s.batch_size as u64).map(one).collect();
+            (
+                "/v1/messages/batch",
+                format!(r#"{{"messages":[{}]}}"#, msgs.join(",")),
+                s.batch_size as u64,
+                StatusCode::CREATED,
+            )
+        } else {
+            ("/v1/messages", one(0), 1, StatusCode::CREATED)
+        };
+        let (target_addr, authorization) = match auth {
+            AuthMode::None => (addr, None),
+            AuthMode::On => {
+                if auth_api.is_none() {
+                    let token = crate::auth::tokens::create(
+                        &ctx.pool,
+                        &crate::auth::tokens::TokenRequest {
+                            tenant: tenant.clone(),
+                            scopes: vec![Scope::Produce],
+                            name: Some("hookd bench".into()),
+                            expires_at: None,
+                        },
+                    )
+                    .await
+                    .map_err(|e| BenchError::Setup(e.to_string()))?
+                    .token;
+                    let (a, st) = start_api(ctx, AuthMode::On).await?;
+                    auth_api = Some((a, st, token));
+                }
+                let (a, _, token) = auth_api.as_ref().expect("started above");
+                (*a, Some(format!("Bearer {token}")))
+            }
+        };
+        let target = Arc::new(Target {
+            addr: target_addr,
+            path,
+            body: Bytes::from(body),
+            authorization,
+            events_per_request: per_request,
+            expect,
+        });
+        let r = load::closed_loop(target, c, s.warmup, s.window).await?;
+        if r.errors > 0 {
+            return Err(BenchError::Load(format!(
+                "{} request(s) failed; first: {}",
+                r.errors,
+                r.first_error.unwrap_or_default()
+            )));
+        }
+        let (ev, dl) = db::bench::queue_counts(&ctx.pool).await?;
+        acked += r.events_acked_total;
+        rows += ev as u64;
+        expected_deliveries += ev as u64 * fanout as u64;
+        deliveries += dl as u64;
+        let mode = if batch {
+            format!("batch({})", s.batch_size)
+        } else {
+            "single".to_string()
+        };
+        let auth_note = match auth {
+            AuthMode::None => "auth off (HOOKD_AUTH=none)",
+            AuthMode::On => "auth on (static Bearer token, verified through the token cache)",
+        };
+        report.rows.push(Row {
+            section: "ingest",
+            figure: format!(
+                "{mode} c={c} fan-out {fanout}{}",
+                if auth == AuthMode::On { " +auth" } else { "" }
+            ),
+            value: r.events_per_sec(),
+            unit: "ev/s",
+            detail: format!(
+                "ack p50 {:.2} ms p99 {:.2} ms",
+                ms(percentile(&r.latencies, 50.0)),
+                ms(percentile(&r.latencies, 99.0))
+            ),
+            conditions: format!(
+                "payload {} B, {} (+{} warm-up), {} requests, API pool {}, {INGEST_COMMITTERS} committers, max group {INGEST_MAX_GROUP}, {auth_note}",
+                s.payload_bytes,
+                secs(s.window),
+                secs(s.warmup),
+                r.requests,
+                ctx.pool_settings.max_connections,
+            ),
+        });
+        progress(&format!(
+            "ingest {mode} c={c} fan-out {fanout}: {:.0} ev/s",
+            r.events_per_sec()
+        ));
+    }
+    stop.cancel();
+    if let Some((_, st, _)) = auth_api {
+        st.cancel();
+    }
+    report.checks.push(Check {
+        what: "ingest: events acked (2xx) == event rows committed".into(),
+        expected: acked,
+        actual: rows,
+    });
+    report.checks.push(Check {
+        what: "ingest: delivery rows == events x fan-out".into(),
+        expected: expected_deliveries,
+        actual: deliveries,
+    });
+    Ok(())
+}
+
+// ---- baselines ----
+
+fn baseline_row(tenant: &str, endpoint_id: Uuid, payload: &str) -> db::bench::BaselineRow {
+    let event_type = "bench.baseline";
+    let mut h = Sha256::new();
+    h.update(event_type.as_bytes());
+    h.update(b"\n");
+    h.update(payload.as_bytes());
+    db::bench::BaselineRow {
+        event_id: Uuid::now_v7(),
+        delivery_id: Uuid::now_v7(),
+        tenant: tenant.to_string(),
+        event_type: event_type.to_string(),
+        payload: payload.to_string(),
+        request_hash: h.finalize().to_vec(),
+        endpoint_id,
+    }
+}
+
+struct SqlRun {
+    events: u64,
+    acked_total: u64,
+    latencies: Vec<Duration>,
+}
+
+/// `c` tasks on one pool, each inserting `per_tx` events (one delivery each) per
+/// transaction, back to back.
+async fn sql_loop(
+    ctx: &Ctx,
+    pool: &sqlx::PgPool,
+    endpoint_id: Uuid,
+    c: usize,
+    per_tx: usize,
+) -> Result<SqlRun, BenchError> {
+    let s = &ctx.scale;
+    let start = Instant::now();
+    let measure_from = start + s.warmup;
+    let end = measure_from + s.window;
+    let body = payload(s.payload_bytes, 0);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..c {
+        let (pool, body) = (pool.clone(), body.clone());
+        tasks.spawn(async move {
+            let mut lat = Vec::new();
+            let mut total = 0u64;
+            loop {
+                let t0 = Instant::now();
+                if t0 >= end {
+                    break;
+                }
+                let rows: Vec<_> = (0..per_tx)
+                    .map(|_| baseline_row("bench-base", endpoint_id, &body))
+                    .collect();
+                if per_tx == 1 {
+                    db::bench::baseline_insert_one(&pool, &rows[0]).await?;
+                } else {
+                    db::bench::baseline_insert_many(&pool, &rows).await?;
+                }
+                total += per_tx as u64;
+                if t0 >= measure_from {
+                    lat.push(t0.elapsed());
+                }
+            }
+            Ok::<_, BenchError>((lat, total))
+        });
+    }
+    let mut latencies = Vec::new();
+    let mut acked_total = 0;
+    while let Some(j) = tasks.join_next().await {
+        let (lat, total) = j.map_err(|e| BenchError::Load(e.to_string()))??;
+        latencies.extend(lat);
+        acked_total += total;
+    }
+    latencies.sort_unstable();
+    Ok(SqlRun {
+        events: latencies.len() as u64 * per_tx as u64,
+        acked_total,
+        latencies,
+    })
+}
+
+pub(crate) async fn baselines(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
+    let s = &ctx.scale;
+    reset(ctx).await?;
+    let endpoint_id = endpoints(ctx, "bench-base", &[UNUSED_URL.to_string()]).await?[0];
+    let pool = ctx.new_pool()?;
+    let c = s.concurrencies.iter().copied().max().unwrap_or(1);
+    let mut results = Vec::new();
+    let (mut acked, mut rows) = (0, 0);
+    for per_tx in [1usize, 64] {
+        db::bench::truncate_queue(&ctx.pool).await?;
+        let r = sql_loop(ctx, &pool, endpoint_id, c, per_tx).await?;
+        acked += r.acked_total;
+        rows += db::bench::queue_counts(&ctx.pool).await?.0 as u64;
+        let rate = r.events as f64 / s.window.as_secs_f64();
+        results.push(rate);
+        report.rows.push(Row {
+            section: "baselines",
+            figure: format!("plain SQL {per_tx} ev/tx c={c}"),
+            value: rate,
+            unit: "ev/s",
+            detail: format!(
+                "commit p50 {:.2} ms p99 {:.2} ms",
+                ms(percentile(&r.latencies, 50.0)),
+                ms(percentile(&r.latencies, 99.0))
+            ),
+            conditions: format!(
+                "one INSERT…INSERT statement per transaction (autocommit), event + 1 delivery per event, payload {} B, {} (+{} warm-up), pool {}, no HTTP",
+                s.payload_bytes,
+                secs(s.window),
+                secs(s.warmup),
+                ctx.pool_settings.max_connections
+            ),
+        });
+        progress(&format!("baseline {per_tx} ev/tx c={c}: {rate:.0} ev/s"));
+    }
+    pool.close().await;
+    report.checks.push(Check {
+        what: "baselines: events committed == event rows".into(),
+        expected: acked,
+        actual: rows,
+    });
+    let ingest_single = report
+        .row("ingest", &format!("single c={c} fan-out 1"))
+        .filter(|r| !r.figure.ends_with("+auth"))
+        .map(|r| r.value);
+    let ingest_batch = report
+        .row(
+            "ingest",
+            &format!("batch({}) c={c} fan-out 1", s.batch_size),
+        )
+        .map(|r| r.value);
+    let mut ratio = |figure: String, num: Option<f64>, den: f64, what: &str| {
+        if let Some(n) = num.filter(|_| den > 0.0) {
+            report.rows.push(Row {
+                section: "baselines",
+                figure,
+                value: n / den,
+                unit: "x",
+                detail: format!("{n:.0} / {den:.0} ev/s"),
+                conditions: format!("{what}; same machine, same run, c={c}"),
+            });
+        }
+    };
+    ratio(
+        "ratio ingest single / 1 ev/tx".to_string(),
+        ingest_single,
+        results[0],
+        "HTTP single-message ingest (group commit) over one-transaction-per-event SQL",
+    );
+    ratio(
+        "ratio ingest single / 64 ev/tx".to_string(),
+        ingest_single,
+        results[1],
+        "HTTP single-message ingest over 64-events-per-transaction SQL",
+    );
+    ratio(
+        "ratio ingest batch / 64 ev/tx".to_string(),
+        ingest_batch,
+        results[1],
+        "HTTP batch ingest over 64-events-per-transaction SQL",
+    );
+    Ok(())
+}
+
+// ---- dispatch ----
+
+pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
+    let s = &ctx.scale;
+    let rx = start_receiver(ctx).await?;
+    for (endpoint_count, rows) in [
+        (s.dispatch_endpoints, s.dispatch_rows),
+        (1, s.dispatch_single_rows),
+    ] {
+        reset(ctx).await?;
+        let urls: Vec<String> = (0..endpoint_count)
+            .map(|i| rx.url(&format!("/ep{i}")))
+            .collect();
+        let ids = endpoints(ctx, "bench-dispatch", &urls).await?;
+        let t = Instant::now();
+        db::bench::fill(
+            &ctx.pool,
+            "bench-dispatch",
+            &ids,
+            rows,
+            &payload(s.payload_bytes, 0),
+            false,
+        )
+        .await?;
+        db::bench::vacuum_analyze(&ctx.pool).await?;
+        progress(&format!(
+            "dispatch: {rows} deliveries pre-filled in {}",
+            secs(t.elapsed())
+        ));
+        rx.take();
+        let started = Instant::now();
+        let d = start_dispatcher(ctx)?;
+        let want = rows as usize;
+        let timeout = Duration::from_secs(60) + Duration::from_millis(rows as u64 * 5);
+        let waited = async {
+            wait_for("receiver got every delivery", timeout, async || {
+                Ok(rx.count() >= want)
+            })
+            .await?;
+            wait_for("every outcome written", timeout, async || {
+                Ok(db::bench::open_deliveries(&ctx.pool).await? == 0)
+            })
+            .await
+        }
+        .await;
+        let elapsed = started.elapsed();
+        d.stop().await;
+        waited?;
+        let arrivals = rx.take();
+        let unique: std::collections::HashSet<Uuid> = arrivals.iter().map(|a| a.0).collect();
+        let succeeded = db::bench::count_status(&ctx.pool, "succeeded").await?;
+        let rate = rows as f64 / elapsed.as_secs_f64();
+        report.checks.push(Check {
+            what: format!("dispatch {endpoint_count} endpoint(s): distinct ids received == rows"),
+            expected: rows as u64,
+            actual: unique.len() as u64,
+        });
+        report.checks.push(Check {
+            what: format!("dispatch {endpoint_count} endpoint(s): succeeded rows == rows"),
+            expected: rows as u64,
+            actual: succeeded as u64,
+        });
+        report.rows.push(Row {
+            section: "dispatch",
+            figure: format!("drain {rows} to {endpoint_count} endpoint(s)"),
+            value: rate,
+            unit: "del/s",
+            detail: format!(
+                "{} until all outcomes written, {} duplicate(s)",
+                secs(elapsed),
+                arrivals.len() - unique.len()
+            ),
+            conditions: format!(
+                "backlog pre-filled (set-based SQL, vacuum analyzed), real dispatcher (claim, sign, send, batched completion), concurrency {DISPATCH_CONCURRENCY}, {ENDPOINT_CONCURRENCY} in flight per endpoint, payload {} B, dispatcher pool {}, {}",
+                s.payload_bytes,
+                ctx.pool_settings.max_connections,
+                receiver_note(ctx)
+            ),
+        });
+        progress(&format!(
+            "dispatch to {endpoint_count} endpoint(s): {rate:.0} deliveries/s"
+        ));
+    }
+    if rx.malformed() + rx.bad_signatures() > 0 {
+        report.checks.push(Check {
+            what: "receiver: malformed or badly signed deliveries".into(),
+            expected: 0,
+            actual: rx.malformed() + rx.bad_signatures(),
+        });
+    }
+    Ok(())
+}
+
+// ---- end-to-end latency ----
+
+pub(crate) async fn e2e(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
+    let s = &ctx.scale;
+    reset(ctx).await?;
+    let rx = start_receiver(ctx).await?;
+    endpoints(ctx, "bench-e2e", &[rx.url("/e2e")]).await?;
+    let (addr, stop_api) = start_api(ctx, AuthMode::None).await?;
+    let d = start_dispatcher(ctx)?;
+    // let the dispatcher's LISTEN connection come up and its first claim run
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let (conn_tx, mut conn_rx) = tokio::sync::mpsc::channel::<Conn>(16);
+    for _ in 0..16 {
+        conn_tx
+            .send(Conn::open(addr).await?)
+            .await
+            .map_err(|_| BenchError::Load("connection pool".into()))?;
+    }
+    let target = Arc::new(Target {
+        addr,
+        path: "/v1/messages",
+        body: Bytes::new(),
+        authorization: None,
+        events_per_request: 1,
+        expect: StatusCode::CREATED,
+    });
+    let sent: Arc<Mutex<Vec<(Uuid, Instant, Duration)>>> = Arc::new(Mutex::new(Vec::new()));
+    let errors: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+    let n = (s.e2e_rate * s.e2e_window.as_secs_f64()).round() as u64;
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / s.e2e_rate));
+    let mut tasks = tokio::task::JoinSet::new();
+    let paced_from = Instant::now();
+    for seq in 0..n {
+        tick.tick().await;
+        let mut conn = conn_rx
+            .recv()
+            .await
+            .ok_or_else(|| BenchError::Load("connection pool closed".into()))?;
+        let (target, sent, errors, conn_tx) = (
+            target.clone(),
+            sent.clone(),
+            errors.clone(),
+            conn_tx.clone(),
+        );
+        let body = format!(
+            r#"{{"tenant":"bench-e2e","eventType":"bench.e2e","payload":{}}}"#,
+            payload(s.payload_bytes, seq)
+        );
+        tasks.spawn(async move {
+            let t0 = Instant::now();
+            match conn.send(&target, Bytes::from(body)).await {
+                Ok((StatusCode::CREATED, b)) => {
+                    let ack = t0.elapsed();
+                    let ids: Vec<Uuid> = serde_json::from_slice::<serde_json::Value>(&b)
+                        .ok()
+                        .and_then(|v| {
+                            v["deliveryIds"].as_array().map(|a| {
+                                a.iter().filter_map(|i| i.as_str()?.parse().ok()).collect()
+                            })
+                        })
+                        .unwrap_or_default();
+                    sent.lock()
+                        .expect("lock")
+                        .extend(ids.into_iter().map(|id| (id, t0, ack)));
+                    let _ = conn_tx.send(conn).await;
+                }
+                Ok((status, b)) => {
+                    errors
+                        .lock()
+                        .expect("lock")
+                        .push(format!("HTTP {status}: {}", String::from_utf8_lossy(&b)));
+                    let _ = conn_tx.send(conn).await;
+                }
+                Err(e) => errors.lock().expect("lock").push(e.to_string()),
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let paced_for = paced_from.elapsed();
+    let sent = std::mem::take(&mut *sent.lock().expect("lock"));
+    let want = sent.len();
+    let waited = wait_for(
+        "e2e: receiver got every delivery",
+        Duration::from_secs(30),
+        async || Ok(rx.count() >= want),
+    )
+    .await;
+    d.stop().await;
+    stop_api.cancel();
+    waited?;
+    if let Some(e) = errors.lock().expect("lock").first() {
+        return Err(BenchError::Load(format!("e2e request failed: {e}")));
+    }
+    let mut arrivals: HashMap<Uuid, Instant> = HashMap::new();
+    for (id, at) in rx.take() {
+        arrivals.entry(id).or_insert(at);
+    }
+    let mut lat: Vec<Duration> = Vec::with_capacity(want);
+    let mut acks: Vec<Duration> = Vec::with_capacity(want);
+    for (id, t0, ack) in &sent {
+        if let Some(at) = arrivals.get(id) {
+            lat.push(at.saturating_duration_since(*t0));
+        }
+        acks.push(*ack);
+    }
+    lat.sort_unstable();
+    acks.sort_unstable();
+    report.checks.push(Check {
+        what: "e2e: deliveries received == deliveries enqueued".into(),
+        expected: n,
+        actual: lat.len() as u64,
+    });
+    let cond = format!(
+        "paced {:.0} ev/s for {} ({} events, {:.0} ev/s achieved), fan-out 1, payload {} B, enqueue start -> receiver arrival, NOTIFY on, auth off, {}",
+        s.e2e_rate,
+        secs(s.e2e_window),
+        n,
+        n as f64 / paced_for.as_secs_f64(),
+        s.payload_bytes,
+        receiver_note(ctx)
+    );
+    report.rows.push(Row {
+        section: "e2e",
+        figure: "latency p50".into(),
+        value: ms(percentile(&lat, 50.0)),
+        unit: "ms",
+        detail: format!(
+            "p95 {:.2} ms p99 {:.2} ms max {:.2} ms",
+            ms(percentile(&lat, 95.0)),
+            ms(percentile(&lat, 99.0)),
+            ms(lat.last().copied().unwrap_or_default())
+        ),
+        conditions: cond.clone(),
+    });
+    report.rows.push(Row {
+        section: "e2e",
+        figure: "latency p99".into(),
+        value: ms(percentile(&lat, 99.0)),
+        unit: "ms",
+        detail: format!(
+            "ack p50 {:.2} ms p99 {:.2} ms",
+            ms(percentile(&acks, 50.0)),
+            ms(percentile(&acks, 99.0))
+        ),
+        conditions: cond,
+    });
+    progress(&format!(
+        "e2e: p50 {:.2} ms p99 {:.2} ms",
+        ms(percentile(&lat, 50.0)),
+        ms(percentile(&lat, 99.0))
+    ));
+    Ok(())
+}
+
+// ---- claim latency ----
+
+pub(crate) async fn claim(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
+    let s = &ctx.scale;
+    reset(ctx).await?;
+    let ids = endpoints(
+        ctx,
+        "bench-claim",
+        &vec![UNUSED_URL.to_string(); s.claim_endpoints],
+    )
+    .await?;
+    let body = payload(s.payload_bytes, 0);
+    let mut filled = 0i64;
+    let mut points: Vec<(i64, i64)> = s.claim_due.iter().map(|d| (*d, 0)).collect();
+    if let Some(&last) = s.claim_due.last() {
+        points.push((last, s.claim_terminal));
+    }
+    let mut terminal_filled = 0i64;
+    for (due, terminal) in points {
+        let t = Instant::now();
+        if due > filled {
+            db::bench::fill(&ctx.pool, "bench-claim", &ids, due - filled, &body, false).await?;
+            filled = due;
+        }
+        if terminal > terminal_filled {
+            db::bench::fill(
+                &ctx.pool,
+                "bench-claim",
+                &ids,
+                terminal - terminal_filled,
+                &body,
+                true,
+            )
+            .await?;
+            terminal_filled = terminal;
+        }
+        db::bench::vacuum_analyze(&ctx.pool).await?;
+        let fill_time = t.elapsed();
+        let worker = Uuid::now_v7();
+        let req = ClaimRequest {
+            worker_id: worker,
+            limit: 1000,
+            lease_secs: 60.0,
+            per_endpoint_cap: i32::try_from(ENDPOINT_CONCURRENCY).unwrap_or(i32::MAX),
+            busy: Vec::new(),
+            now: None,
+        };
+        let plan = db::deliveries::explain_claim(&ctx.pool, &req).await?;
+        if ctx.args.explain {
+            progress(&format!(
+                "claim plan at {due} due, {terminal} terminal:\n{}",
+                plan.join("\n")
+            ));
+        }
+        let index = plan.iter().any(|l| l.contains("deliveries_claimable"));
+        let seq_scan = plan.iter().any(|l| l.contains("Seq Scan on deliveries"));
+        let mut lat = Vec::with_capacity(s.claim_samples);
+        let mut claimed = 0usize;
+        for _ in 0..s.claim_samples {
+            let t0 = Instant::now();
+            let rows = db::deliveries::claim(&ctx.pool, &req).await?;
+            lat.push(t0.elapsed());
+            claimed += rows.len();
+        }
+        lat.sort_unstable();
+        let figure = if terminal > 0 {
+            format!("{due} due + {terminal} terminal")
+        } else {
+            format!("{due} due")
+        };
+        report.rows.push(Row {
+            section: "claim",
+            figure,
+            value: ms(percentile(&lat, 50.0)),
+            unit: "ms",
+            detail: format!(
+                "p99 {:.2} ms, {:.0} rows/claim, plan: {}",
+                ms(percentile(&lat, 99.0)),
+                claimed as f64 / s.claim_samples.max(1) as f64,
+                match (index, seq_scan) {
+                    (true, false) => "index range scan",
+                    (_, true) => "SEQ SCAN",
+                    _ => "no deliveries_claimable scan",
+                }
+            ),
+            conditions: format!(
+                "db::deliveries::claim timed from the client, {} claims, limit 1000, {} endpoints x {} per endpoint, rows spread evenly, vacuum analyzed after the fill ({})",
+                s.claim_samples,
+                s.claim_endpoints,
+                ENDPOINT_CONCURRENCY,
+                secs(fill_time)
+            ),
+        });
+        progress(&format!(
+            "claim at {due} due, {terminal} terminal: p50 {:.2} ms",
+            ms(percentile(&lat, 50.0))
+        ));
+    }
+    reset(ctx).await?;
+    Ok(())
+}

@@ -1,0 +1,279 @@
+//! SQL of `hookd bench`: its dedicated database, the server settings it reports, the
+//! plain-SQL baselines it compares ingest with, and set-based fixture fills.
+//!
+//! Nothing here runs outside the benchmark, and the benchmark only ever runs it inside a
+//! database it created itself (`hookd_bench_<pid>_<n>`), which it drops at the end.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+use uuid::Uuid;
+
+use super::{DbError, PoolSettings};
+
+/// A pool on `database` of the server `settings.url` points at, with the options of
+/// [`super::connect_lazy`] (the ones production runs with).
+pub fn pool_on_database(settings: &PoolSettings, database: &str) -> Result<PgPool, DbError> {
+    let opts: PgConnectOptions = settings
+        .url
+        .parse::<PgConnectOptions>()
+        .map_err(DbError::Query)?
+        .database(database)
+        .log_statements(tracing::log::LevelFilter::Debug)
+        .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_millis(500));
+    Ok(PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .min_connections(0)
+        .acquire_timeout(settings.acquire_timeout)
+        .connect_lazy_with(opts))
+}
+
+/// `name` must be a plain identifier minted by the caller (letters, digits, `_`): it is
+/// spliced into the statement, since CREATE/DROP DATABASE take no parameters.
+fn checked_identifier(name: &str) -> Result<&str, DbError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(name)
+    } else {
+        Err(DbError::Query(sqlx::Error::Protocol(format!(
+            "refusing database name {name:?}"
+        ))))
+    }
+}
+
+pub async fn create_database(admin: &PgPool, name: &str) -> Result<(), DbError> {
+    let name = checked_identifier(name)?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(admin)
+        .await?;
+    Ok(())
+}
+
+/// Drops the database, disconnecting anyone still on it (PostgreSQL 13+).
+pub async fn drop_database(admin: &PgPool, name: &str) -> Result<(), DbError> {
+    let name = checked_identifier(name)?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+    )))
+    .execute(admin)
+    .await?;
+    Ok(())
+}
+
+pub async fn database_exists(admin: &PgPool, name: &str) -> Result<bool, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(name)
+            .fetch_one(admin)
+            .await?,
+    )
+}
+
+/// The server settings that decide the figures: (name, value) in a fixed order.
+pub async fn server_settings(pool: &PgPool) -> Result<Vec<(String, String)>, DbError> {
+    Ok(sqlx::query_as(
+        r#"
+        SELECT name, current_setting(name) FROM unnest(ARRAY[
+            'server_version', 'synchronous_commit', 'fsync', 'wal_sync_method',
+            'shared_buffers', 'max_connections', 'commit_delay'
+        ]) WITH ORDINALITY AS s(name, i)
+        ORDER BY i
+        "#,
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Empties the queue tables between runs, so every run starts from the same state.
+pub async fn truncate_queue(pool: &PgPool) -> Result<(), DbError> {
+    sqlx::query(
+        "TRUNCATE hookd.dead_letters, hookd.delivery_attempts, hookd.deliveries, hookd.events",
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// VACUUM ANALYZE of the queue tables, so plans after a bulk fill are the ones a long-
+/// running system (with autovacuum) would have.
+pub async fn vacuum_analyze(pool: &PgPool) -> Result<(), DbError> {
+    sqlx::query("VACUUM ANALYZE hookd.events, hookd.deliveries")
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// (events, deliveries) row counts.
+pub async fn queue_counts(pool: &PgPool) -> Result<(i64, i64), DbError> {
+    Ok(sqlx::query_as(
+        "SELECT (SELECT count(*) FROM hookd.events), (SELECT count(*) FROM hookd.deliveries)",
+    )
+    .fetch_one(pool)
+    .await?)
+}
+
+/// Deliveries not yet terminal (an index-only count over `deliveries_claimable`, cheap
+/// once a backlog has drained).
+pub async fn open_deliveries(pool: &PgPool) -> Result<i64, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM hookd.deliveries WHERE status IN ('pending', 'in_progress', 'failed')",
+    )
+    .fetch_one(pool)
+    .await?)
+}
+
+/// Deliveries in `status`.
+pub async fn count_status(pool: &PgPool, status: &str) -> Result<i64, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM hookd.deliveries WHERE status = $1")
+            .bind(status)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// One baseline row: an event and its one delivery, ids minted by the caller.
+#[derive(Debug, Clone)]
+pub struct BaselineRow {
+    pub event_id: Uuid,
+    pub delivery_id: Uuid,
+    pub tenant: String,
+    pub event_type: String,
+    pub payload: String,
+    pub request_hash: Vec<u8>,
+    pub endpoint_id: Uuid,
+}
+
+/// Baseline "one transaction per event": the event and its delivery in one statement,
+/// committed on its own (autocommit). One round trip and one commit per event: the
+/// cheapest way plain SQL can write one event durably.
+pub async fn baseline_insert_one(pool: &PgPool, r: &BaselineRow) -> Result<(), DbError> {
+    sqlx::query(
+        r#"
+        WITH ev AS (
+            INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash)
+            VALUES ($1, $2, $3, $4, $5)
+            RETURNING id, tenant
+        )
+        INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant)
+        SELECT $6, ev.id, $7, ev.tenant FROM ev
+        "#,
+    )
+    .bind(r.event_id)
+    .bind(&r.tenant)
+    .bind(&r.event_type)
+    .bind(&r.payload)
+    .bind(&r.request_hash)
+    .bind(r.delivery_id)
+    .bind(r.endpoint_id)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Baseline "many events per transaction": the same rows for a whole batch in one
+/// statement (arrays unnested), committed once.
+pub async fn baseline_insert_many(pool: &PgPool, rows: &[BaselineRow]) -> Result<(), DbError> {
+    let mut ev = Vec::with_capacity(rows.len());
+    let mut dl = Vec::with_capacity(rows.len());
+    let mut tenants = Vec::with_capacity(rows.len());
+    let mut types = Vec::with_capacity(rows.len());
+    let mut payloads = Vec::with_capacity(rows.len());
+    let mut hashes = Vec::with_capacity(rows.len());
+    let mut endpoints = Vec::with_capacity(rows.len());
+    for r in rows {
+        ev.push(r.event_id);
+        dl.push(r.delivery_id);
+        tenants.push(r.tenant.as_str());
+        types.push(r.event_type.as_str());
+        payloads.push(r.payload.as_str());
+        hashes.push(r.request_hash.as_slice());
+        endpoints.push(r.endpoint_id);
+    }
+    sqlx::query(
+        r#"
+        WITH i AS (
+            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[],
+                                 $6::bytea[], $7::uuid[])
+              AS i(event_id, delivery_id, tenant, event_type, payload, request_hash, endpoint_id)
+        ), ev AS (
+            INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash)
+            SELECT event_id, tenant, event_type, payload, request_hash FROM i
+        )
+        INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant)
+        SELECT delivery_id, event_id, endpoint_id, tenant FROM i
+        "#,
+    )
+    .bind(&ev)
+    .bind(&dl)
+    .bind(&tenants)
+    .bind(&types)
+    .bind(&payloads)
+    .bind(&hashes)
+    .bind(&endpoints)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Fills `count` events of `tenant` with one delivery each, spread round-robin over
+/// `endpoints`, in one set-based statement. `terminal` rows are `succeeded` (completed a
+/// day ago); the others are `pending` and due now (visible_at in the recent past, in id
+/// order, as a backlog built up over time would be).
+pub async fn fill(
+    pool: &PgPool,
+    tenant: &str,
+    endpoints: &[Uuid],
+    count: i64,
+    payload: &str,
+    terminal: bool,
+) -> Result<(), DbError> {
+    sqlx::query(
+        r#"
+        WITH ev AS (
+            INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash, created_at)
+            SELECT hookd.uuid_v7(), $1, 'bench.fill', $4, '\x00'::bytea,
+                   CASE WHEN $5 THEN now() - interval '1 day' ELSE now() END
+            FROM generate_series(1, $3)
+            RETURNING id
+        ), numbered AS (
+            SELECT id, row_number() OVER () AS n FROM ev
+        )
+        INSERT INTO hookd.deliveries
+            (id, event_id, endpoint_id, tenant, status, attempts, visible_at, completed_at)
+        SELECT hookd.uuid_v7(), numbered.id,
+               ($2::uuid[])[1 + (numbered.n % cardinality($2::uuid[]))], $1,
+               CASE WHEN $5 THEN 'succeeded' ELSE 'pending' END,
+               CASE WHEN $5 THEN 1 ELSE 0 END,
+               CASE WHEN $5 THEN now() - interval '1 day'
+                    ELSE now() - interval '1 hour' + numbered.n * interval '1 microsecond' END,
+               CASE WHEN $5 THEN now() - interval '1 day' END
+        FROM numbered
+        "#,
+    )
+    .bind(tenant)
+    .bind(endpoints)
+    .bind(count)
+    .bind(payload)
+    .bind(terminal)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Deletes every endpoint (their secrets and any remaining deliveries follow by cascade).
+pub async fn delete_endpoints(pool: &PgPool) -> Result<(), DbError> {
+    // every referencing table named, so Postgres has no cascade to announce
+    sqlx::query(
+        "TRUNCATE hookd.endpoints, hookd.endpoint_secrets, hookd.events, hookd.deliveries,
+                  hookd.delivery_attempts, hookd.dead_letters",
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,124 @@
+//! `hookd bench` at a tiny scale (the hidden `--smoke`): every section runs through the
+//! real API, dispatcher and claim code, the table has every row with sane numbers, the
+//! counts add up (delivered == enqueued, acked == committed), and the dedicated database
+//! is gone afterwards.
+
+mod common;
+
+use common::*;
+use hookd::bench::{BenchArgs, Report, Section, run_report};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+fn assert_row(report: &Report, section: &str, figure: &str) -> f64 {
+    let row = report
+        .row(section, figure)
+        .unwrap_or_else(|| panic!("no row {section} / {figure}:\n{}", report.render()));
+    assert!(
+        row.value.is_finite() && row.value > 0.0,
+        "{section} / {figure} = {}:\n{}",
+        row.value,
+        report.render()
+    );
+    assert!(
+        !row.conditions.is_empty(),
+        "{section} / {figure} has no conditions"
+    );
+    row.value
+}
+
+#[sqlx::test]
+async fn smoke_run_has_every_row_and_counts_add_up(pool: PgPool) {
+    init();
+    let mut args = BenchArgs::new(Some(database_url(&pool)));
+    args.smoke = true;
+    let report = run_report(args, CancellationToken::new()).await.unwrap();
+    let table = report.render();
+
+    for c in [1, 4] {
+        for fanout in [1, 5] {
+            assert_row(&report, "ingest", &format!("single c={c} fan-out {fanout}"));
+            assert_row(
+                &report,
+                "ingest",
+                &format!("batch(5) c={c} fan-out {fanout}"),
+            );
+        }
+    }
+    assert_row(&report, "ingest", "single c=4 fan-out 1 +auth");
+    assert_row(&report, "baselines", "plain SQL 1 ev/tx c=4");
+    assert_row(&report, "baselines", "plain SQL 64 ev/tx c=4");
+    assert_row(&report, "baselines", "ratio ingest single / 1 ev/tx");
+    assert_row(&report, "baselines", "ratio ingest batch / 64 ev/tx");
+    assert_row(&report, "dispatch", "drain 300 to 3 endpoint(s)");
+    assert_row(&report, "dispatch", "drain 100 to 1 endpoint(s)");
+    let p50 = assert_row(&report, "e2e", "latency p50");
+    let p99 = assert_row(&report, "e2e", "latency p99");
+    assert!(p50 <= p99, "{table}");
+    for figure in ["0 due", "200 due", "1000 due", "1000 due + 1000 terminal"] {
+        let row = report
+            .rows
+            .iter()
+            .find(|r| r.section == "claim" && r.figure == figure)
+            .unwrap_or_else(|| panic!("no claim row {figure}:\n{table}"));
+        assert!(row.value > 0.0, "{table}");
+    }
+    // a claim with due rows leases some (4 endpoints x 32, or all that are left)
+    assert!(
+        report
+            .rows
+            .iter()
+            .any(|r| r.figure == "1000 due" && r.detail.contains("128 rows/claim")),
+        "{table}"
+    );
+
+    // the consistency checks: delivered == enqueued, acked == committed
+    assert!(report.checks.len() >= 8, "{table}");
+    for c in &report.checks {
+        assert!(
+            c.ok(),
+            "{}: expected {} got {}\n{table}",
+            c.what,
+            c.expected,
+            c.actual
+        );
+        assert!(c.expected > 0, "{}: nothing counted\n{table}", c.what);
+    }
+    for s in Section::ALL {
+        assert!(
+            report.rows.iter().any(|r| r.section == s.name()),
+            "no {} rows:\n{table}",
+            s.name()
+        );
+    }
+    assert!(table.contains("synchronous_commit"), "{table}");
+
+    // nothing left behind on the server
+    let leftover: Vec<String> = sqlx::query_scalar(
+        "SELECT datname::text FROM pg_database WHERE datname LIKE 'hookd_bench_%'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        leftover
+            .iter()
+            .all(|d| !d.starts_with(&format!("hookd_bench_{}_", std::process::id()))),
+        "bench database not dropped: {leftover:?}"
+    );
+}
+
+#[sqlx::test]
+async fn only_runs_the_named_sections(pool: PgPool) {
+    init();
+    let mut args = BenchArgs::new(Some(database_url(&pool)));
+    args.smoke = true;
+    args.only = vec![Section::Claim];
+    let report = run_report(args, CancellationToken::new()).await.unwrap();
+    assert!(
+        report.rows.iter().all(|r| r.section == "claim"),
+        "{}",
+        report.render()
+    );
+    assert_eq!(report.rows.len(), 4, "{}", report.render());
+}
