@@ -186,3 +186,12 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
+
+/// `"<label> p50 X ms p99 Y ms"` of sorted samples: the detail line of latency rows.
+pub fn p50_p99(label: &str, sorted: &[Duration]) -> String {
+    format!(
+        "{label} p50 {:.2} ms p99 {:.2} ms",
+        ms(percentile(sorted, 50.0)),
+        ms(percentile(sorted, 99.0))
+    )
+}

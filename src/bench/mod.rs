@@ -325,9 +325,9 @@ impl Ctx {
     /// A fresh pool on the bench database (each component gets its own, as separate
     /// processes would).
     pub fn new_pool(&self) -> Result<sqlx::PgPool, BenchError> {
-        Ok(db::bench::pool_on_database(
+        Ok(db::connect_lazy_to(
             &self.pool_settings,
-            &self.database,
+            Some(&self.database),
         )?)
     }
 }
@@ -393,7 +393,7 @@ pub async fn run_report(
     };
 
     let outcome = async {
-        let pool = db::bench::pool_on_database(&pool_settings, &database)?;
+        let pool = db::connect_lazy_to(&pool_settings, Some(&database))?;
         let keyring = Keyring::from_config(
             "bench",
             &crate::crypto::generate_key_text("bench"),

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::load::{self, Conn, Target, ms, percentile};
+use super::load::{self, Conn, Target, ms, p50_p99, percentile};
 use super::receiver::FastReceiver;
 use super::{BenchError, Check, Ctx, Report, Row, progress};
 use crate::auth::{AuthMode, Scope};
@@ -319,11 +319,7 @@ pub(crate) async fn ingest(ctx: &Ctx, report: &mut Report) -> Result<(), BenchEr
             ),
             value: r.events_per_sec(),
             unit: "ev/s",
-            detail: format!(
-                "ack p50 {:.2} ms p99 {:.2} ms",
-                ms(percentile(&r.latencies, 50.0)),
-                ms(percentile(&r.latencies, 99.0))
-            ),
+            detail: p50_p99("ack", &r.latencies),
             conditions: format!(
                 "payload {} B, {} (+{} warm-up), {} requests, API pool {}, {INGEST_COMMITTERS} committers, max group {INGEST_MAX_GROUP}, {auth_note}",
                 s.payload_bytes,
@@ -456,11 +452,7 @@ pub(crate) async fn baselines(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
             figure: format!("plain SQL {per_tx} ev/tx c={c}"),
             value: rate,
             unit: "ev/s",
-            detail: format!(
-                "commit p50 {:.2} ms p99 {:.2} ms",
-                ms(percentile(&r.latencies, 50.0)),
-                ms(percentile(&r.latencies, 99.0))
-            ),
+            detail: p50_p99("commit", &r.latencies),
             conditions: format!(
                 "one INSERT…INSERT statement per transaction (autocommit), event + 1 delivery per event, payload {} B, {} (+{} warm-up), pool {}, no HTTP",
                 s.payload_bytes,
@@ -753,11 +745,7 @@ pub(crate) async fn e2e(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError
         figure: "latency p99".into(),
         value: ms(percentile(&lat, 99.0)),
         unit: "ms",
-        detail: format!(
-            "ack p50 {:.2} ms p99 {:.2} ms",
-            ms(percentile(&acks, 50.0)),
-            ms(percentile(&acks, 99.0))
-        ),
+        detail: p50_p99("ack", &acks),
         conditions: cond,
     });
     progress(&format!(

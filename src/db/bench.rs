@@ -4,30 +4,10 @@
 //! Nothing here runs outside the benchmark, and the benchmark only ever runs it inside a
 //! database it created itself (`hookd_bench_<pid>_<n>`), which it drops at the end.
 
-use std::time::Duration;
-
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgPool};
+use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::{DbError, PoolSettings};
-
-/// A pool on `database` of the server `settings.url` points at, with the options of
-/// [`super::connect_lazy`] (the ones production runs with).
-pub fn pool_on_database(settings: &PoolSettings, database: &str) -> Result<PgPool, DbError> {
-    let opts: PgConnectOptions = settings
-        .url
-        .parse::<PgConnectOptions>()
-        .map_err(DbError::Query)?
-        .database(database)
-        .log_statements(tracing::log::LevelFilter::Debug)
-        .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_millis(500));
-    Ok(PgPoolOptions::new()
-        .max_connections(settings.max_connections)
-        .min_connections(0)
-        .acquire_timeout(settings.acquire_timeout)
-        .connect_lazy_with(opts))
-}
+use super::DbError;
 
 /// `name` must be a plain identifier minted by the caller (letters, digits, `_`): it is
 /// spliced into the statement, since CREATE/DROP DATABASE take no parameters.

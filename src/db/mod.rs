@@ -82,13 +82,22 @@ pub struct PoolSettings {
 /// Opens a pool. Connecting is lazy so that a component started before its database
 /// comes up reports "not ready" instead of crashing; `check_schema` is the gate.
 pub fn connect_lazy(settings: &PoolSettings) -> Result<PgPool, DbError> {
-    let opts: PgConnectOptions = settings
+    connect_lazy_to(settings, None)
+}
+
+/// [`connect_lazy`], on `database` instead of the URL's own when given (the benchmark's
+/// dedicated database on the same server).
+pub fn connect_lazy_to(settings: &PoolSettings, database: Option<&str>) -> Result<PgPool, DbError> {
+    let mut opts: PgConnectOptions = settings
         .url
         .parse::<PgConnectOptions>()
         .map_err(DbError::Query)?
         // statement logging at info would print payloads; keep it at debug
         .log_statements(tracing::log::LevelFilter::Debug)
         .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_millis(500));
+    if let Some(db) = database {
+        opts = opts.database(db);
+    }
     Ok(PgPoolOptions::new()
         .max_connections(settings.max_connections)
         .min_connections(0)
