@@ -24,6 +24,15 @@ pub struct Cli {
     /// Log format: `text` or `json`
     #[arg(long, env = "HOOKD_LOG_FORMAT", default_value = "text", global = true)]
     pub log_format: LogFormat,
+    /// Bearer token that `GET /metrics` of every component requires (default: none, the
+    /// metrics are open to whoever reaches the port)
+    #[arg(
+        long,
+        env = "HOOKD_METRICS_TOKEN",
+        global = true,
+        hide_env_values = true
+    )]
+    pub metrics_token: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -193,6 +202,16 @@ pub struct ApiSettings {
     /// Longest request target (path and query), in bytes (414 above it)
     #[arg(long, env = "HOOKD_API_MAX_URL_BYTES", default_value_t = 4096)]
     pub api_max_url_bytes: usize,
+    /// Most ingest request-body bytes one API replica holds at once (being read, parsed or
+    /// waiting for their commit), reserved from each request's Content-Length before its
+    /// body is read; over it, 503 `ingest_busy`
+    #[arg(long, env = "HOOKD_API_MAX_INFLIGHT_BYTES", default_value_t = 128 << 20)]
+    pub api_max_inflight_bytes: usize,
+    /// One tenant's share of those bytes (default: a quarter of them, and never less than
+    /// one largest batch); over it, 429 `tenant_ingest_busy`. A body larger than the share
+    /// is refused with 413
+    #[arg(long, env = "HOOKD_API_TENANT_INFLIGHT_BYTES")]
+    pub api_tenant_inflight_bytes: Option<usize>,
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
@@ -220,6 +239,15 @@ impl ApiSettings {
             // head gets our JSON 414/431 and only an absurd one is cut off by hyper
             max_head_bytes: (self.api_max_header_bytes + self.api_max_url_bytes) * 2 + 8192,
         }
+    }
+
+    /// (process, tenant) bytes-in-flight bounds of the ingest routes.
+    pub fn ingest_budget(&self) -> (usize, usize) {
+        let process = self.api_max_inflight_bytes.max(1);
+        let tenant = self
+            .api_tenant_inflight_bytes
+            .unwrap_or_else(|| (process / 4).max(self.limits().max_batch_body_bytes));
+        (process, tenant.clamp(1, process))
     }
 
     pub fn limits(&self) -> crate::api::Limits {

@@ -9,6 +9,9 @@ use hookd::{api, apply, db, dispatch, k8s, rekey, retention, runtime};
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     runtime::init_tracing(&cli.log, cli.log_format);
+    if let Some(token) = cli.metrics_token.as_deref().filter(|t| !t.is_empty()) {
+        hookd::metrics::require_scrape_token(token);
+    }
     match run(cli.command).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -1,7 +1,9 @@
 //! The Prometheus registry shared by every component of one process. Each metric is cheap
 //! to update on the hot path (atomics); nothing here queries the database per scrape.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use sha2::{Digest, Sha256};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -75,6 +77,20 @@ pub struct Metrics {
     pub retention_passes: Family<PassResult, Counter>,
     pub auth_failures: Family<Reason, Counter>,
     pub rate_limited_events: Counter,
+    pub ingest_refused: Family<Reason, Counter>,
+    pub ingest_bytes_in_flight: Gauge,
+    /// SHA-256 of the bearer token `/metrics` requires (`HOOKD_METRICS_TOKEN`); `None`: open
+    scrape_token: Option<[u8; 32]>,
+}
+
+/// The process-wide `HOOKD_METRICS_TOKEN`, set once by `main` before any component starts,
+/// so every registry of the process (API, dispatcher, controller, `dev`) requires it.
+static SCRAPE_TOKEN: OnceLock<[u8; 32]> = OnceLock::new();
+
+/// Makes `/metrics` of every component of this process require `Authorization: Bearer
+/// <token>`. Only the token's hash is kept.
+pub fn require_scrape_token(token: &str) {
+    let _ = SCRAPE_TOKEN.set(Sha256::digest(token.as_bytes()).into());
 }
 
 fn reconcile_histogram() -> Histogram {
@@ -236,6 +252,18 @@ impl Metrics {
             "Events refused by the per-tenant ingest rate limit",
             rate_limited_events.clone(),
         );
+        let ingest_refused = Family::<Reason, Counter>::default();
+        r.register(
+            "ingest_refused",
+            "Ingest requests refused before their body was read: rate_limited, tenant_bytes (the tenant's share of bytes in flight), process_bytes (the process's)",
+            ingest_refused.clone(),
+        );
+        let ingest_bytes_in_flight = Gauge::default();
+        r.register(
+            "ingest_bytes_in_flight",
+            "Request-body bytes admitted and not yet answered (read, parsed or waiting for commit)",
+            ingest_bytes_in_flight.clone(),
+        );
         Metrics {
             registry: Arc::new(r),
             http_requests,
@@ -262,7 +290,34 @@ impl Metrics {
             retention_passes,
             auth_failures,
             rate_limited_events,
+            ingest_refused,
+            ingest_bytes_in_flight,
+            scrape_token: SCRAPE_TOKEN.get().copied(),
         }
+    }
+
+    /// The same registry, requiring `token` on `/metrics` (`None`: open).
+    pub fn with_scrape_token(mut self, token: Option<&str>) -> Self {
+        self.scrape_token = token.map(|t| Sha256::digest(t.as_bytes()).into());
+        self
+    }
+
+    /// Whether an `Authorization` header value may read `/metrics`. Compared as SHA-256
+    /// digests, so the comparison's timing says nothing about the token.
+    pub fn scrape_allowed(&self, authorization: Option<&[u8]>) -> bool {
+        let Some(want) = self.scrape_token else {
+            return true;
+        };
+        let Some(token) = authorization
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.trim())
+        else {
+            return false;
+        };
+        let got: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        got == want
     }
 
     pub fn count_auth_failure(&self, reason: &'static str) {

@@ -125,7 +125,12 @@ fn embedded_ipv4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DestinationError {
-    #[error("destination {0} is not allowed (private, loopback, link-local or metadata address)")]
+    /// The address stays out of the message, which reaches tenants through the attempt log
+    /// and `lastError`: what a name resolves to inside the cluster is the operator's to
+    /// know. It is logged where the refusal happens.
+    #[error(
+        "the destination is not allowed: it is, or resolves to, a private, loopback, link-local or metadata address"
+    )]
     Forbidden(IpAddr),
     #[error("could not resolve {host}: {reason}")]
     Resolve { host: String, reason: String },
@@ -135,6 +140,7 @@ pub enum DestinationError {
 
 pub fn check_ip(ip: IpAddr, allow: &AllowList) -> Result<(), DestinationError> {
     if is_forbidden(ip) && !allow.admits(ip) {
+        tracing::warn!(%ip, "outbound destination refused");
         Err(DestinationError::Forbidden(ip))
     } else {
         Ok(())
@@ -232,7 +238,10 @@ async fn guarded_lookup(
         return Ok(allowed);
     }
     Err(match first_refused {
-        Some(ip) => DestinationError::Forbidden(ip),
+        Some(ip) => {
+            tracing::warn!(%host, %ip, "outbound destination refused: every address is forbidden");
+            DestinationError::Forbidden(ip)
+        }
         None => DestinationError::Resolve {
             host,
             reason: "no addresses returned".into(),
@@ -848,5 +857,20 @@ mod tests {
         client.get(format!("http://{addr}/")).send().await.unwrap();
         let head = rx.recv().await.unwrap().to_ascii_lowercase();
         assert!(head.contains("user-agent: hookd\r\n"), "{head}");
+    }
+}
+
+#[cfg(test)]
+mod refusal_text_tests {
+    use super::*;
+
+    /// The refusal reaches tenants (attempt log, lastError): it must not say which internal
+    /// address the receiver's name resolved to.
+    #[test]
+    fn a_forbidden_destination_does_not_name_the_address() {
+        for ip in ["10.1.2.3", "169.254.169.254", "fd00::1"] {
+            let e = DestinationError::Forbidden(ip.parse().unwrap());
+            assert!(!e.to_string().contains(ip), "{e}");
+        }
     }
 }

@@ -52,6 +52,21 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        // Two credentials are ambiguous: proxies and frameworks disagree on which one wins,
+        // so one of them could authorise what another layer logged or checked as the other.
+        if parts
+            .headers
+            .get_all(header::AUTHORIZATION)
+            .iter()
+            .nth(1)
+            .is_some()
+        {
+            state.metrics.count_auth_failure("duplicate");
+            return Err(ApiError::bad_request(
+                "duplicate_authorization",
+                "the request carries more than one Authorization header; send exactly one",
+            ));
+        }
         match state
             .auth
             .authenticate(parts.headers.get(header::AUTHORIZATION))

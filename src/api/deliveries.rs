@@ -163,6 +163,10 @@ pub async fn replay(
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Operate)?;
     let id = path_id(id, "delivery")?;
+    // a replay is a send like an enqueue's: it counts against the tenant's rate
+    if let Some(tenant) = caller.tenant_scope() {
+        state.admit(&[(tenant, 1)])?;
+    }
     match db::deliveries::replay(&state.pool, id, caller.tenant_scope()).await? {
         ReplayOutcome::Replayed => {
             state.notifier.wake();
@@ -207,7 +211,9 @@ pub struct EndpointReplayIn {
     /// default: `["dead"]`
     #[schema(value_type = Option<Vec<ReplayableStatus>>)]
     statuses: Option<Vec<String>>,
-    /// most deliveries replayed by this call (default 1000, at most 10000)
+    /// most deliveries replayed by this call (default 1000, at most 10000); with
+    /// HOOKD_TENANT_RATE_LIMIT set, also at most what the tenant's rate allows right now
+    /// (call again for the rest)
     #[schema(minimum = 1, maximum = 10000)]
     limit: Option<i64>,
 }
@@ -292,7 +298,21 @@ pub async fn replay_endpoint(
     {
         return Err(ApiError::not_found("endpoint"));
     }
-    let (replayed, skipped) = db::deliveries::replay_endpoint(
+    // Each replayed delivery is a send and counts against the tenant's rate: one call
+    // replays at most what the tenant's bucket holds (the rest is for the next call), and
+    // what it does not use is given back.
+    let rated = match (caller.tenant_scope(), &state.rate_limiter) {
+        (Some(tenant), Some(limiter)) => {
+            let want = u32::try_from(limit).unwrap_or(u32::MAX);
+            let took = limiter
+                .take_up_to(tenant, want, std::time::Instant::now())
+                .map_err(|wait| ApiError::rate_limited(tenant, wait))?;
+            Some((tenant, limiter, took))
+        }
+        _ => None,
+    };
+    let limit = rated.as_ref().map_or(limit, |r| i64::from(r.2));
+    let replayed = db::deliveries::replay_endpoint(
         &state.pool,
         id,
         input.since,
@@ -301,7 +321,15 @@ pub async fn replay_endpoint(
         limit,
         caller.tenant_scope(),
     )
-    .await?;
+    .await;
+    if let Some((tenant, limiter, took)) = rated {
+        let used = replayed.as_ref().map_or(0, |r| r.0);
+        limiter.refund(
+            tenant,
+            took.saturating_sub(u32::try_from(used).unwrap_or(took)),
+        );
+    }
+    let (replayed, skipped) = replayed?;
     if replayed > 0 {
         state.notifier.wake();
     }

@@ -50,6 +50,9 @@ impl ApiError {
         self.headers.push((name, value));
         self
     }
+    pub fn with_retry_after(self, secs: u64) -> Self {
+        self.with_header(header::RETRY_AFTER, HeaderValue::from(secs))
+    }
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, code, message)
     }
@@ -70,7 +73,7 @@ impl ApiError {
             "the database is unavailable; nothing was written, retry with the same idempotency key",
         )
     }
-    fn internal() -> Self {
+    pub(crate) fn internal() -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",

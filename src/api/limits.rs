@@ -1,17 +1,22 @@
 //! Request limits with JSON errors: URL length (414), header size (431), a deadline on
-//! the whole request (408), and the per-tenant ingest rate (429).
+//! the whole request (408), the per-tenant ingest rate (429), and the bytes of request
+//! bodies in flight per tenant (429) and per process (503), admitted from the request head
+//! before any of the body is read.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
+use super::caller::Caller;
 use super::error::ApiError;
+use crate::metrics::Metrics;
 
 /// Refuses oversized request targets and headers before any handler runs, and answers
 /// 408 when a request (its body upload included) outlives the request timeout. A slow
@@ -127,6 +132,309 @@ impl TenantRateLimiter {
     }
 }
 
+impl TenantRateLimiter {
+    /// Takes between 1 and `max` events from `tenant`'s bucket, as many as it holds; Err
+    /// (with the wait) when it holds less than one. For work whose size is only known as a
+    /// bound (an endpoint replay), so one call cannot run far ahead of the rate.
+    pub fn take_up_to(&self, tenant: &str, max: u32, now: Instant) -> Result<u32, Duration> {
+        let mut buckets = self.buckets.lock().expect("rate limiter lock");
+        let have = match buckets.get(tenant) {
+            None => self.burst,
+            Some(b) => (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * self.rate)
+                .min(self.burst),
+        };
+        if have < 1.0 {
+            return Err(Duration::from_secs_f64((1.0 - have) / self.rate));
+        }
+        let n = (have.floor() as u32).clamp(1, max.max(1));
+        buckets.insert(
+            tenant.to_string(),
+            Bucket {
+                tokens: have - f64::from(n),
+                at: now,
+            },
+        );
+        Ok(n)
+    }
+
+    /// Gives back events taken but not used (an endpoint replay that found fewer).
+    pub fn refund(&self, tenant: &str, n: u32) {
+        let mut buckets = self.buckets.lock().expect("rate limiter lock");
+        if let Some(b) = buckets.get_mut(tenant) {
+            b.tokens = (b.tokens + f64::from(n)).min(self.burst);
+        }
+    }
+}
+
+/// Bytes of ingest request bodies admitted and not yet answered: reserved from the request
+/// head (its `Content-Length`, or the route's limit for a body of unknown length) before
+/// the body is read, and held while it is read, parsed and waits in the ingest queue for
+/// its commit. Bounding these bounds the API's memory, whatever clients send or hold open:
+/// a tenant may hold at most its share, so one tenant's uploads cannot take what others
+/// need, and the process at most its total.
+pub struct IngestBudget {
+    process_max: usize,
+    tenant_max: usize,
+    state: Mutex<InFlight>,
+    metrics: Metrics,
+}
+
+#[derive(Default)]
+struct InFlight {
+    total: usize,
+    per_tenant: HashMap<String, usize>,
+}
+
+/// Why an upload was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetRefusal {
+    /// the tenant already has its share of bytes in flight
+    Tenant { in_flight: usize, share: usize },
+    /// the process has its total in flight
+    Process,
+}
+
+/// A reservation of body bytes; dropping it (the request answered, or abandoned) gives
+/// them back.
+pub struct BodyPermit {
+    budget: Arc<IngestBudget>,
+    tenant: Option<String>,
+    bytes: usize,
+}
+
+impl IngestBudget {
+    pub fn new(process_max: usize, tenant_max: usize, metrics: Metrics) -> Self {
+        IngestBudget {
+            process_max,
+            tenant_max: tenant_max.min(process_max),
+            state: Mutex::new(InFlight::default()),
+            metrics,
+        }
+    }
+
+    /// Most body bytes one tenant may have in flight.
+    pub fn tenant_share(&self) -> usize {
+        self.tenant_max
+    }
+
+    /// Reserves `bytes` for `tenant` (`None`: no credential, only the process total
+    /// applies), all or nothing.
+    pub fn try_reserve(
+        self: &Arc<Self>,
+        tenant: Option<&str>,
+        bytes: usize,
+    ) -> Result<BodyPermit, BudgetRefusal> {
+        let mut s = self.state.lock().expect("ingest budget lock");
+        if let Some(t) = tenant {
+            let held = s.per_tenant.get(t).copied().unwrap_or(0);
+            if held + bytes > self.tenant_max {
+                return Err(BudgetRefusal::Tenant {
+                    in_flight: held,
+                    share: self.tenant_max,
+                });
+            }
+        }
+        if s.total + bytes > self.process_max {
+            return Err(BudgetRefusal::Process);
+        }
+        s.total += bytes;
+        if let Some(t) = tenant {
+            *s.per_tenant.entry(t.to_string()).or_default() += bytes;
+        }
+        self.metrics.ingest_bytes_in_flight.set(s.total as i64);
+        Ok(BodyPermit {
+            budget: self.clone(),
+            tenant: tenant.map(str::to_owned),
+            bytes,
+        })
+    }
+
+    fn release(&self, tenant: Option<&str>, bytes: usize) {
+        let mut s = self.state.lock().expect("ingest budget lock");
+        s.total -= bytes;
+        if let Some(t) = tenant
+            && let Some(held) = s.per_tenant.get_mut(t)
+        {
+            *held -= bytes;
+            if *held == 0 {
+                s.per_tenant.remove(t);
+            }
+        }
+        self.metrics.ingest_bytes_in_flight.set(s.total as i64);
+    }
+
+    /// Bytes in flight (process, tenant), for tests.
+    pub fn in_flight(&self, tenant: &str) -> (usize, usize) {
+        let s = self.state.lock().expect("ingest budget lock");
+        (s.total, s.per_tenant.get(tenant).copied().unwrap_or(0))
+    }
+}
+
+impl BodyPermit {
+    /// Keeps only `bytes` of the reservation (a body shorter than reserved).
+    fn shrink_to(&mut self, bytes: usize) {
+        if bytes < self.bytes {
+            self.budget
+                .release(self.tenant.as_deref(), self.bytes - bytes);
+            self.bytes = bytes;
+        }
+    }
+}
+
+impl Drop for BodyPermit {
+    fn drop(&mut self) {
+        self.budget.release(self.tenant.as_deref(), self.bytes);
+    }
+}
+
+/// An ingest request admitted on its head: its body bytes reserved and, with a credential
+/// and a rate limit, one event of its tenant's rate taken. Held until the response.
+pub struct Admitted {
+    _permit: BodyPermit,
+    limit: usize,
+    /// the tenant one event was already taken from
+    charged: Option<String>,
+}
+
+impl AppState {
+    /// Admits an ingest request from its head alone, before any of its body is read: 413
+    /// when the declared `Content-Length` is over `limit`; 429 when the caller's tenant is
+    /// over its rate (one event is taken now) or already has its share of body bytes in
+    /// flight; 503 when the process has its total in flight. A body of unknown length
+    /// reserves the whole `limit` until it has been read.
+    pub(crate) fn admit_upload(
+        &self,
+        caller: &Caller,
+        headers: &HeaderMap,
+        limit: usize,
+    ) -> Result<Admitted, ApiError> {
+        let tenant = caller.tenant_scope();
+        let declared = match headers.get(header::CONTENT_LENGTH) {
+            None => None,
+            Some(v) => Some(
+                v.to_str()
+                    .ok()
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .ok_or_else(|| {
+                        ApiError::bad_request(
+                            "invalid_content_length",
+                            "Content-Length is not a number",
+                        )
+                    })?,
+            ),
+        };
+        let limit = limit.min(self.ingest_budget.tenant_share());
+        if let Some(n) = declared
+            && n > limit
+        {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("request body is {n} bytes; the limit is {limit}"),
+            ));
+        }
+        let permit = self
+            .ingest_budget
+            .try_reserve(tenant, declared.unwrap_or(limit))
+            .map_err(|refusal| match refusal {
+                BudgetRefusal::Tenant { in_flight, share } => {
+                    self.count_refusal("tenant_bytes");
+                    ApiError::new(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "tenant_ingest_busy",
+                        format!(
+                            "tenant {:?} has {in_flight} bytes of requests in flight and may have {share}; nothing was written, retry after 1 s",
+                            tenant.unwrap_or_default()
+                        ),
+                    )
+                    .with_retry_after(1)
+                }
+                BudgetRefusal::Process => {
+                    self.count_refusal("process_bytes");
+                    ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "ingest_busy",
+                        "this API replica has as many request bytes in flight as it may hold; nothing was written, retry after 1 s",
+                    )
+                }
+            })?;
+        // after the bytes, so a request refused for its bytes costs no rate
+        let mut charged = None;
+        if let (Some(t), Some(limiter)) = (tenant, &self.rate_limiter) {
+            limiter
+                .admit(&[(t, 1)], Instant::now())
+                .map_err(|(t, wait)| {
+                    self.metrics.rate_limited_events.inc();
+                    self.count_refusal("rate_limited");
+                    ApiError::rate_limited(t, wait)
+                })?;
+            charged = Some(t.to_string());
+        }
+        Ok(Admitted {
+            _permit: permit,
+            limit: declared.unwrap_or(limit),
+            charged,
+        })
+    }
+
+    fn count_refusal(&self, reason: &'static str) {
+        self.metrics
+            .ingest_refused
+            .get_or_create(&crate::metrics::Reason { reason })
+            .inc();
+    }
+}
+
+impl Admitted {
+    /// Reads the body, at most the bytes reserved for it (413 past them); a body shorter
+    /// than reserved gives the rest back at once.
+    pub async fn read(&mut self, body: Body) -> Result<bytes::Bytes, ApiError> {
+        let bytes = super::body::read_limited(body, self.limit).await?;
+        self._permit.shrink_to(bytes.len());
+        Ok(bytes)
+    }
+
+    /// Enqueues `messages`, holding this admission until the committer has answered: the
+    /// wait runs in its own task, so a request cut off by the deadline (408) or a client
+    /// that goes away still counts its bytes while they sit in the ingest queue. The queue
+    /// is thereby bounded in bytes by the process budget, not only in jobs.
+    pub async fn enqueue(
+        self,
+        state: &AppState,
+        messages: Vec<crate::outbox::NewMessage>,
+    ) -> Result<Vec<crate::outbox::Enqueued>, ApiError> {
+        let outbox = state.outbox.clone();
+        let committed = tokio::spawn(async move {
+            let result = outbox.enqueue(messages).await;
+            drop(self);
+            result
+        });
+        match committed.await {
+            Ok(result) => Ok(result?),
+            Err(e) => {
+                tracing::error!(error = %e, "enqueue task failed");
+                Err(ApiError::internal())
+            }
+        }
+    }
+
+    /// Admits the request's events under the rate limit, less the one taken on its head.
+    pub fn admit_events(&self, state: &AppState, demand: &[(&str, u32)]) -> Result<(), ApiError> {
+        let rest: Vec<(&str, u32)> = demand
+            .iter()
+            .map(|&(t, n)| match &self.charged {
+                Some(c) if c == t => (t, n.saturating_sub(1)),
+                _ => (t, n),
+            })
+            .filter(|d| d.1 > 0)
+            .collect();
+        if rest.is_empty() {
+            return Ok(());
+        }
+        state.admit(&rest)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,5 +472,48 @@ mod tests {
         assert!(l.admit(&[("a", 1)], t0).is_ok());
         let (_, wait) = l.admit(&[("a", 1)], t0).unwrap_err();
         assert_eq!(wait, Duration::from_secs(2));
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+
+    #[test]
+    fn tenant_share_and_process_total_bound_bytes_in_flight() {
+        let b = Arc::new(IngestBudget::new(100, 40, Metrics::new()));
+        let a1 = b.try_reserve(Some("a"), 30).unwrap();
+        assert_eq!(
+            b.try_reserve(Some("a"), 11).err(),
+            Some(BudgetRefusal::Tenant {
+                in_flight: 30,
+                share: 40
+            })
+        );
+        let _b1 = b.try_reserve(Some("b"), 40).unwrap();
+        let mut anon = b.try_reserve(None, 30).unwrap();
+        assert_eq!(
+            b.try_reserve(Some("c"), 1).err(),
+            Some(BudgetRefusal::Process)
+        );
+        anon.shrink_to(10);
+        assert_eq!(b.in_flight("a"), (80, 30));
+        let c = b.try_reserve(Some("c"), 20).unwrap();
+        drop(a1);
+        drop(c);
+        assert_eq!(b.in_flight("a"), (50, 0));
+        assert!(b.try_reserve(Some("a"), 40).is_ok());
+    }
+
+    #[test]
+    fn replays_take_what_the_bucket_holds() {
+        let l = TenantRateLimiter::new(5.0);
+        let t0 = Instant::now();
+        assert_eq!(l.take_up_to("a", 1000, t0), Ok(5));
+        assert!(l.take_up_to("a", 1000, t0).is_err());
+        l.refund("a", 2);
+        assert_eq!(l.take_up_to("a", 1, t0), Ok(1));
+        assert_eq!(l.take_up_to("a", 1000, t0), Ok(1));
+        assert!(l.take_up_to("a", 1000, t0).is_err());
     }
 }

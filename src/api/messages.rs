@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::body::{parse, read_limited, require_json};
+use super::body::{parse, require_json};
 use super::caller::Caller;
 use super::error::ApiError;
 use super::openapi::{any_json_but_null, responses};
@@ -286,16 +286,18 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Produce)?;
     require_json(&headers)?;
-    let bytes = read_limited(body, state.limits.max_body_bytes).await?;
+    let mut admitted = state.admit_upload(&caller, &headers, state.limits.max_body_bytes)?;
+    let bytes = admitted.read(body).await?;
     let msg = parse_single(
         &bytes,
         &caller,
         header_idempotency_key(&headers)?,
         &state.limits,
     )?;
-    state.admit(&[(msg.tenant.as_str(), 1)])?;
+    drop(bytes);
+    admitted.admit_events(&state, &[(msg.tenant.as_str(), 1)])?;
     let started = Instant::now();
-    let result = state.outbox.enqueue(vec![msg]).await?;
+    let result = admitted.enqueue(&state, vec![msg]).await?;
     state
         .metrics
         .ingest_commit_seconds
@@ -373,8 +375,10 @@ pub async fn create_batch(
             "a batch takes idempotencyKey per message, not an Idempotency-Key header",
         ));
     }
-    let bytes = read_limited(body, state.limits.max_batch_body_bytes).await?;
+    let mut admitted = state.admit_upload(&caller, &headers, state.limits.max_batch_body_bytes)?;
+    let bytes = admitted.read(body).await?;
     let messages = parse_batch(&bytes, &caller, &state.limits)?;
+    drop(bytes);
     let mut demand: Vec<(&str, u32)> = Vec::new();
     for m in &messages {
         match demand.iter_mut().find(|d| d.0 == m.tenant) {
@@ -382,9 +386,9 @@ pub async fn create_batch(
             None => demand.push((&m.tenant, 1)),
         }
     }
-    state.admit(&demand)?;
+    admitted.admit_events(&state, &demand)?;
     let started = Instant::now();
-    let results = state.outbox.enqueue(messages).await?;
+    let results = admitted.enqueue(&state, messages).await?;
     state
         .metrics
         .ingest_commit_seconds

@@ -32,7 +32,7 @@ use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::outbox::Outbox;
 use error::ApiError;
-use limits::TenantRateLimiter;
+use limits::{IngestBudget, TenantRateLimiter};
 pub use messages::{IngestRoute, parse_ingest_body};
 
 /// Request limits (all configurable, see `ApiSettings`).
@@ -57,6 +57,8 @@ pub struct AppState {
     pub auth: Authenticator,
     /// `None`: no per-tenant ingest limit
     pub rate_limiter: Option<Arc<TenantRateLimiter>>,
+    /// request-body bytes in flight, per tenant and per process
+    pub ingest_budget: Arc<IngestBudget>,
 }
 
 impl AppState {
@@ -90,10 +92,16 @@ impl AppState {
                 kube.map(|c| ServiceAccounts::new(c, settings.service_account_policy())),
             ),
         };
+        let (process_bytes, tenant_bytes) = settings.ingest_budget();
         AppState {
             pool,
             outbox,
             notifier,
+            ingest_budget: Arc::new(IngestBudget::new(
+                process_bytes,
+                tenant_bytes,
+                metrics.clone(),
+            )),
             metrics,
             limits: settings.limits(),
             auth,
@@ -223,15 +231,23 @@ async fn readyz(State(pool): State<PgPool>) -> Response {
     tag = "operations",
     operation_id = "metrics",
     summary = "Prometheus metrics (OpenMetrics text)",
-    security(()),
+    description = "Open unless `HOOKD_METRICS_TOKEN` is set; then `Authorization: Bearer <that token>` is required (401 without it).",
+    security((), ("metrics_token" = [])),
     responses(
         (status = 200, description = "OpenMetrics text exposition", content_type = "application/openmetrics-text", body = String),
+        (status = 401, response = openapi::responses::Unauthorized),
         (status = 408, response = openapi::responses::RequestTimeout),
         (status = 414, response = openapi::responses::UriTooLong),
         (status = 431, response = openapi::responses::HeadersTooLarge),
     )
 )]
-async fn metrics(State(m): State<Metrics>) -> Response {
+async fn metrics(State(m): State<Metrics>, headers: axum::http::HeaderMap) -> Response {
+    let authorization = headers.get_all(axum::http::header::AUTHORIZATION);
+    let mut values = authorization.iter();
+    let (first, second) = (values.next(), values.next());
+    if second.is_some() || !m.scrape_allowed(first.map(|v| v.as_bytes())) {
+        return ApiError::from(crate::auth::AuthError::Invalid).into_response();
+    }
     (
         [(
             axum::http::header::CONTENT_TYPE,

@@ -15,6 +15,8 @@ use super::error::{ErrorBody, ErrorDetail};
 
 /// The name of the bearer security scheme every `/v1` operation requires.
 pub const BEARER: &str = "bearer";
+/// The optional scheme of `/metrics` (`HOOKD_METRICS_TOKEN`).
+pub const METRICS_TOKEN: &str = "metrics_token";
 
 #[derive(OpenApi)]
 #[openapi(
@@ -72,6 +74,20 @@ impl Modify for BearerScheme {
                     .description(Some(
                         "Missing or invalid: 401 with WWW-Authenticate. Valid but lacking the \
                          route's scope (produce, read or operate), or naming another tenant: 403.",
+                    ))
+                    .build(),
+            ),
+        );
+        openapi
+            .components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme(
+            METRICS_TOKEN,
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "The operator's HOOKD_METRICS_TOKEN; /metrics needs it only when it is set",
                     ))
                     .build(),
             ),

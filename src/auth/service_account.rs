@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -37,6 +38,15 @@ pub const POSITIVE_TTL: Duration = Duration::from_secs(30);
 /// How long a refusal is reused, so a client looping on a bad token costs the API server
 /// one review per few seconds, not one per request.
 pub const NEGATIVE_TTL: Duration = Duration::from_secs(5);
+/// How long past `POSITIVE_TTL` a positive verdict may still be served, and only while the
+/// review budget is spent: a flood of fresh tokens must not lock out the callers this
+/// process has already verified (never past the token's own `exp`).
+pub const STALE_POSITIVE_TTL: Duration = Duration::from_secs(120);
+/// TokenReviews one API process sends per second at most (and in a burst). Every review
+/// is a write to the Kubernetes API server, which throttles a client that sends many; an
+/// unauthenticated flood of distinct tokens therefore gets 503s from hookd instead of
+/// turning into a flood of reviews that would get every tenant's callers throttled.
+pub const MAX_REVIEWS_PER_SEC: f64 = 20.0;
 /// A TokenReview slower than this is treated as the API server being unreachable (503).
 pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 const CACHE_MAX_ENTRIES: usize = 10_000;
@@ -109,11 +119,47 @@ impl ServiceAccountPolicy {
     }
 }
 
+/// A cached TokenReview answer: served freely until `fresh_until`, and a positive one
+/// after that only while the review budget is spent (the cache entry's own expiry).
+#[derive(Clone)]
+struct Verdict {
+    principal: Option<Principal>,
+    fresh_until: Instant,
+}
+
+/// A token bucket of TokenReviews, `MAX_REVIEWS_PER_SEC` per second.
+struct ReviewBudget {
+    rate: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl ReviewBudget {
+    fn new(rate: f64) -> Self {
+        ReviewBudget {
+            rate,
+            state: Mutex::new((rate, Instant::now())),
+        }
+    }
+
+    fn take(&self, now: Instant) -> bool {
+        let mut s = self.state.lock().expect("review budget lock");
+        let tokens =
+            (s.0 + now.saturating_duration_since(s.1).as_secs_f64() * self.rate).min(self.rate);
+        if tokens < 1.0 {
+            *s = (tokens, now);
+            return false;
+        }
+        *s = (tokens - 1.0, now);
+        true
+    }
+}
+
 /// Verifies ServiceAccount tokens with TokenReviews, caching results by token hash.
 pub struct ServiceAccounts {
     client: kube::Client,
     policy: ServiceAccountPolicy,
-    cache: TtlCache<Option<Principal>>,
+    cache: TtlCache<Verdict>,
+    budget: ReviewBudget,
 }
 
 impl ServiceAccounts {
@@ -122,14 +168,37 @@ impl ServiceAccounts {
             client,
             policy,
             cache: TtlCache::new(CACHE_MAX_ENTRIES),
+            budget: ReviewBudget::new(MAX_REVIEWS_PER_SEC),
         }
     }
 
+    /// Only a token that could be a live ServiceAccount token for us (a JWT whose unverified
+    /// claims name audience `hookd` and an `exp` in the future) is ever sent to the API
+    /// server; anything else is refused here, at no cost to anyone. A forger can of course
+    /// write such claims, which is what the review budget bounds.
     pub async fn verify(&self, token: &str) -> Result<Principal, AuthError> {
+        let Some(left) = plausible_token(token) else {
+            tracing::debug!("not a JWT for audience hookd with a future exp; no TokenReview");
+            return Err(AuthError::Invalid);
+        };
         let key = super::tokens::hash(token);
         let now = Instant::now();
-        if let Some(cached) = self.cache.get(&key, now) {
-            return cached.ok_or(AuthError::Invalid);
+        let cached = self.cache.get(&key, now);
+        if let Some(v) = &cached
+            && v.fresh_until > now
+        {
+            return v.principal.clone().ok_or(AuthError::Invalid);
+        }
+        if !self.budget.take(now) {
+            if let Some(Verdict {
+                principal: Some(p), ..
+            }) = cached
+            {
+                return Ok(p);
+            }
+            return Err(AuthError::Unavailable(format!(
+                "TokenReview budget ({MAX_REVIEWS_PER_SEC}/s) spent"
+            )));
         }
         let review = TokenReview {
             spec: TokenReviewSpec {
@@ -154,12 +223,19 @@ impl ServiceAccounts {
                 Ok(Ok(r)) => r,
             };
         let principal = self.judge(&reviewed);
-        let until = if principal.is_some() {
-            now + POSITIVE_TTL.min(time_left(token).unwrap_or(POSITIVE_TTL))
+        let (fresh_until, until) = if principal.is_some() {
+            (
+                now + POSITIVE_TTL.min(left),
+                now + (POSITIVE_TTL + STALE_POSITIVE_TTL).min(left),
+            )
         } else {
-            now + NEGATIVE_TTL
+            (now + NEGATIVE_TTL, now + NEGATIVE_TTL)
         };
-        self.cache.insert(key, principal.clone(), until, now);
+        let verdict = Verdict {
+            principal: principal.clone(),
+            fresh_until,
+        };
+        self.cache.insert(key, verdict, until, now);
         principal.ok_or(AuthError::Invalid)
     }
 
@@ -188,15 +264,32 @@ impl ServiceAccounts {
     }
 }
 
-/// Time until the JWT's `exp`, read without verifying (the TokenReview verified it): a
-/// cached positive result must not outlive the token.
-fn time_left(token: &str) -> Option<Duration> {
-    let claims = token.split('.').nth(1)?;
-    let claims: serde_json::Value =
-        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(claims).ok()?).ok()?;
-    let exp = claims.get("exp")?.as_i64()?;
-    let left = exp - chrono::Utc::now().timestamp();
-    Some(Duration::from_secs(left.max(0) as u64))
+/// Time left before the token's `exp`, if the token has the shape of a ServiceAccount token
+/// issued for hookd: three base64url parts, a header naming a signing algorithm (not
+/// `none`), claims whose `aud` includes `hookd` and whose `exp` is in the future. Nothing
+/// is verified here (the TokenReview does that); this only keeps tokens that cannot pass a
+/// review from costing one.
+pub fn plausible_token(token: &str) -> Option<Duration> {
+    let mut parts = token.split('.');
+    let (header, claims, signature) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() || signature.is_empty() {
+        return None;
+    }
+    let json = |part: &str| -> Option<serde_json::Value> {
+        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(part).ok()?).ok()
+    };
+    let alg = json(header)?.get("alg")?.as_str()?.to_ascii_lowercase();
+    if alg == "none" {
+        return None;
+    }
+    let claims = json(claims)?;
+    let for_us = match claims.get("aud")? {
+        serde_json::Value::String(a) => a == AUDIENCE,
+        serde_json::Value::Array(a) => a.iter().any(|x| x.as_str() == Some(AUDIENCE)),
+        _ => false,
+    };
+    let left = claims.get("exp")?.as_i64()? - chrono::Utc::now().timestamp();
+    (for_us && left > 0).then(|| Duration::from_secs(left as u64))
 }
 
 /// A client for the cluster hookd runs in (or the one KUBECONFIG names), or `None` when
@@ -275,11 +368,58 @@ mod tests {
     }
 
     #[test]
-    fn jwt_expiry_bounds_the_cache() {
-        let exp = chrono::Utc::now().timestamp() + 10;
-        let claims = URL_SAFE_NO_PAD.encode(format!(r#"{{"exp":{exp}}}"#));
-        let left = time_left(&format!("e30.{claims}.sig")).unwrap();
+    fn only_plausible_tokens_for_hookd_are_reviewed() {
+        let now = chrono::Utc::now().timestamp();
+        let b64 = |s: &str| URL_SAFE_NO_PAD.encode(s);
+        let rs256 = b64(r#"{"alg":"RS256","kid":"k"}"#);
+        let jwt = |header: &str, claims: String| format!("{header}.{}.c2ln", b64(&claims));
+        let left = plausible_token(&jwt(
+            &rs256,
+            format!(r#"{{"aud":["x","hookd"],"exp":{}}}"#, now + 10),
+        ))
+        .unwrap();
         assert!(left <= Duration::from_secs(10) && left >= Duration::from_secs(8));
-        assert_eq!(time_left("not-a-jwt"), None);
+        assert!(
+            plausible_token(&jwt(
+                &rs256,
+                format!(r#"{{"aud":"hookd","exp":{}}}"#, now + 60)
+            ))
+            .is_some()
+        );
+        for bad in [
+            "not-a-jwt".to_string(),
+            "a.b".to_string(),
+            format!("{rs256}.{}.", b64(r#"{"aud":"hookd","exp":9999999999}"#)),
+            format!(
+                "{rs256}.{}.c2ln.x",
+                b64(r#"{"aud":"hookd","exp":9999999999}"#)
+            ),
+            jwt(
+                &rs256,
+                format!(r#"{{"aud":["kubernetes"],"exp":{}}}"#, now + 60),
+            ),
+            jwt(&rs256, format!(r#"{{"exp":{}}}"#, now + 60)),
+            jwt(&rs256, r#"{"aud":"hookd"}"#.to_string()),
+            jwt(&rs256, format!(r#"{{"aud":"hookd","exp":{}}}"#, now - 1)),
+            jwt(
+                &b64(r#"{"alg":"none"}"#),
+                format!(r#"{{"aud":"hookd","exp":{}}}"#, now + 60),
+            ),
+            jwt("e30", format!(r#"{{"aud":"hookd","exp":{}}}"#, now + 60)),
+            format!("!!.{}.c2ln", b64(r#"{"aud":"hookd"}"#)),
+        ] {
+            assert_eq!(plausible_token(&bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_review_budget_refills_at_its_rate() {
+        let b = ReviewBudget::new(2.0);
+        let t0 = Instant::now();
+        assert!(b.take(t0) && b.take(t0));
+        assert!(!b.take(t0));
+        assert!(!b.take(t0 + Duration::from_millis(400)));
+        assert!(b.take(t0 + Duration::from_millis(600)));
+        assert!(!b.take(t0 + Duration::from_millis(600)));
     }
 }

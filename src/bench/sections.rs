@@ -95,6 +95,8 @@ fn api_settings(auth: AuthMode) -> ApiSettings {
         api_max_connections: 4096,
         api_max_header_bytes: 16 * 1024,
         api_max_url_bytes: 4096,
+        api_max_inflight_bytes: 128 << 20,
+        api_tenant_inflight_bytes: None,
     }
 }
 

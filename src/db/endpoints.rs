@@ -39,7 +39,63 @@ pub struct UpsertResult {
 /// insert. An endpoint disabled by its receiver (410) keeps that state while the
 /// declaration is unchanged; a changed declaration resets it. A changed URL closes the
 /// circuit, since the failures belonged to the old destination.
+///
+/// An endpoint's tenant is fixed for the life of its row (migration 0006 refuses a change):
+/// deliveries follow the row, so a row that changed hands would carry the old tenant's
+/// pending deliveries and replays to the new owner's receiver. A declaration naming another
+/// tenant therefore retires the old row first ([`retire_if_owner_changed`]) and gets a new
+/// row with a new id (`created`).
 pub async fn upsert(conn: &mut PgConnection, e: &EndpointUpsert) -> Result<UpsertResult, DbError> {
+    use sqlx::Connection;
+    // one transaction (a savepoint inside the caller's): never a retired row without its
+    // successor
+    let mut tx = conn.begin().await?;
+    retire_if_owner_changed(&mut *tx, &e.namespace, &e.name, &e.tenant).await?;
+    let result = upsert_row(&mut *tx, e).await?;
+    tx.commit().await?;
+    Ok(result)
+}
+
+/// When the endpoint declared as namespace/name belongs to a tenant other than `tenant`,
+/// moves it aside for good: renamed out of the declaration's way (`name/retired/id`, which
+/// no Kubernetes name can be), disabled, its open deliveries cancelled. Its deliveries and
+/// dead letters stay with it, under their tenant: a replay by the old tenant sets them due
+/// on a disabled row, which no dispatcher claims, so nothing of theirs reaches the new
+/// owner. Returns the retired id and the number of deliveries cancelled.
+pub async fn retire_if_owner_changed(
+    conn: &mut PgConnection,
+    namespace: &str,
+    name: &str,
+    tenant: &str,
+) -> Result<Option<(Uuid, i64)>, DbError> {
+    Ok(sqlx::query_as(
+        r#"
+        WITH ep AS (
+            UPDATE hookd.endpoints
+            SET k8s_name = k8s_name || '/retired/' || id, state = 'disabled',
+                state_reason = 'retired: the declaration now names tenant ' || $3,
+                spec_fingerprint = NULL, updated_at = now()
+            WHERE k8s_namespace = $1 AND k8s_name = $2 AND tenant <> $3
+            RETURNING id
+        ), cancelled AS (
+            UPDATE hookd.deliveries d
+            SET status = 'cancelled', locked_by = NULL, completed_at = now(), updated_at = now(),
+                last_error = 'cancelled: the endpoint changed owner'
+            FROM ep
+            WHERE d.endpoint_id = ep.id AND d.status IN ('pending', 'in_progress', 'failed')
+            RETURNING d.id
+        )
+        SELECT ep.id, (SELECT count(*) FROM cancelled) FROM ep
+        "#,
+    )
+    .bind(namespace)
+    .bind(name)
+    .bind(tenant)
+    .fetch_optional(conn)
+    .await?)
+}
+
+async fn upsert_row(conn: &mut PgConnection, e: &EndpointUpsert) -> Result<UpsertResult, DbError> {
     let row: (Uuid, bool, bool, String) = sqlx::query_as(
         r#"
         WITH prev AS (
@@ -53,7 +109,6 @@ pub async fn upsert(conn: &mut PgConnection, e: &EndpointUpsert) -> Result<Upser
             VALUES (hookd.uuid_v7(), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
             ON CONFLICT (k8s_namespace, k8s_name) DO UPDATE SET
                 k8s_uid = EXCLUDED.k8s_uid,
-                tenant = EXCLUDED.tenant,
                 url = EXCLUDED.url,
                 event_types = EXCLUDED.event_types,
                 state = CASE WHEN t.state = 'disabled' AND t.spec_fingerprint = EXCLUDED.spec_fingerprint
