@@ -431,6 +431,13 @@ async fn openapi_document_is_3_1_and_lists_exactly_the_routes(pool: PgPool) {
                 for status in ["401", "403", "503"] {
                     assert!(responses.contains_key(status), "{m} {path} lacks {status}");
                 }
+            } else if path == "/metrics" {
+                // open unless the operator sets HOOKD_METRICS_TOKEN
+                assert_eq!(
+                    op["security"],
+                    json!([{}, {"metrics_token": []}]),
+                    "{m} {path}"
+                );
             } else {
                 assert_eq!(op["security"], json!([{}]), "{m} {path} is open");
             }

@@ -1151,3 +1151,102 @@ async fn tokens_never_appear_in_logs_errors_or_metrics(pool: PgPool) {
         }
     }
 }
+
+// ---- TokenReview amplification (issue 19) ----
+
+/// A token that cannot pass a review (not a JWT, another audience, expired, `alg: none`)
+/// is refused without one; a flood of distinct plausible tokens costs at most the review
+/// budget (20/s; 503 `auth_unavailable` past it), while a caller verified before keeps
+/// working throughout.
+#[sqlx::test]
+async fn tokenreviews_are_only_for_plausible_tokens_and_bounded(pool: PgPool) {
+    endpoint(&pool, EndpointOpts::default()).await;
+    let (api, handle) = sa_api(&pool).await;
+    let now = chrono::Utc::now().timestamp();
+    let jwt = |header: &str, claims: Value| {
+        format!(
+            "{}.{}.c2lnbmF0dXJl",
+            URL_SAFE_NO_PAD.encode(header),
+            URL_SAFE_NO_PAD.encode(claims.to_string())
+        )
+    };
+    let rs256 = r#"{"alg":"RS256"}"#;
+    for i in 0..300 {
+        let junk = match i % 4 {
+            0 => format!("opaque-{i}"),
+            1 => jwt(
+                rs256,
+                json!({"aud": ["https://kubernetes.default.svc"], "exp": now + 600, "n": i}),
+            ),
+            2 => jwt(rs256, json!({"aud": ["hookd"], "exp": now - 1, "n": i})),
+            _ => jwt(
+                r#"{"alg":"none"}"#,
+                json!({"aud": ["hookd"], "exp": now + 600, "n": i}),
+            ),
+        };
+        let (s, _, v) = post_message(&api, &junk, None).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
+    }
+    // the first review the API server sees is the legitimate caller's
+    let mut handle = Box::pin(handle);
+    let legit = fake_jwt(3600);
+    let mut pinned = handle.as_mut();
+    let review = answer_review(
+        &mut pinned,
+        &legit,
+        Review::Authenticated {
+            username: "system:serviceaccount:team-a:producer",
+            audiences: vec!["hookd"],
+        },
+    );
+    let ((s, _, v), ()) = tokio::join!(post_message(&api, &legit, None), review);
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+
+    // a flood of distinct plausible tokens: every review answered "no", and counted
+    let reviews = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = reviews.clone();
+    tokio::spawn(async move {
+        while let Some((_, send)) = handle.as_mut().next_request().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let body = json!({
+                "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                "spec": {}, "status": {"authenticated": false}
+            });
+            send.send_response(
+                http::Response::builder()
+                    .status(201)
+                    .body(kube::client::Body::from(serde_json::to_vec(&body).unwrap()))
+                    .unwrap(),
+            );
+        }
+    });
+    let api = std::sync::Arc::new(api);
+    let started = std::time::Instant::now();
+    let mut flood = Vec::new();
+    for _ in 0..300 {
+        let api = api.clone();
+        flood.push(tokio::spawn(async move {
+            post_message(&api, &fake_jwt(600), None).await.0
+        }));
+    }
+    // the verified caller is served from the cache meanwhile
+    let (s, _, v) = post_message(&api, &legit, None).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (mut refused, mut unavailable) = (0, 0);
+    for f in flood {
+        match f.await.unwrap() {
+            StatusCode::UNAUTHORIZED => refused += 1,
+            StatusCode::SERVICE_UNAVAILABLE => unavailable += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let sent = reviews.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (sent as f64) <= 20.0 + (elapsed * 20.0).ceil(),
+        "{sent} TokenReviews in {elapsed:.2} s"
+    );
+    assert_eq!(refused, sent, "each review answered one request");
+    assert_eq!(refused + unavailable, 300);
+    assert!(unavailable > 0, "the budget was never reached");
+}

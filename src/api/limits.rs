@@ -431,7 +431,15 @@ impl Admitted {
         if rest.is_empty() {
             return Ok(());
         }
-        state.admit(&rest)
+        state.admit(&rest).inspect_err(|_| {
+            // All or none: the event taken on the head goes back, or a client retrying a
+            // batch larger than what the bucket holds would drain it one head at a time
+            // and never be admitted.
+            if let (Some(t), Some(limiter)) = (&self.charged, &state.rate_limiter) {
+                limiter.refund(t, 1);
+                state.metrics.rate_limited_events.inc();
+            }
+        })
     }
 }
 
