@@ -50,8 +50,8 @@ pub async fn upsert(conn: &mut PgConnection, e: &EndpointUpsert) -> Result<Upser
     // one transaction (a savepoint inside the caller's): never a retired row without its
     // successor
     let mut tx = conn.begin().await?;
-    retire_if_owner_changed(&mut *tx, &e.namespace, &e.name, &e.tenant).await?;
-    let result = upsert_row(&mut *tx, e).await?;
+    retire_if_owner_changed(&mut tx, &e.namespace, &e.name, &e.tenant).await?;
+    let result = upsert_row(&mut tx, e).await?;
     tx.commit().await?;
     Ok(result)
 }
