@@ -62,7 +62,8 @@ CREATE TABLE hookd.producer_roles (
 );
 CREATE INDEX producer_roles_tenant ON hookd.producer_roles (tenant);
 
--- Unchanged validation and fan-out; new: the tenant check, and SECURITY DEFINER with a
+-- The body of migration 0005 (synchronous commit, advisory-locked keys), unchanged but for
+-- the tenant check, and SECURITY DEFINER with a
 -- fixed search_path, so a producer needs EXECUTE on this function only (no SELECT or
 -- INSERT on any hookd table: it can neither read other tenants' payloads nor write for a
 -- tenant it is not bound to), and no object of the caller's schemas can stand in for one
@@ -99,9 +100,13 @@ BEGIN
     RAISE EXCEPTION 'hookd.enqueue: payload is required' USING ERRCODE = '22023';
   END IF;
   PERFORM payload::json;  -- validates JSON without re-serializing what is stored
+  PERFORM set_config('synchronous_commit', 'on', true);
   v_hash := sha256(convert_to(event_type || E'\n' || payload, 'UTF8'));
 
   IF idempotency_key IS NOT NULL THEN
+    -- the key's claim, shared with the API's committers (db::events::try_lock_keys): they
+    -- see a key held here without waiting on the unique index
+    PERFORM pg_advisory_xact_lock(hashtextextended(enqueue.tenant || E'\n' || enqueue.idempotency_key, 0));
     INSERT INTO hookd.events (id, tenant, event_type, payload, idempotency_key, request_hash)
     VALUES (hookd.uuid_v7(), enqueue.tenant, enqueue.event_type, enqueue.payload, enqueue.idempotency_key, v_hash)
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -109,6 +114,10 @@ BEGIN
     IF v_id IS NULL THEN
       SELECT e.id, e.request_hash INTO v_id, v_existing_hash FROM hookd.events e
       WHERE e.tenant = enqueue.tenant AND e.idempotency_key = enqueue.idempotency_key;
+      IF v_id IS NULL THEN
+        RAISE EXCEPTION 'hookd.enqueue: the event holding idempotency key % was deleted while this call ran; retry', quote_literal(idempotency_key)
+          USING ERRCODE = '40001';
+      END IF;
       IF v_existing_hash <> v_hash THEN
         RAISE EXCEPTION 'hookd.enqueue: idempotency key % was already used with different content', quote_literal(idempotency_key)
           USING ERRCODE = '23505';
