@@ -521,3 +521,30 @@ async fn sql_enqueue_is_bound_to_the_roles_tenant(pool: PgPool) {
         .unwrap();
     }
 }
+
+// ---- suspected: the attempt log is bounded ----
+
+/// A delivery replayed many times has a long attempt log; `GET /v1/deliveries/{id}` shows
+/// its latest 100 entries, oldest first, and says how many older ones it left out.
+#[sqlx::test]
+async fn the_attempt_log_in_a_delivery_read_is_bounded(pool: PgPool) {
+    endpoint(&pool, EndpointOpts::default()).await;
+    let api = TestApi::start(&pool).await;
+    let (_, deliveries) = api.enqueue("team-a", "log", "{}").await;
+    let id = deliveries[0];
+    sqlx::query(
+        "INSERT INTO hookd.delivery_attempts (delivery_id, attempt, started_at, duration_ms, status_code)
+         SELECT $1, g, now(), 1, 500 FROM generate_series(1, 150) g",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (s, v) = api.get(&format!("/v1/deliveries/{id}")).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let attempts = v["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 100);
+    assert_eq!(attempts[0]["attempt"], 51);
+    assert_eq!(attempts[99]["attempt"], 150);
+    assert_eq!(v["attemptsOmitted"], 50);
+}

@@ -53,8 +53,14 @@ pub struct DeliveryOut {
     last_error: Option<String>,
     created_at: DateTime<Utc>,
     completed_at: Option<DateTime<Utc>>,
+    /// the latest 100 entries of the attempt log, oldest first
     attempts: Vec<AttemptOut>,
+    /// older entries of the log not shown (a delivery replayed many times)
+    attempts_omitted: i64,
 }
+
+/// Attempt-log entries one read returns at most.
+const ATTEMPTS_SHOWN: i64 = 100;
 
 /// GET /v1/deliveries/{id}: the delivery and its attempt log.
 #[utoipa::path(
@@ -92,7 +98,8 @@ pub async fn get(
     let d = db::deliveries::get(&state.pool, id, caller.tenant_scope())
         .await?
         .ok_or_else(|| ApiError::not_found("delivery"))?;
-    let attempts = db::attempts::for_delivery(&state.pool, id).await?;
+    let (attempts, attempts_omitted) =
+        db::attempts::latest_for_delivery(&state.pool, id, ATTEMPTS_SHOWN).await?;
     let s = DeliverySummary::from(d.clone());
     Ok(Json(DeliveryOut {
         delivery_id: d.id,
@@ -118,6 +125,7 @@ pub async fn get(
                 response_snippet: a.response_snippet,
             })
             .collect(),
+        attempts_omitted,
     })
     .into_response())
 }
