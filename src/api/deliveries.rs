@@ -158,6 +158,7 @@ pub struct ReplayOut {
         (status = 408, response = responses::RequestTimeout),
         (status = 409, response = responses::Conflict),
         (status = 414, response = responses::UriTooLong),
+        (status = 429, response = responses::TooManyRequests),
         (status = 431, response = responses::HeadersTooLarge),
         (status = 500, response = responses::Internal),
         (status = 503, response = responses::Unavailable),
@@ -255,6 +256,7 @@ pub struct EndpointReplayOut {
         (status = 414, response = responses::UriTooLong),
         (status = 415, response = responses::UnsupportedMediaType),
         (status = 422, response = responses::Unprocessable),
+        (status = 429, response = responses::TooManyRequests),
         (status = 431, response = responses::HeadersTooLarge),
         (status = 500, response = responses::Internal),
         (status = 503, response = responses::Unavailable),
@@ -413,6 +415,7 @@ fn decode_cursor(c: &str) -> Option<(DateTime<Utc>, Uuid)> {
     params(DeadLetterParams),
     responses(
         (status = 200, description = "A page of dead letters", body = DeadLetterPage),
+        (status = 400, response = responses::BadRequest),
         (status = 401, response = responses::Unauthorized),
         (status = 403, response = responses::Forbidden),
         (status = 408, response = responses::RequestTimeout),
