@@ -519,6 +519,7 @@ async fn missing_secret_holds_deliveries_until_it_appears(pool: PgPool) {
         per_endpoint_cap: 10,
         busy: vec![],
         now: None,
+        default_max_attempts: 8,
     };
     assert!(
         hookd::db::deliveries::claim(&pool, &claim)
@@ -807,7 +808,7 @@ async fn endpoint_disabled_by_410_is_reported(pool: PgPool) {
     let first = sync_once(&ctx, &mut api, &ep, SECRET_A).await;
     let (id, _, _) = endpoint_row(&pool, "g410").await.unwrap();
     let mut conn = pool.acquire().await.unwrap();
-    hookd::db::endpoints::disable(&mut conn, &[id], "receiver answered 410 Gone")
+    hookd::db::endpoints::disable(&mut conn, &[(id, 1)], "receiver answered 410 Gone")
         .await
         .unwrap();
     drop(conn);
