@@ -43,6 +43,10 @@ struct Fake {
     events: Vec<Value>,
     unexpected: Vec<String>,
     rv: u64,
+    /// answer every Lease write with 500 (renewals fail)
+    fail_lease_writes: bool,
+    /// when the last Lease write was answered with success
+    last_lease_write_ok: Option<std::time::Instant>,
 }
 
 type Shared = Arc<Mutex<Fake>>;
@@ -134,7 +138,9 @@ async fn handle(
             f.lease = Some(lease.clone());
             json_response(201, lease)
         }
+        ("PATCH", LEASE_PATH) if f.fail_lease_writes => status(500, "InternalError"),
         ("PATCH", LEASE_PATH) => {
+            f.last_lease_write_ok = Some(std::time::Instant::now());
             let manager = query.get("fieldManager").cloned().unwrap_or_default();
             let ct = headers
                 .get("content-type")
@@ -477,4 +483,48 @@ async fn standby_replica_takes_over_when_the_leader_is_killed(pool: PgPool) {
         "replica-b did not reconcile after taking over"
     );
     assert!(api.fake.lock().unwrap().unexpected.is_empty());
+}
+
+/// Renewals start failing (the API server answers the Lease writes with 500): the leader
+/// stops — and exits, to come back as a standby — before its Lease could expire and
+/// another replica take it over. Before, only another holder's appearance stopped it, so
+/// it went on reconciling past the expiry, next to the new leader.
+#[sqlx::test]
+async fn leader_stops_before_its_lease_can_be_taken_over(pool: PgPool) {
+    init();
+    let api = api_server(world()).await;
+    let mut replica = start_replica(&pool, &api, "replica-a");
+    let health = format!("http://{}", replica.listen);
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            holder(&api).as_deref() == Some("replica-a")
+                && get_text(&format!("{health}/readyz")).await == Some((200, "ready".into()))
+        })
+        .await,
+        "replica-a never led"
+    );
+    let last_ok = {
+        let mut f = api.fake.lock().unwrap();
+        f.fail_lease_writes = true;
+        f.last_lease_write_ok.expect("the Lease was written")
+    };
+    let exit = tokio::time::timeout(Duration::from_secs(20), replica.child.wait())
+        .await
+        .expect("the leader stops when it cannot renew")
+        .unwrap();
+    let stopped = last_ok.elapsed();
+    // HOOKD_LEASE_DURATION_SECS=4: a standby may take over 4 s after the last renewal
+    assert!(
+        stopped < Duration::from_secs(4),
+        "stopped {stopped:?} after the last renewal, when the Lease may already be another's"
+    );
+    assert!(
+        !exit.success(),
+        "losing leadership exits non-zero: {exit:?}"
+    );
+    assert_eq!(
+        holder(&api).as_deref(),
+        Some("replica-a"),
+        "no release attempt got through (the writes fail)"
+    );
 }
