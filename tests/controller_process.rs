@@ -300,6 +300,15 @@ struct Replica {
 }
 
 fn start_replica(pool: &PgPool, api: &ApiServer, name: &str) -> Replica {
+    start_replica_with_lease(pool, api, name, 4)
+}
+
+fn start_replica_with_lease(
+    pool: &PgPool,
+    api: &ApiServer,
+    name: &str,
+    lease_secs: u64,
+) -> Replica {
     let listen = format!("127.0.0.1:{}", free_port());
     let child = tokio::process::Command::new(hookd_bin())
         .arg("controller")
@@ -309,7 +318,7 @@ fn start_replica(pool: &PgPool, api: &ApiServer, name: &str) -> Replica {
         .env("HOOKD_LISTEN", &listen)
         .env("POD_NAME", name)
         .env("POD_NAMESPACE", "hookd-system")
-        .env("HOOKD_LEASE_DURATION_SECS", "4")
+        .env("HOOKD_LEASE_DURATION_SECS", lease_secs.to_string())
         .env("HOOKD_IMAGE", "registry.example/hookd:9.9")
         .env(TEST_KEY_ENV, TEST_ENCRYPTION_KEY)
         .env("HOOKD_LOG", "info")
@@ -493,7 +502,9 @@ async fn standby_replica_takes_over_when_the_leader_is_killed(pool: PgPool) {
 async fn leader_stops_before_its_lease_can_be_taken_over(pool: PgPool) {
     init();
     let api = api_server(world()).await;
-    let mut replica = start_replica(&pool, &api, "replica-a");
+    // 9 s: renewals start 3 s before expiry and the leader gives them 1.5 s, leaving the
+    // process 1.5 s to stop, however loaded the machine running this test is
+    let mut replica = start_replica_with_lease(&pool, &api, "replica-a", 9);
     let health = format!("http://{}", replica.listen);
     assert!(
         wait_until(Duration::from_secs(30), || async {
@@ -513,9 +524,12 @@ async fn leader_stops_before_its_lease_can_be_taken_over(pool: PgPool) {
         .expect("the leader stops when it cannot renew")
         .unwrap();
     let stopped = last_ok.elapsed();
-    // HOOKD_LEASE_DURATION_SECS=4: a standby may take over 4 s after the last renewal
+    println!(
+        "renewals failing: the leader exited {stopped:?} after its last successful Lease write (Lease duration 9 s)"
+    );
+    // HOOKD_LEASE_DURATION_SECS=9: a standby may take over 9 s after the last renewal
     assert!(
-        stopped < Duration::from_secs(4),
+        stopped < Duration::from_secs(9),
         "stopped {stopped:?} after the last renewal, when the Lease may already be another's"
     );
     assert!(
