@@ -361,6 +361,25 @@ pub struct ControllerSettings {
     /// How often status figures are refreshed from Postgres and autoscaling is sampled, in seconds
     #[arg(long, env = "HOOKD_STATUS_INTERVAL_SECS", default_value_t = 10)]
     pub status_interval_secs: u64,
+    /// Seconds between full reconciles of an unchanged object (watch events bring every change; each full pass of an endpoint GETs its Secret)
+    #[arg(long, env = "HOOKD_RESYNC_SECS", default_value_t = 600)]
+    pub resync_secs: u64,
+    /// Images a WebhookDispatcher may name besides HOOKD_IMAGE, comma-separated (default: none, only the controller's own image)
+    #[arg(
+        long,
+        env = "HOOKD_DISPATCHER_IMAGES",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub dispatcher_images: Vec<String>,
+    /// Service accounts a WebhookDispatcher may name besides hookd-dispatcher, comma-separated (default: none)
+    #[arg(
+        long,
+        env = "HOOKD_DISPATCHER_SERVICE_ACCOUNTS",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub dispatcher_service_accounts: Vec<String>,
 }
 
 /// Where an in-cluster process finds its own namespace.
