@@ -366,9 +366,11 @@ async fn controller_process_reconciles_and_releases_the_lease(pool: PgPool) {
     assert!(
         wait_until(Duration::from_secs(10), || async {
             let f = api.fake.lock().unwrap();
+            // the Event is published after the status write, best-effort: wait for it too
             !f.endpoint_status.is_empty()
                 && !f.deployments.is_empty()
                 && !f.dispatcher_status.is_empty()
+                && f.events.iter().any(|e| e["reason"] == "Created")
         })
         .await,
         "writes: {} endpoint status, {} deployments, {} dispatcher status; unexpected: {:?}",
