@@ -54,6 +54,22 @@ pub struct DeliveryOut {
     created_at: DateTime<Utc>,
     completed_at: Option<DateTime<Utc>>,
     attempts: Vec<AttemptOut>,
+    /// the endpoint's state now: why a waiting delivery is not being sent (a receiver's
+    /// 410, a paused or unusable declaration, an open circuit and when it is probed again)
+    endpoint: Option<EndpointStateOut>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointStateOut {
+    /// `active`, `paused` or `disabled`
+    state: String,
+    /// why it is paused or disabled
+    state_reason: Option<String>,
+    /// `closed`, `open` or `half_open`
+    circuit_state: String,
+    /// while the circuit is open: when one probe delivery is tried again
+    circuit_open_until: Option<DateTime<Utc>>,
 }
 
 /// GET /v1/deliveries/{id}: the delivery and its attempt log.
@@ -93,6 +109,14 @@ pub async fn get(
         .await?
         .ok_or_else(|| ApiError::not_found("delivery"))?;
     let attempts = db::attempts::for_delivery(&state.pool, id).await?;
+    let endpoint = db::endpoints::get(&state.pool, d.endpoint_id, None)
+        .await?
+        .map(|e| EndpointStateOut {
+            state: e.state,
+            state_reason: e.state_reason,
+            circuit_state: e.circuit_state,
+            circuit_open_until: e.circuit_open_until,
+        });
     let s = DeliverySummary::from(d.clone());
     Ok(Json(DeliveryOut {
         delivery_id: d.id,
@@ -118,6 +142,7 @@ pub async fn get(
                 response_snippet: a.response_snippet,
             })
             .collect(),
+        endpoint,
     })
     .into_response())
 }

@@ -155,6 +155,33 @@ async fn write_batch(
             );
         }
     }
+    // Without a cluster the log is the only place an operator sees a delivery failing or
+    // dying, so each such outcome is logged once, at info, with its ids.
+    for f in batch
+        .iter()
+        .filter(|f| passed.contains(&f.completion.delivery_id))
+    {
+        let c = &f.completion;
+        match c.status {
+            "failed" => tracing::info!(
+                delivery = %c.delivery_id,
+                endpoint = %f.endpoint_id,
+                attempt = c.attempt,
+                status_code = ?c.status_code,
+                error = c.error.as_deref().unwrap_or(""),
+                retry_at = ?c.retry_at,
+                "delivery failed; retry scheduled"
+            ),
+            "dead" => tracing::info!(
+                delivery = %c.delivery_id,
+                endpoint = %f.endpoint_id,
+                attempt = c.attempt,
+                reason = c.dead_reason.as_deref().unwrap_or(""),
+                "delivery dead; dead-lettered (replay it with POST /v1/deliveries/{{id}}/replay)"
+            ),
+            _ => {}
+        }
+    }
     for id in &opened {
         tracing::warn!(endpoint = %id, "circuit opened");
     }
