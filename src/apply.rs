@@ -625,7 +625,7 @@ pub async fn describe(
             && let Some(row) = crate::db::endpoints::get(pool, outcome.endpoint_id, None).await?
         {
             if let Some(reason) = row.state_reason {
-                line.push_str(&format!(": {reason}"));
+                line.push_str(&format!("; {} because: {reason}", row.state));
             }
             if row.state == "disabled" {
                 line.push_str(

@@ -630,3 +630,56 @@ async fn published_test_vector_secret_is_warned_about(pool: PgPool) {
     assert!(run.ok, "{}", run.stderr);
     assert!(!run.stderr.contains("published"), "{}", run.stderr);
 }
+
+/// Issue 17, the 410 contract: re-applying the same declaration keeps a disabled endpoint
+/// disabled and says why and what to do; applying it with `paused: true` and then without
+/// re-enables it, as the README documents.
+#[sqlx::test]
+async fn a_disabled_endpoint_says_why_and_the_documented_way_re_enables_it(pool: PgPool) {
+    let secret = secret_string_data("s", "secret", FRESH_SECRET);
+    let file = YamlFile::new(&docs(&[
+        secret.clone(),
+        endpoint_doc("gone", "s", "secret", ""),
+    ]));
+    assert!(apply(&pool, &file).await.ok);
+    // what the completer writes when the receiver answers 410
+    let mut conn = pool.acquire().await.unwrap();
+    let ep = hookd::db::endpoints::get_declared(&pool, "team-a", "gone")
+        .await
+        .unwrap()
+        .unwrap();
+    hookd::db::endpoints::disable(
+        &mut conn,
+        &[ep.id],
+        "receiver answered 410 Gone; change the WebhookEndpoint to re-enable it",
+    )
+    .await
+    .unwrap();
+    drop(conn);
+
+    let run = apply(&pool, &file).await;
+    assert!(run.ok, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("unchanged")
+            && run
+                .stdout
+                .contains("disabled because: receiver answered 410 Gone"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("apply it once with `paused: true`"),
+        "{}",
+        run.stdout
+    );
+
+    file.rewrite(&docs(&[
+        secret.clone(),
+        endpoint_doc("gone", "s", "secret", "  paused: true\n"),
+    ]));
+    let run = apply(&pool, &file).await;
+    assert!(run.stdout.contains("state paused"), "{}", run.stdout);
+    file.rewrite(&docs(&[secret, endpoint_doc("gone", "s", "secret", "")]));
+    let run = apply(&pool, &file).await;
+    assert!(run.stdout.contains("state active"), "{}", run.stdout);
+}
