@@ -369,3 +369,29 @@ async fn dev_port_clash_names_the_port() {
     );
     drop(taken);
 }
+
+/// The dispatcher logs both circuit transitions; the statement that decides them reports
+/// the ones it closed as well as the ones it opened.
+#[sqlx::test]
+async fn circuit_transitions_report_opened_and_closed(pool: PgPool) {
+    use hookd::db::endpoints::{CircuitInput, record_circuit_transitions};
+    let ep = endpoint(&pool, EndpointOpts::default()).await;
+    let input = |any_success, trailing_failures| CircuitInput {
+        endpoint_id: ep,
+        any_success,
+        trailing_failures,
+    };
+    let mut conn = pool.acquire().await.unwrap();
+    let t = record_circuit_transitions(&mut conn, &[input(false, 3)], 3, 30.0)
+        .await
+        .unwrap();
+    assert_eq!((t.opened, t.closed), (vec![ep], vec![]));
+    let t = record_circuit_transitions(&mut conn, &[input(false, 1)], 3, 30.0)
+        .await
+        .unwrap();
+    assert!(t.opened.is_empty() && t.closed.is_empty(), "{t:?}");
+    let t = record_circuit_transitions(&mut conn, &[input(true, 0)], 3, 30.0)
+        .await
+        .unwrap();
+    assert_eq!((t.opened, t.closed), (vec![], vec![ep]));
+}

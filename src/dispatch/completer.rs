@@ -124,7 +124,7 @@ async fn write_batch(
         }
     }
     let inputs: Vec<CircuitInput> = circuits.into_values().collect();
-    let opened = db::endpoints::record_circuit(
+    let circuit = db::endpoints::record_circuit_transitions(
         &mut tx,
         &inputs,
         cfg.circuit_threshold,
@@ -182,10 +182,13 @@ async fn write_batch(
             _ => {}
         }
     }
-    for id in &opened {
+    for id in &circuit.opened {
         tracing::warn!(endpoint = %id, "circuit opened");
     }
-    metrics.circuits_opened.inc_by(opened.len() as u64);
+    for id in &circuit.closed {
+        tracing::info!(endpoint = %id, "circuit closed: the endpoint answered again");
+    }
+    metrics.circuits_opened.inc_by(circuit.opened.len() as u64);
     for id in &gone {
         tracing::warn!(endpoint = %id, "endpoint disabled: receiver answered 410 Gone");
     }
