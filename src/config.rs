@@ -157,6 +157,11 @@ pub struct ApiSettings {
     /// Most messages one shared ingest transaction carries
     #[arg(long, env = "HOOKD_INGEST_MAX_GROUP", default_value_t = 256)]
     pub ingest_max_group: usize,
+    /// How long a request waits (ms) for another holder of its idempotency key (a request
+    /// still committing, or a producer's open transaction through hookd.enqueue) before it
+    /// is answered 409 idempotency_key_in_use. Only that request waits.
+    #[arg(long, env = "HOOKD_IDEMPOTENCY_WAIT_MS", default_value_t = 5000)]
+    pub idempotency_wait_ms: u64,
     /// Send a coalesced NOTIFY after each commit to wake dispatchers at once
     #[arg(long, env = "HOOKD_NOTIFY", default_value_t = true, action = clap::ArgAction::Set)]
     pub notify: bool,
@@ -357,6 +362,25 @@ pub struct ControllerSettings {
     /// How often status figures are refreshed from Postgres and autoscaling is sampled, in seconds
     #[arg(long, env = "HOOKD_STATUS_INTERVAL_SECS", default_value_t = 10)]
     pub status_interval_secs: u64,
+    /// Seconds between full reconciles of an unchanged object (watch events bring every change; each full pass of an endpoint GETs its Secret)
+    #[arg(long, env = "HOOKD_RESYNC_SECS", default_value_t = 600)]
+    pub resync_secs: u64,
+    /// Images a WebhookDispatcher may name besides HOOKD_IMAGE, comma-separated (default: none, only the controller's own image)
+    #[arg(
+        long,
+        env = "HOOKD_DISPATCHER_IMAGES",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub dispatcher_images: Vec<String>,
+    /// Service accounts a WebhookDispatcher may name besides hookd-dispatcher, comma-separated (default: none)
+    #[arg(
+        long,
+        env = "HOOKD_DISPATCHER_SERVICE_ACCOUNTS",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub dispatcher_service_accounts: Vec<String>,
 }
 
 /// Where an in-cluster process finds its own namespace.

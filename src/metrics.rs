@@ -62,6 +62,7 @@ pub struct Metrics {
     pub claim_seconds: Histogram,
     pub claimed: Counter,
     pub leases_lost: Counter,
+    pub outcome_write_errors: Counter,
     pub circuits_opened: Counter,
     pub endpoints_disabled: Counter,
     pub backlog: Gauge,
@@ -156,6 +157,12 @@ impl Metrics {
             "Outcomes dropped because the lease had been taken over",
             leases_lost.clone(),
         );
+        let outcome_write_errors = Counter::default();
+        r.register(
+            "outcome_write_errors",
+            "Outcomes the database refused even alone (written without their details or dropped; the delivery is resent when its lease lapses)",
+            outcome_write_errors.clone(),
+        );
         let circuits_opened = Counter::default();
         r.register(
             "circuits_opened",
@@ -249,6 +256,7 @@ impl Metrics {
             claim_seconds,
             claimed,
             leases_lost,
+            outcome_write_errors,
             circuits_opened,
             endpoints_disabled,
             backlog,

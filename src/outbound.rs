@@ -73,6 +73,8 @@ fn is_forbidden_v4(ip: Ipv4Addr) -> bool {
         || (a == 192 && b == 0 && c == 2)
         || (a == 198 && b == 51 && c == 100)
         || (a == 203 && b == 0 && c == 113)
+        // Azure's wireserver (platform metadata and agent channel), reachable from every VM
+        || ip == Ipv4Addr::new(168, 63, 129, 16)
         || a >= 224 // multicast 224/4, reserved 240/4, broadcast 255.255.255.255
 }
 
@@ -92,6 +94,8 @@ fn is_forbidden_v6(ip: Ipv6Addr) -> bool {
         || (seg[0] & 0xff00) == 0xff00 // multicast
         || (seg[0] == 0x0100 && seg[1] == 0 && seg[2] == 0 && seg[3] == 0) // discard 100::/64
         || (seg[0] == 0x2001 && seg[1] == 0x0db8) // documentation
+        // Teredo 2001::/32 tunnels to an (obfuscated) IPv4 address the relay chooses
+        || (seg[0] == 0x2001 && seg[1] == 0)
 }
 
 fn embedded_ipv4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
@@ -105,6 +109,8 @@ fn embedded_ipv4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
     match seg {
         // IPv4-mapped ::ffff:a.b.c.d
         [0, 0, 0, 0, 0, 0xffff, _, _] => Some(low),
+        // IPv4-translated (SIIT) ::ffff:0:a.b.c.d, RFC 2765
+        [0, 0, 0, 0, 0xffff, 0, _, _] => Some(low),
         // IPv4-compatible ::a.b.c.d (deprecated, :: and ::1 are handled by the caller)
         [0, 0, 0, 0, 0, 0, _, _] => Some(low),
         // NAT64 well-known prefix 64:ff9b::/96
@@ -437,6 +443,10 @@ mod tests {
             "2002:7f00:1::1",
             "2002:a9fe:a9fe::1",
             "2001:db8::1",
+            "::ffff:0:127.0.0.1",
+            "::ffff:0:a9fe:a9fe",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+            "168.63.129.16",
         ];
         for s in forbidden {
             assert!(is_forbidden(ip(s)), "{s} should be forbidden");
@@ -459,6 +469,8 @@ mod tests {
             "64:ff9b::808:808",
             "2002:808:808::1",
             "fe7f::1",
+            "::ffff:0:808:808",
+            "168.63.129.17",
         ];
         for s in allowed {
             assert!(!is_forbidden(ip(s)), "{s} should be allowed");

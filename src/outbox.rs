@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
@@ -42,9 +43,17 @@ pub struct Enqueued {
 pub enum EnqueueError {
     #[error("idempotency key {key:?} was already used with different content")]
     KeyConflict { key: String },
+    /// another request (or a producer's open transaction through `hookd.enqueue`) holds
+    /// this key and did not finish within the wait bound
+    #[error("idempotency key {key:?} is being used by a request that has not finished")]
+    KeyInUse { key: String },
     /// carries the driver's message for logs only; it never reaches a client
     #[error("the database is unavailable: {0}")]
     Unavailable(String),
+    /// The connection failed at or after COMMIT and the rows could not be looked up
+    /// afterwards: the event may or may not exist. Never reported as "nothing written".
+    #[error("the outcome of the commit is unknown: {0}")]
+    CommitOutcomeUnknown(String),
     #[error("enqueue failed")]
     Internal(#[source] DbError),
     #[error("hookd is shutting down")]
@@ -129,6 +138,21 @@ pub struct OutboxConfig {
     pub committers: usize,
     /// most messages one shared transaction may carry
     pub max_group: usize,
+    /// how long a request waits for another holder of its idempotency key (a concurrent
+    /// request, or a producer's open transaction through `hookd.enqueue`) before it is
+    /// answered `409 idempotency_key_in_use`. Only that request waits, on a task of its
+    /// own; its group goes ahead without it.
+    pub key_wait: Duration,
+}
+
+impl OutboxConfig {
+    pub fn defaults() -> Self {
+        OutboxConfig {
+            committers: 4,
+            max_group: 256,
+            key_wait: Duration::from_secs(5),
+        }
+    }
 }
 
 /// Handle to the enqueue pipeline. Cheap to clone.
@@ -148,6 +172,7 @@ impl Outbox {
             let pool = pool.clone();
             let notifier = notifier.clone();
             let metrics = metrics.clone();
+            let config = config.clone();
             let max_group = config.max_group.max(1);
             tokio::spawn(async move {
                 loop {
@@ -169,7 +194,7 @@ impl Outbox {
                     };
                     let size: usize = jobs.iter().map(|j| j.messages.len()).sum();
                     metrics.ingest_group_size.observe(size as f64);
-                    commit_group(&pool, jobs, &notifier).await;
+                    commit_group(&pool, &config, jobs, &notifier).await;
                 }
             });
         }
@@ -183,59 +208,314 @@ impl Outbox {
             .send(Job { messages, reply })
             .await
             .map_err(|_| EnqueueError::ShuttingDown)?;
-        // A dropped reply means the committer task died mid-transaction: the outcome is
-        // unknown to us, so the producer must retry (with its idempotency key).
-        rx.await.map_err(|_| EnqueueError::ShuttingDown)?
+        // A dropped reply means the committer task died mid-transaction: whether it
+        // committed is unknown to us.
+        rx.await.map_err(|_| {
+            EnqueueError::CommitOutcomeUnknown("the committer stopped while committing".into())
+        })?
     }
 }
 
-async fn commit_group(pool: &PgPool, jobs: Vec<Job>, notifier: &Notifier) {
-    if jobs.len() == 1 {
-        let job = jobs.into_iter().next().expect("one job");
-        let result = enqueue_tx(pool, &job.messages).await;
-        if result.is_ok() {
-            notifier.wake();
+/// How one job fared inside a shared transaction.
+enum Verdict {
+    Done(Vec<Enqueued>),
+    /// refused without writing anything of its own (a single message whose key was used
+    /// with different content): answered after the group commits
+    Refused(EnqueueError),
+    /// must leave the shared transaction: a batch with a refused message (its other
+    /// messages were inserted and must not commit), or a key another holder is using
+    Alone,
+}
+
+/// Commits a group of jobs in one transaction, answering each. Whatever one job does
+/// (a key conflict, a key held elsewhere, a batch that must be refused whole), the others
+/// commit together: the job leaves the group and is handled on its own.
+async fn commit_group(pool: &PgPool, cfg: &OutboxConfig, mut jobs: Vec<Job>, notifier: &Notifier) {
+    let mut retried_unwritten = false;
+    loop {
+        let messages: Vec<&[NewMessage]> = jobs.iter().map(|j| j.messages.as_slice()).collect();
+        match group_tx(pool, &messages).await {
+            Ok(GroupResult::Committed(verdicts)) => {
+                notifier.wake();
+                let mut alone = Vec::new();
+                for (job, v) in jobs.into_iter().zip(verdicts) {
+                    match v {
+                        Verdict::Done(r) => {
+                            let _ = job.reply.send(Ok(r));
+                        }
+                        Verdict::Refused(e) => {
+                            let _ = job.reply.send(Err(e));
+                        }
+                        Verdict::Alone => alone.push(job),
+                    }
+                }
+                spawn_alone(pool, cfg, alone, notifier);
+                return;
+            }
+            Ok(GroupResult::Regroup(verdicts)) => {
+                // Some jobs must leave; the rest go again without them (nothing was
+                // committed: the transaction was rolled back).
+                let mut stay = Vec::new();
+                let mut alone = Vec::new();
+                for (job, v) in jobs.into_iter().zip(verdicts) {
+                    if matches!(v, Verdict::Alone) {
+                        alone.push(job);
+                    } else {
+                        stay.push(job);
+                    }
+                }
+                spawn_alone(pool, cfg, alone, notifier);
+                if stay.is_empty() {
+                    return;
+                }
+                jobs = stay;
+            }
+            Err(GroupError::NotWritten(e)) if e.is_transient_conflict() => {
+                // A deadlock or serialization failure is about this group's mix: each
+                // job on its own has its own chance (not a 503 for all of them).
+                spawn_alone(pool, cfg, jobs, notifier);
+                return;
+            }
+            Err(GroupError::NotWritten(e)) if e.is_unavailable() => {
+                let detail = e.to_string();
+                for job in jobs {
+                    let _ = job
+                        .reply
+                        .send(Err(EnqueueError::Unavailable(detail.clone())));
+                }
+                return;
+            }
+            Err(GroupError::NotWritten(e)) => {
+                if jobs.len() == 1 {
+                    let job = jobs.pop().expect("one job");
+                    let _ = job.reply.send(Err(EnqueueError::from(e)));
+                    return;
+                }
+                // someone's request broke the shared statement: each on its own
+                spawn_alone(pool, cfg, jobs, notifier);
+                return;
+            }
+            Err(GroupError::ProvenUnwritten(e)) if !retried_unwritten => {
+                // The connection failed at COMMIT, and a fresh connection proved the
+                // transaction did not commit: run it again once.
+                tracing::warn!(error = %e, "commit failed before it took effect; retrying the group");
+                retried_unwritten = true;
+            }
+            Err(GroupError::ProvenUnwritten(e)) => {
+                let detail = e.to_string();
+                for job in jobs {
+                    let _ = job
+                        .reply
+                        .send(Err(EnqueueError::Unavailable(detail.clone())));
+                }
+                return;
+            }
+            Err(GroupError::Unknown(detail)) => {
+                tracing::error!(error = %detail, "the outcome of a commit is unknown");
+                for job in jobs {
+                    let _ = job
+                        .reply
+                        .send(Err(EnqueueError::CommitOutcomeUnknown(detail.clone())));
+                }
+                return;
+            }
         }
-        let _ = job.reply.send(result);
-        return;
     }
-    let all: Vec<NewMessage> = jobs
-        .iter()
-        .flat_map(|j| j.messages.iter().cloned())
-        .collect();
-    match enqueue_tx(pool, &all).await {
-        Ok(results) => {
-            notifier.wake();
-            let mut results = results.into_iter();
-            for job in jobs {
-                let mine: Vec<Enqueued> = results.by_ref().take(job.messages.len()).collect();
-                let _ = job.reply.send(Ok(mine));
-            }
-        }
-        Err(EnqueueError::Unavailable(e)) => {
-            for job in jobs {
-                let _ = job.reply.send(Err(EnqueueError::Unavailable(e.clone())));
-            }
-        }
-        Err(_) => {
-            // Someone's request broke the shared transaction (an idempotency conflict or a
-            // database-side rejection): give each request its own transaction and answer.
-            let mut any = false;
-            for job in jobs {
-                let result = enqueue_tx(pool, &job.messages).await;
-                any |= result.is_ok();
-                let _ = job.reply.send(result);
-            }
-            if any {
+}
+
+/// Runs jobs that left their group, each in a transaction of its own, on tasks of their
+/// own: a job waiting for a held idempotency key holds up nobody else.
+fn spawn_alone(pool: &PgPool, cfg: &OutboxConfig, jobs: Vec<Job>, notifier: &Notifier) {
+    for job in jobs {
+        let (pool, cfg, notifier) = (pool.clone(), cfg.clone(), notifier.clone());
+        tokio::spawn(async move {
+            let result = enqueue_alone(&pool, &cfg, &job.messages).await;
+            if result.is_ok() {
                 notifier.wake();
             }
+            let _ = job.reply.send(result);
+        });
+    }
+}
+
+/// One job in its own transaction, waiting (bounded) for keys held elsewhere.
+async fn enqueue_alone(
+    pool: &PgPool,
+    cfg: &OutboxConfig,
+    messages: &[NewMessage],
+) -> Result<Vec<Enqueued>, EnqueueError> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match alone_tx(pool, cfg, messages).await {
+            Ok(r) => return r,
+            Err(GroupError::NotWritten(e)) if e.is_transient_conflict() && tries < 3 => {}
+            Err(GroupError::NotWritten(e)) if e.sqlstate().as_deref() == Some(LOCK_TIMEOUT) => {
+                let key = messages
+                    .iter()
+                    .find_map(|m| m.idempotency_key.clone())
+                    .unwrap_or_default();
+                return Err(EnqueueError::KeyInUse { key });
+            }
+            Err(GroupError::NotWritten(e)) => return Err(EnqueueError::from(e)),
+            Err(GroupError::ProvenUnwritten(_)) if tries < 3 => {}
+            Err(GroupError::ProvenUnwritten(e)) => return Err(EnqueueError::from(e)),
+            Err(GroupError::Unknown(detail)) => {
+                return Err(EnqueueError::CommitOutcomeUnknown(detail));
+            }
         }
     }
 }
 
-/// One transaction: insert the events and their deliveries, resolve idempotency-key
-/// repeats to the original ids, commit. Results are in input order.
-async fn enqueue_tx(pool: &PgPool, messages: &[NewMessage]) -> Result<Vec<Enqueued>, EnqueueError> {
+/// SQLSTATE 55P03: `lock_timeout` expired.
+const LOCK_TIMEOUT: &str = "55P03";
+
+enum GroupResult {
+    Committed(Vec<Verdict>),
+    /// rolled back; the jobs marked `Alone` must leave the group
+    Regroup(Vec<Verdict>),
+}
+
+#[derive(Debug)]
+enum GroupError {
+    /// failed before COMMIT was sent: rolled back, nothing written
+    NotWritten(DbError),
+    /// COMMIT's answer was lost, and a fresh connection proved nothing was written
+    ProvenUnwritten(DbError),
+    /// COMMIT's answer was lost and what happened could not be established
+    Unknown(String),
+}
+
+impl From<DbError> for GroupError {
+    fn from(e: DbError) -> Self {
+        GroupError::NotWritten(e)
+    }
+}
+
+/// The shared transaction of a group. Keys held elsewhere are not waited for: their jobs
+/// are marked to leave the group.
+async fn group_tx(pool: &PgPool, jobs: &[&[NewMessage]]) -> Result<GroupResult, GroupError> {
+    let mut tx = pool.begin().await.map_err(DbError::from)?;
+    // A backstop: no wait inside a shared transaction is unbounded (keys are try-locked
+    // below, so this only fires on something unforeseen).
+    let session = db::events::begin_enqueue(&mut tx, GROUP_LOCK_TIMEOUT).await?;
+    let keys: Vec<(String, String)> = jobs
+        .iter()
+        .flat_map(|m| m.iter())
+        .filter_map(|m| m.idempotency_key.clone().map(|k| (m.tenant.clone(), k)))
+        .collect();
+    let busy: std::collections::HashSet<(String, String)> =
+        db::events::try_lock_keys(&mut tx, &keys)
+            .await?
+            .into_iter()
+            .collect();
+    let holds_busy_key = |msgs: &[NewMessage]| {
+        msgs.iter().any(|m| {
+            m.idempotency_key
+                .as_ref()
+                .is_some_and(|k| busy.contains(&(m.tenant.clone(), k.clone())))
+        })
+    };
+    // Jobs with a busy key do not take part; their slots get `Alone`.
+    let taking_part: Vec<bool> = jobs.iter().map(|m| !holds_busy_key(m)).collect();
+    let all: Vec<&NewMessage> = jobs
+        .iter()
+        .zip(&taking_part)
+        .filter(|(_, t)| **t)
+        .flat_map(|(m, _)| m.iter())
+        .collect();
+    let (rows, outcomes) = insert_messages(&mut tx, &all).await?;
+    let mut outcomes = outcomes.into_iter();
+    let mut verdicts = Vec::with_capacity(jobs.len());
+    let mut regroup = false;
+    for (msgs, take) in jobs.iter().zip(&taking_part) {
+        if !take {
+            verdicts.push(Verdict::Alone);
+            continue;
+        }
+        let mine: Vec<MessageOutcome> = outcomes.by_ref().take(msgs.len()).collect();
+        verdicts.push(job_verdict(mine, &mut regroup));
+    }
+    if regroup {
+        tx.rollback().await.map_err(DbError::from)?;
+        return Ok(GroupResult::Regroup(verdicts));
+    }
+    finish(pool, tx, session, &rows).await?;
+    Ok(GroupResult::Committed(verdicts))
+}
+
+/// One job alone, waiting at most `key_wait` for its keys.
+async fn alone_tx(
+    pool: &PgPool,
+    cfg: &OutboxConfig,
+    messages: &[NewMessage],
+) -> Result<Result<Vec<Enqueued>, EnqueueError>, GroupError> {
+    let mut tx = pool.begin().await.map_err(DbError::from)?;
+    let session = db::events::begin_enqueue(&mut tx, cfg.key_wait).await?;
+    let keys: Vec<(String, String)> = messages
+        .iter()
+        .filter_map(|m| m.idempotency_key.clone().map(|k| (m.tenant.clone(), k)))
+        .collect();
+    db::events::lock_keys(&mut tx, &keys).await?;
+    let all: Vec<&NewMessage> = messages.iter().collect();
+    let (rows, outcomes) = insert_messages(&mut tx, &all).await?;
+    let mut out = Vec::with_capacity(outcomes.len());
+    for o in outcomes {
+        match o {
+            MessageOutcome::Ok(e) => out.push(e),
+            MessageOutcome::Conflict(key) => {
+                tx.rollback().await.map_err(DbError::from)?;
+                return Ok(Err(EnqueueError::KeyConflict { key }));
+            }
+            MessageOutcome::Vanished => {
+                tx.rollback().await.map_err(DbError::from)?;
+                // retention removed the event holding the key while we ran: go again,
+                // the key is free now
+                return Err(GroupError::ProvenUnwritten(DbError::Query(
+                    sqlx::Error::RowNotFound,
+                )));
+            }
+        }
+    }
+    finish(pool, tx, session, &rows).await?;
+    Ok(Ok(out))
+}
+
+/// Lock waits in a shared transaction end after this long (a backstop; see `group_tx`).
+const GROUP_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
+
+enum MessageOutcome {
+    Ok(Enqueued),
+    Conflict(String),
+    /// the key's event was deleted (retention) between the insert and the lookup
+    Vanished,
+}
+
+fn job_verdict(mine: Vec<MessageOutcome>, regroup: &mut bool) -> Verdict {
+    let single = mine.len() == 1;
+    let mut done = Vec::with_capacity(mine.len());
+    for o in mine {
+        match o {
+            MessageOutcome::Ok(e) => done.push(e),
+            // a single message refused inserted nothing: the group can commit
+            MessageOutcome::Conflict(key) if single => {
+                return Verdict::Refused(EnqueueError::KeyConflict { key });
+            }
+            MessageOutcome::Conflict(_) | MessageOutcome::Vanished => {
+                *regroup = true;
+                return Verdict::Alone;
+            }
+        }
+    }
+    Verdict::Done(done)
+}
+
+/// Inserts the messages and their deliveries in one statement and resolves idempotency
+/// repeats to the original ids, one verdict per message, in input order.
+async fn insert_messages(
+    tx: &mut sqlx::PgConnection,
+    messages: &[&NewMessage],
+) -> Result<(Vec<NewEvent>, Vec<MessageOutcome>), DbError> {
     let rows: Vec<NewEvent> = messages
         .iter()
         .map(|m| NewEvent {
@@ -247,13 +527,14 @@ async fn enqueue_tx(pool: &PgPool, messages: &[NewMessage]) -> Result<Vec<Enqueu
             request_hash: request_hash(&m.event_type, &m.payload),
         })
         .collect();
-    let mut tx = pool.begin().await.map_err(DbError::from)?;
-    let inserted = db::events::insert_with_fanout(&mut tx, &rows).await?;
+    if rows.is_empty() {
+        return Ok((rows, Vec::new()));
+    }
+    let inserted = db::events::insert_with_fanout(tx, &rows).await?;
     let mut by_id: HashMap<Uuid, Vec<Uuid>> = inserted
         .into_iter()
         .map(|r| (r.event_id, r.delivery_ids))
         .collect();
-
     let repeated: Vec<(String, String)> = rows
         .iter()
         .filter(|r| !by_id.contains_key(&r.id))
@@ -262,43 +543,66 @@ async fn enqueue_tx(pool: &PgPool, messages: &[NewMessage]) -> Result<Vec<Enqueu
     let existing = if repeated.is_empty() {
         HashMap::new()
     } else {
-        db::events::find_by_keys(&mut tx, &repeated)
+        db::events::find_by_keys(tx, &repeated)
             .await?
             .into_iter()
             .map(|e| ((e.tenant.clone(), e.idempotency_key.clone()), e))
             .collect::<HashMap<_, _>>()
     };
-
     let mut out = Vec::with_capacity(rows.len());
+    let mut created = Vec::with_capacity(rows.len());
     for r in &rows {
         if let Some(ids) = by_id.remove(&r.id) {
-            out.push(Enqueued {
+            out.push(MessageOutcome::Ok(Enqueued {
                 event_id: r.id,
                 delivery_ids: ids,
                 created: true,
-            });
+            }));
+            created.push(r.clone());
             continue;
         }
         let key = r.idempotency_key.clone().unwrap_or_default();
-        match existing.get(&(r.tenant.clone(), key.clone())) {
-            Some(e) if e.request_hash == r.request_hash => out.push(Enqueued {
+        out.push(match existing.get(&(r.tenant.clone(), key.clone())) {
+            Some(e) if e.request_hash == r.request_hash => MessageOutcome::Ok(Enqueued {
                 event_id: e.event_id,
                 delivery_ids: e.delivery_ids.clone(),
                 created: false,
             }),
-            Some(_) => return Err(EnqueueError::KeyConflict { key }),
-            // Inserted-and-conflicting in this very statement is the only other way; the
-            // row then exists and was found above, so this is a bug worth surfacing.
-            None => {
-                return Err(EnqueueError::Internal(DbError::Query(
-                    sqlx::Error::RowNotFound,
-                )));
-            }
-        }
+            Some(_) => MessageOutcome::Conflict(key),
+            None => MessageOutcome::Vanished,
+        });
     }
-    tx.commit().await.map_err(DbError::from)?;
-    Ok(out)
+    Ok((created, out))
 }
+
+/// COMMIT, and if its answer is lost, find out on a fresh connection whether it took
+/// effect: the event ids were minted here, so their presence is the proof.
+async fn finish(
+    pool: &PgPool,
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    session: db::events::Session,
+    created: &[NewEvent],
+) -> Result<(), GroupError> {
+    let e = match tx.commit().await {
+        Ok(()) => return Ok(()),
+        Err(e) => DbError::from(e),
+    };
+    if !e.is_transport() {
+        // the server answered: it refused the commit, nothing was written
+        return Err(GroupError::NotWritten(e));
+    }
+    let ids: Vec<Uuid> = created.iter().map(|r| r.id).collect();
+    match db::events::settle_commit(pool, session, &ids, SETTLE_FOR).await {
+        Ok(db::events::Settled::Committed) => Ok(()),
+        Ok(db::events::Settled::NotCommitted) => Err(GroupError::ProvenUnwritten(e)),
+        Err(lookup) => Err(GroupError::Unknown(format!(
+            "connection lost at COMMIT ({e}); looking the rows up failed: {lookup}"
+        ))),
+    }
+}
+
+/// How long a lost COMMIT answer is investigated before it is reported as unknown.
+const SETTLE_FOR: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {

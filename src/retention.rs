@@ -237,8 +237,8 @@ pub async fn prune_once(
             counts.events += n;
             record("events", n);
             match last {
-                Some(last) if n >= policy.batch => after = last,
-                _ => break,
+                Some(last) => after = last,
+                None => break,
             }
             tokio::task::yield_now().await;
         }

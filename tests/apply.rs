@@ -648,9 +648,15 @@ async fn a_disabled_endpoint_says_why_and_the_documented_way_re_enables_it(pool:
         .await
         .unwrap()
         .unwrap();
+    let version: i64 =
+        sqlx::query_scalar("SELECT config_version FROM hookd.endpoints WHERE id = $1")
+            .bind(ep.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     hookd::db::endpoints::disable(
         &mut conn,
-        &[ep.id],
+        &[(ep.id, version)],
         "receiver answered 410 Gone; change the WebhookEndpoint to re-enable it",
     )
     .await

@@ -43,6 +43,10 @@ struct Fake {
     events: Vec<Value>,
     unexpected: Vec<String>,
     rv: u64,
+    /// answer every Lease write with 500 (renewals fail)
+    fail_lease_writes: bool,
+    /// when the last Lease write was answered with success
+    last_lease_write_ok: Option<std::time::Instant>,
 }
 
 type Shared = Arc<Mutex<Fake>>;
@@ -134,7 +138,9 @@ async fn handle(
             f.lease = Some(lease.clone());
             json_response(201, lease)
         }
+        ("PATCH", LEASE_PATH) if f.fail_lease_writes => status(500, "InternalError"),
         ("PATCH", LEASE_PATH) => {
+            f.last_lease_write_ok = Some(std::time::Instant::now());
             let manager = query.get("fieldManager").cloned().unwrap_or_default();
             let ct = headers
                 .get("content-type")
@@ -294,6 +300,15 @@ struct Replica {
 }
 
 fn start_replica(pool: &PgPool, api: &ApiServer, name: &str) -> Replica {
+    start_replica_with_lease(pool, api, name, 4)
+}
+
+fn start_replica_with_lease(
+    pool: &PgPool,
+    api: &ApiServer,
+    name: &str,
+    lease_secs: u64,
+) -> Replica {
     let listen = format!("127.0.0.1:{}", free_port());
     let child = tokio::process::Command::new(hookd_bin())
         .arg("controller")
@@ -303,7 +318,7 @@ fn start_replica(pool: &PgPool, api: &ApiServer, name: &str) -> Replica {
         .env("HOOKD_LISTEN", &listen)
         .env("POD_NAME", name)
         .env("POD_NAMESPACE", "hookd-system")
-        .env("HOOKD_LEASE_DURATION_SECS", "4")
+        .env("HOOKD_LEASE_DURATION_SECS", lease_secs.to_string())
         .env("HOOKD_IMAGE", "registry.example/hookd:9.9")
         .env(TEST_KEY_ENV, TEST_ENCRYPTION_KEY)
         .env("HOOKD_LOG", "info")
@@ -477,4 +492,53 @@ async fn standby_replica_takes_over_when_the_leader_is_killed(pool: PgPool) {
         "replica-b did not reconcile after taking over"
     );
     assert!(api.fake.lock().unwrap().unexpected.is_empty());
+}
+
+/// Renewals start failing (the API server answers the Lease writes with 500): the leader
+/// stops — and exits, to come back as a standby — before its Lease could expire and
+/// another replica take it over. Before, only another holder's appearance stopped it, so
+/// it went on reconciling past the expiry, next to the new leader.
+#[sqlx::test]
+async fn leader_stops_before_its_lease_can_be_taken_over(pool: PgPool) {
+    init();
+    let api = api_server(world()).await;
+    // 9 s: renewals start 3 s before expiry and the leader gives them 1.5 s, leaving the
+    // process 1.5 s to stop, however loaded the machine running this test is
+    let mut replica = start_replica_with_lease(&pool, &api, "replica-a", 9);
+    let health = format!("http://{}", replica.listen);
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            holder(&api).as_deref() == Some("replica-a")
+                && get_text(&format!("{health}/readyz")).await == Some((200, "ready".into()))
+        })
+        .await,
+        "replica-a never led"
+    );
+    let last_ok = {
+        let mut f = api.fake.lock().unwrap();
+        f.fail_lease_writes = true;
+        f.last_lease_write_ok.expect("the Lease was written")
+    };
+    let exit = tokio::time::timeout(Duration::from_secs(20), replica.child.wait())
+        .await
+        .expect("the leader stops when it cannot renew")
+        .unwrap();
+    let stopped = last_ok.elapsed();
+    println!(
+        "renewals failing: the leader exited {stopped:?} after its last successful Lease write (Lease duration 9 s)"
+    );
+    // HOOKD_LEASE_DURATION_SECS=9: a standby may take over 9 s after the last renewal
+    assert!(
+        stopped < Duration::from_secs(9),
+        "stopped {stopped:?} after the last renewal, when the Lease may already be another's"
+    );
+    assert!(
+        !exit.success(),
+        "losing leadership exits non-zero: {exit:?}"
+    );
+    assert_eq!(
+        holder(&api).as_deref(),
+        Some("replica-a"),
+        "no release attempt got through (the writes fail)"
+    );
 }

@@ -953,6 +953,7 @@ async fn plaintext_rows_from_an_upgrade_are_encrypted(pool: PgPool) {
             per_endpoint_cap: 10,
             busy: vec![],
             now: None,
+            default_max_attempts: 8,
         },
     )
     .await

@@ -13,7 +13,7 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use chrono::{DateTime, Utc};
 use common::*;
-use hookd::db::deliveries::{self, ClaimRequest, ClaimedDelivery, Completion};
+use hookd::db::deliveries::{self, ClaimRequest, ClaimedDelivery, Completion, DeliveryOutcome};
 use hookd::db::endpoints::{self, CircuitInput};
 use serde_json::json;
 use sqlx::PgPool;
@@ -53,15 +53,22 @@ fn claim_req(worker_id: Uuid, limit: i64, now: Option<DateTime<Utc>>) -> ClaimRe
         per_endpoint_cap: 1000,
         busy: Vec::new(),
         now,
+        default_max_attempts: 8,
     }
 }
 
 fn outcome(c: &ClaimedDelivery, status: &'static str) -> Completion {
     Completion {
         delivery_id: c.id,
-        attempt: c.attempts,
-        status,
-        retry_at: (status == "failed").then(Utc::now),
+        claim_token: c.claim_token,
+        attempt: c.attempt_seq,
+        status: match status {
+            "succeeded" => DeliveryOutcome::Succeeded,
+            "failed" => DeliveryOutcome::Retry,
+            "dead" => DeliveryOutcome::Dead,
+            other => panic!("no outcome {other}"),
+        },
+        retry_delay_ms: (status == "failed").then_some(0),
         started_at: Utc::now(),
         duration_ms: 1,
         status_code: Some(if status == "succeeded" { 200 } else { 500 }),
@@ -72,11 +79,9 @@ fn outcome(c: &ClaimedDelivery, status: &'static str) -> Completion {
     }
 }
 
-async fn complete(pool: &PgPool, worker: Uuid, batch: &[Completion]) -> Vec<Uuid> {
+async fn complete(pool: &PgPool, _worker: Uuid, batch: &[Completion]) -> Vec<Uuid> {
     let mut conn = pool.acquire().await.unwrap();
-    deliveries::complete(&mut conn, worker, batch)
-        .await
-        .unwrap()
+    deliveries::complete(&mut conn, batch).await.unwrap()
 }
 
 async fn endpoint_row(pool: &PgPool, id: Uuid) -> endpoints::EndpointRow {
@@ -360,6 +365,7 @@ async fn claim_plan_is_an_index_range_scan(pool: PgPool) {
         per_endpoint_cap: 32,
         busy: vec![(eps[0], 4)],
         now: None,
+        default_max_attempts: 8,
     };
     let plan = deliveries::explain_claim(&pool, &req).await.unwrap();
     let text = plan.join("\n");
@@ -1066,6 +1072,7 @@ async fn open_circuit_is_skipped_and_yields_a_single_probe(pool: PgPool) {
     enqueue_sql(&pool, "py", 5).await;
     let fail = |n| CircuitInput {
         endpoint_id: x,
+        config_version: 1,
         any_success: false,
         trailing_failures: n,
     };
@@ -1141,6 +1148,7 @@ async fn open_circuit_is_skipped_and_yields_a_single_probe(pool: PgPool) {
     );
     let ok = CircuitInput {
         endpoint_id: x,
+        config_version: 1,
         any_success: true,
         trailing_failures: 0,
     };
@@ -1221,6 +1229,7 @@ async fn circuit_counter_is_atomic_under_concurrency(
             barrier.wait().await;
             let input = CircuitInput {
                 endpoint_id: x,
+                config_version: 1,
                 any_success: false,
                 trailing_failures: 1,
             };

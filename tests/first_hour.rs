@@ -376,8 +376,15 @@ async fn dev_port_clash_names_the_port() {
 async fn circuit_transitions_report_opened_and_closed(pool: PgPool) {
     use hookd::db::endpoints::{CircuitInput, record_circuit_transitions};
     let ep = endpoint(&pool, EndpointOpts::default()).await;
+    let version: i64 =
+        sqlx::query_scalar("SELECT config_version FROM hookd.endpoints WHERE id = $1")
+            .bind(ep)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     let input = |any_success, trailing_failures| CircuitInput {
         endpoint_id: ep,
+        config_version: version,
         any_success,
         trailing_failures,
     };

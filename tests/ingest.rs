@@ -357,7 +357,7 @@ async fn fan_out_follows_event_type_filters_state_and_tenant(pool: PgPool) {
     .await;
     {
         let mut conn = pool.acquire().await.unwrap();
-        hookd::db::endpoints::disable(&mut conn, &[disabled], "test")
+        hookd::db::endpoints::disable(&mut conn, &[(disabled, 1)], "test")
             .await
             .unwrap();
         let (id, _) = hookd::k8s::sync::remove_endpoint(&mut conn, "team-a", "removed")

@@ -479,6 +479,7 @@ async fn claim_plan_stays_an_index_scan_after_pruning(pool: PgPool) {
         per_endpoint_cap: 32,
         busy: vec![(eps[0], 4)],
         now: None,
+        default_max_attempts: 8,
     };
     let plan = deliveries::explain_claim(&pool, &req).await.unwrap();
     let text = plan.join("\n");

@@ -207,6 +207,23 @@ impl From<EnqueueError> for ApiError {
                     "idempotency key {key:?} was already used for a message with a different eventType or payload"
                 ),
             ),
+            EnqueueError::KeyInUse { key } => ApiError::new(
+                StatusCode::CONFLICT,
+                "idempotency_key_in_use",
+                format!(
+                    "idempotency key {key:?} is held by a request that has not finished committing; retry shortly with the same key"
+                ),
+            )
+            .with_header(header::RETRY_AFTER, HeaderValue::from_static("1")),
+            EnqueueError::CommitOutcomeUnknown(detail) => {
+                tracing::error!(error = %detail, "enqueue: commit outcome unknown");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "commit_outcome_unknown",
+                    "the database connection failed while committing and the outcome could not be checked: the event may exist. Retry with the same idempotency key (a retry without one may create a second event)",
+                )
+                .with_header(header::RETRY_AFTER, HeaderValue::from_static("1"))
+            }
             EnqueueError::Unavailable(detail) => {
                 tracing::warn!(error = %detail, "enqueue failed: database unavailable");
                 ApiError::unavailable()

@@ -79,6 +79,7 @@ impl AppState {
             crate::outbox::OutboxConfig {
                 committers: settings.ingest_committers,
                 max_group: settings.ingest_max_group,
+                key_wait: Duration::from_millis(settings.idempotency_wait_ms),
             },
             notifier.clone(),
             metrics.clone(),

@@ -85,6 +85,7 @@ fn api_settings(auth: AuthMode) -> ApiSettings {
         max_batch: 100,
         ingest_committers: INGEST_COMMITTERS,
         ingest_max_group: INGEST_MAX_GROUP,
+        idempotency_wait_ms: 5000,
         notify: true,
         auth,
         auth_sa_scopes: vec![Scope::Produce, Scope::Read],
@@ -802,6 +803,7 @@ pub(crate) async fn claim(ctx: &Ctx, report: &mut Report) -> Result<(), BenchErr
             per_endpoint_cap: i32::try_from(ENDPOINT_CONCURRENCY).unwrap_or(i32::MAX),
             busy: Vec::new(),
             now: None,
+            default_max_attempts: 8,
         };
         let plan = db::deliveries::explain_claim(&ctx.pool, &req).await?;
         if ctx.args.explain {

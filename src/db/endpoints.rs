@@ -70,6 +70,10 @@ pub async fn upsert(conn: &mut PgConnection, e: &EndpointUpsert) -> Result<Upser
                 circuit_state = CASE WHEN t.url <> EXCLUDED.url THEN 'closed' ELSE t.circuit_state END,
                 circuit_failures = CASE WHEN t.url <> EXCLUDED.url THEN 0 ELSE t.circuit_failures END,
                 circuit_open_until = CASE WHEN t.url <> EXCLUDED.url THEN NULL ELSE t.circuit_open_until END,
+                -- outcomes of sends to the old URL carry the old version and no longer
+                -- touch this endpoint's circuit or state
+                config_version = t.config_version + (t.url <> EXCLUDED.url)::int,
+                removed_at = NULL,
                 updated_at = now()
             WHERE t.spec_fingerprint IS DISTINCT FROM EXCLUDED.spec_fingerprint
                OR t.k8s_uid IS DISTINCT FROM EXCLUDED.k8s_uid
@@ -123,13 +127,13 @@ pub async fn remove_declared(
         r#"
         WITH ep AS (
             UPDATE hookd.endpoints SET state = 'disabled', state_reason = $3,
-                   spec_fingerprint = NULL, updated_at = now()
+                   spec_fingerprint = NULL, removed_at = now(), updated_at = now()
             WHERE k8s_namespace = $1 AND k8s_name = $2
             RETURNING id
         ), cancelled AS (
             UPDATE hookd.deliveries d
-            SET status = 'cancelled', locked_by = NULL, completed_at = now(), updated_at = now(),
-                last_error = $3
+            SET status = 'cancelled', locked_by = NULL, claim_token = NULL, completed_at = now(),
+                updated_at = now(), last_error = $3
             FROM ep
             WHERE d.endpoint_id = ep.id AND d.status IN ('pending', 'in_progress', 'failed')
             RETURNING d.id
@@ -172,19 +176,27 @@ pub async fn hold_declared(
     .await?)
 }
 
-/// Disables an endpoint because its receiver said so (410 Gone). Deliveries stay where
-/// they are: an operator who re-enables the endpoint (by changing its declaration) can
-/// let them drain.
-pub async fn disable(conn: &mut PgConnection, ids: &[Uuid], reason: &str) -> Result<(), DbError> {
-    sqlx::query(
-        "UPDATE hookd.endpoints SET state = 'disabled', state_reason = $2, updated_at = now()
-         WHERE id = ANY($1) AND state <> 'disabled'",
+/// Disables endpoints because their receiver said so (410 Gone), each only if it still
+/// has the configuration (`config_version`) the 410 was received under. Deliveries stay
+/// where they are: an operator who re-enables the endpoint (by changing its declaration)
+/// can let them drain. Returns the endpoints disabled.
+pub async fn disable(
+    conn: &mut PgConnection,
+    ids: &[(Uuid, i64)],
+    reason: &str,
+) -> Result<Vec<Uuid>, DbError> {
+    let (eps, versions): (Vec<Uuid>, Vec<i64>) = ids.iter().copied().unzip();
+    Ok(sqlx::query_scalar(
+        "UPDATE hookd.endpoints e SET state = 'disabled', state_reason = $3, updated_at = now()
+         FROM unnest($1::uuid[], $2::bigint[]) AS i(id, version)
+         WHERE e.id = i.id AND e.config_version = i.version AND e.state <> 'disabled'
+         RETURNING e.id",
     )
-    .bind(ids)
+    .bind(&eps)
+    .bind(&versions)
     .bind(reason)
-    .execute(conn)
-    .await?;
-    Ok(())
+    .fetch_all(conn)
+    .await?)
 }
 
 /// Outcomes of one completion batch for one endpoint, in attempt order collapsed to what
@@ -193,6 +205,8 @@ pub async fn disable(conn: &mut PgConnection, ids: &[Uuid], reason: &str) -> Res
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CircuitInput {
     pub endpoint_id: Uuid,
+    /// the configuration the sends used; outcomes for an older one are ignored
+    pub config_version: i64,
     pub any_success: bool,
     pub trailing_failures: i32,
 }
@@ -238,10 +252,15 @@ pub async fn record_circuit_transitions(
     let ids: Vec<Uuid> = inputs.iter().map(|i| i.endpoint_id).collect();
     let ok: Vec<bool> = inputs.iter().map(|i| i.any_success).collect();
     let fails: Vec<i32> = inputs.iter().map(|i| i.trailing_failures).collect();
+    let versions: Vec<i64> = inputs.iter().map(|i| i.config_version).collect();
     let rows: Vec<(Uuid, String, bool, String)> = sqlx::query_as(
         r#"
         WITH i AS (
-            SELECT * FROM unnest($1::uuid[], $2::bool[], $3::int[]) AS i(id, any_success, trailing_failures)
+            -- only outcomes of the endpoint's current configuration count
+            SELECT i.id, i.any_success, i.trailing_failures
+            FROM unnest($1::uuid[], $2::bool[], $3::int[], $6::bigint[])
+              AS i(id, any_success, trailing_failures, version)
+            JOIN hookd.endpoints cur ON cur.id = i.id AND cur.config_version = i.version
         ), old AS (
             SELECT e.id, e.circuit_state, e.circuit_failures FROM hookd.endpoints e JOIN i USING (id)
             WHERE i.trailing_failures > 0 OR e.circuit_failures <> 0 OR e.circuit_state <> 'closed'
@@ -279,6 +298,7 @@ pub async fn record_circuit_transitions(
     .bind(&fails)
     .bind(threshold)
     .bind(cooldown_secs)
+    .bind(&versions)
     .fetch_all(conn)
     .await?;
     let mut t = CircuitTransitions::default();

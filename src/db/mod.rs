@@ -48,6 +48,46 @@ impl DbError {
     pub fn is_unavailable(&self) -> bool {
         matches!(self, DbError::Unavailable(_))
     }
+
+    /// The SQLSTATE the server answered with, if it answered.
+    pub fn sqlstate(&self) -> Option<String> {
+        let (DbError::Unavailable(e) | DbError::Query(e)) = self else {
+            return None; // a configuration error never reached a server
+        };
+        match e {
+            sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+            _ => None,
+        }
+    }
+
+    /// A deadlock or serialization failure: the transaction was rolled back and running it
+    /// again (or its parts separately) is expected to succeed.
+    pub fn is_transient_conflict(&self) -> bool {
+        matches!(self.sqlstate().as_deref(), Some("40001" | "40P01"))
+    }
+
+    /// A transport failure: the server may or may not have executed what was sent.
+    pub fn is_transport(&self) -> bool {
+        let (DbError::Unavailable(e) | DbError::Query(e)) = self else {
+            return false;
+        };
+        matches!(
+            e,
+            sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::WorkerCrashed
+        ) || self
+            .sqlstate()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P"))
+    }
+}
+
+/// Lets this transaction's commit return before its WAL is flushed. Only for writes
+/// whose loss in a crash is harmless by design (lease and outcome writes: a lost one
+/// re-sends a delivery, invariant 9); never for the enqueue transaction.
+pub async fn set_async_commit(conn: &mut sqlx::PgConnection) -> Result<(), DbError> {
+    sqlx::query("SET LOCAL synchronous_commit = off")
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// True when the error means "the database cannot be reached right now" rather than

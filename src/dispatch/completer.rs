@@ -3,7 +3,7 @@
 //! breakers, 410 disables). Batching is what lets a process complete thousands of
 //! deliveries per second without a round-trip each.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -19,6 +19,8 @@ use crate::metrics::Metrics;
 pub struct Finished {
     pub completion: Completion,
     pub endpoint_id: Uuid,
+    /// the endpoint configuration the send used
+    pub config_version: i64,
     /// whether the attempt counts as a success for the circuit breaker
     pub success: bool,
     /// counts as a failure for the circuit breaker (permanent errors do not: they say
@@ -29,8 +31,10 @@ pub struct Finished {
 
 #[derive(Debug, Clone)]
 pub struct CompleterConfig {
-    pub worker_id: Uuid,
     pub max_batch: usize,
+    /// outcomes waiting to be written at most; a full queue makes workers wait before
+    /// freeing their slot, so claiming slows down instead of memory growing
+    pub queue: usize,
     pub circuit_threshold: i32,
     pub circuit_cooldown: Duration,
     /// after shutdown, how long to keep retrying outcome writes against an unreachable
@@ -44,8 +48,8 @@ pub fn spawn(
     cfg: CompleterConfig,
     metrics: Metrics,
     shutdown: CancellationToken,
-) -> (mpsc::UnboundedSender<Finished>, tokio::task::JoinHandle<()>) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<Finished>();
+) -> (mpsc::Sender<Finished>, tokio::task::JoinHandle<()>) {
+    let (tx, mut rx) = mpsc::channel::<Finished>(cfg.queue.max(1));
     let handle = tokio::spawn(async move {
         let mut batch: Vec<Finished> = Vec::with_capacity(cfg.max_batch);
         while let Some(first) = rx.recv().await {
@@ -56,38 +60,84 @@ pub fn spawn(
                     Err(_) => break,
                 }
             }
-            let mut delay = Duration::from_millis(100);
-            let mut give_up_at: Option<tokio::time::Instant> = None;
-            loop {
-                match write_batch(&pool, &cfg, &batch, &metrics).await {
-                    Ok(()) => break,
-                    Err(e)
-                        if shutdown.is_cancelled()
-                            && tokio::time::Instant::now()
-                                >= *give_up_at.get_or_insert_with(|| {
-                                    tokio::time::Instant::now() + cfg.shutdown_grace
-                                }) =>
-                    {
-                        // Stopping with the database unreachable: unwritten outcomes are
-                        // safe to drop, since their leases lapse and the rows are resent.
-                        tracing::warn!(error = %e, dropped = batch.len(), "shutting down without writing outcomes; those deliveries will be retried");
-                        break;
-                    }
-                    Err(e) => {
-                        // Keep the outcomes and retry: while the database is down nothing
-                        // else can make progress either. If leases lapse meanwhile, the
-                        // fence turns these writes into no-ops and the rows are resent
-                        // (at-least-once), never lost.
-                        tracing::warn!(error = %e, batch = batch.len(), "writing outcomes failed; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
-                    }
-                }
-            }
+            write_with_retry(&pool, &cfg, &batch, &metrics, &shutdown).await;
             batch.clear();
         }
     });
     (tx, handle)
+}
+
+/// Writes one batch. An unreachable database is waited out (nothing else can progress
+/// either; leases that lapse meanwhile turn these writes into fenced no-ops and the rows
+/// are resent, never lost). Any other failure is a statement the database refuses
+/// because of something in the batch: the batch is split until the refused outcome is
+/// alone, so one bad outcome never holds back the others (invariant 8).
+async fn write_with_retry(
+    pool: &PgPool,
+    cfg: &CompleterConfig,
+    batch: &[Finished],
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) {
+    let mut delay = Duration::from_millis(100);
+    let mut give_up_at: Option<tokio::time::Instant> = None;
+    loop {
+        match write_batch(pool, cfg, batch, metrics).await {
+            Ok(()) => return,
+            Err(e) if e.is_unavailable() => {
+                if shutdown.is_cancelled()
+                    && tokio::time::Instant::now()
+                        >= *give_up_at
+                            .get_or_insert_with(|| tokio::time::Instant::now() + cfg.shutdown_grace)
+                {
+                    tracing::warn!(error = %e, dropped = batch.len(), "shutting down without writing outcomes; those deliveries will be retried");
+                    return;
+                }
+                tracing::warn!(error = %e, batch = batch.len(), "writing outcomes failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => {
+                Box::pin(isolate(pool, cfg, batch, metrics, shutdown, e)).await;
+                return;
+            }
+        }
+    }
+}
+
+/// Splits a refused batch in halves and writes each; an outcome refused alone is written
+/// once more without its receiver-supplied details, and dropped (counted, logged) if even
+/// that fails: its lease lapses and the delivery is sent again, so nothing is lost.
+async fn isolate(
+    pool: &PgPool,
+    cfg: &CompleterConfig,
+    batch: &[Finished],
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+    error: DbError,
+) {
+    if batch.len() > 1 {
+        let (a, b) = batch.split_at(batch.len() / 2);
+        write_with_retry(pool, cfg, a, metrics, shutdown).await;
+        write_with_retry(pool, cfg, b, metrics, shutdown).await;
+        return;
+    }
+    metrics.outcome_write_errors.inc();
+    let Some(f) = batch.first() else { return };
+    tracing::error!(delivery = %f.completion.delivery_id, error = %error, "the database refused this outcome; writing it without response details");
+    let mut bare = Finished {
+        completion: f.completion.clone(),
+        ..*f
+    };
+    bare.completion.response_snippet = None;
+    bare.completion.error = Some(format!(
+        "the outcome could not be stored as received ({}); response details dropped",
+        error.sqlstate().unwrap_or_else(|| "database error".into())
+    ));
+    bare.completion.dead_reason = bare.completion.dead_reason.as_ref().map(|_| "dead".into());
+    if let Err(e) = write_batch(pool, cfg, std::slice::from_ref(&bare), metrics).await {
+        tracing::error!(delivery = %f.completion.delivery_id, error = %e, "outcome dropped; the delivery will be resent when its lease lapses");
+    }
 }
 
 async fn write_batch(
@@ -98,18 +148,23 @@ async fn write_batch(
 ) -> Result<(), DbError> {
     let completions: Vec<Completion> = batch.iter().map(|f| f.completion.clone()).collect();
     let mut tx = pool.begin().await?;
-    let passed = db::deliveries::complete(&mut tx, cfg.worker_id, &completions).await?;
-    let passed: std::collections::HashSet<Uuid> = passed.into_iter().collect();
+    // Outcomes may commit asynchronously (invariant 9): losing one in a crash re-sends a
+    // delivery, which receivers dedupe by webhook-id; it never drops one.
+    db::set_async_commit(&mut tx).await?;
+    let passed = db::deliveries::complete(&mut tx, &completions).await?;
+    let passed: HashSet<Uuid> = passed.into_iter().collect();
 
-    // Fold this batch's fenced outcomes per endpoint in attempt order.
-    let mut circuits: HashMap<Uuid, CircuitInput> = HashMap::new();
-    let mut gone: Vec<Uuid> = Vec::new();
+    // Fold this batch's fenced outcomes per endpoint configuration in attempt order.
+    let mut circuits: HashMap<(Uuid, i64), CircuitInput> = HashMap::new();
+    let mut gone: Vec<(Uuid, i64)> = Vec::new();
     for f in batch
         .iter()
         .filter(|f| passed.contains(&f.completion.delivery_id))
     {
-        let c = circuits.entry(f.endpoint_id).or_insert(CircuitInput {
+        let key = (f.endpoint_id, f.config_version);
+        let c = circuits.entry(key).or_insert(CircuitInput {
             endpoint_id: f.endpoint_id,
+            config_version: f.config_version,
             any_success: false,
             trailing_failures: 0,
         });
@@ -119,8 +174,8 @@ async fn write_batch(
         } else if f.failure {
             c.trailing_failures += 1;
         }
-        if f.gone && !gone.contains(&f.endpoint_id) {
-            gone.push(f.endpoint_id);
+        if f.gone && !gone.contains(&key) {
+            gone.push(key);
         }
     }
     let inputs: Vec<CircuitInput> = circuits.into_values().collect();
@@ -131,14 +186,16 @@ async fn write_batch(
         cfg.circuit_cooldown.as_secs_f64(),
     )
     .await?;
-    if !gone.is_empty() {
+    let disabled = if gone.is_empty() {
+        Vec::new()
+    } else {
         db::endpoints::disable(
             &mut tx,
             &gone,
             "receiver answered 410 Gone; change the WebhookEndpoint to re-enable it",
         )
-        .await?;
-    }
+        .await?
+    };
     tx.commit().await?;
 
     let lost = batch.len() - passed.len();
@@ -163,23 +220,23 @@ async fn write_batch(
     {
         let c = &f.completion;
         match c.status {
-            "failed" => tracing::info!(
+            db::deliveries::DeliveryOutcome::Retry => tracing::info!(
                 delivery = %c.delivery_id,
                 endpoint = %f.endpoint_id,
                 attempt = c.attempt,
                 status_code = ?c.status_code,
                 error = c.error.as_deref().unwrap_or(""),
-                retry_at = ?c.retry_at,
+                retry_in_ms = ?c.retry_delay_ms,
                 "delivery failed; retry scheduled"
             ),
-            "dead" => tracing::info!(
+            db::deliveries::DeliveryOutcome::Dead => tracing::info!(
                 delivery = %c.delivery_id,
                 endpoint = %f.endpoint_id,
                 attempt = c.attempt,
                 reason = c.dead_reason.as_deref().unwrap_or(""),
                 "delivery dead; dead-lettered (replay it with POST /v1/deliveries/{{id}}/replay)"
             ),
-            _ => {}
+            db::deliveries::DeliveryOutcome::Succeeded => {}
         }
     }
     for id in &circuit.opened {
@@ -189,9 +246,9 @@ async fn write_batch(
         tracing::info!(endpoint = %id, "circuit closed: the endpoint answered again");
     }
     metrics.circuits_opened.inc_by(circuit.opened.len() as u64);
-    for id in &gone {
+    for id in &disabled {
         tracing::warn!(endpoint = %id, "endpoint disabled: receiver answered 410 Gone");
     }
-    metrics.endpoints_disabled.inc_by(gone.len() as u64);
+    metrics.endpoints_disabled.inc_by(disabled.len() as u64);
     Ok(())
 }

@@ -26,7 +26,8 @@ use uuid::Uuid;
 use crate::config::{DispatchSettings, RetentionSettings};
 use crate::crypto::Keyring;
 use crate::db::{
-    self, deliveries::ClaimRequest, deliveries::ClaimedDelivery, deliveries::Completion,
+    self,
+    deliveries::{ClaimRequest, ClaimedDelivery, Completion, DeliveryOutcome, Release},
 };
 use crate::metrics::{Metrics, Outcome};
 use crate::outbound::{self, AllowList, ClientOptions, HostResolver};
@@ -77,7 +78,9 @@ pub enum ConfigError {
     LeaseTooShort { lease: u64, timeout: u64 },
     #[error("HOOKD_ALLOWED_DESTINATIONS: {0}")]
     AllowList(String),
-    #[error("HOOKD_RETRY_SCHEDULE: {0:?} is not a comma-separated list of positive seconds")]
+    #[error(
+        "HOOKD_RETRY_SCHEDULE: {0:?} is not a comma-separated list of seconds, each from 1 to 2592000 (30 days)"
+    )]
     Schedule(String),
     #[error("{0} must be at least 1")]
     Zero(&'static str),
@@ -104,7 +107,7 @@ impl DispatchConfig {
                 p.trim()
                     .parse::<u64>()
                     .ok()
-                    .filter(|v| *v > 0)
+                    .filter(|v| *v > 0 && *v <= policy::MAX_RETRY_DELAY.as_secs())
                     .map(Duration::from_secs)
             })
             .collect::<Option<Vec<_>>>()
@@ -193,8 +196,9 @@ pub async fn encrypt_legacy_secrets(pool: &PgPool, keyring: &Keyring) {
 #[derive(Default)]
 struct InFlight {
     per_endpoint: HashMap<Uuid, i32>,
-    /// delivery id -> attempt, to hand leases back if the shutdown deadline passes
-    leases: HashMap<Uuid, i32>,
+    /// delivery id -> (claim token, send begun), to hand leases back if the shutdown
+    /// deadline passes
+    leases: HashMap<Uuid, (Uuid, bool)>,
 }
 
 /// The dispatcher loop, until `shutdown`; then drains in-flight deliveries within the
@@ -230,8 +234,8 @@ pub async fn run_dispatcher(
     let (done_tx, completer) = completer::spawn(
         pool.clone(),
         completer::CompleterConfig {
-            worker_id: cfg.worker_id,
             max_batch: 512,
+            queue: cfg.concurrency.max(512) * 2,
             circuit_threshold: i32::try_from(cfg.circuit_threshold).unwrap_or(i32::MAX),
             circuit_cooldown: cfg.circuit_cooldown,
             shutdown_grace: cfg.shutdown_grace,
@@ -268,6 +272,7 @@ pub async fn run_dispatcher(
                 per_endpoint_cap: i32::try_from(cfg.endpoint_concurrency).unwrap_or(i32::MAX),
                 busy,
                 now: None,
+                default_max_attempts: i32::try_from(cfg.retry.max_attempts).unwrap_or(i32::MAX),
             },
         )
         .await;
@@ -300,7 +305,7 @@ pub async fn run_dispatcher(
             {
                 let mut f = in_flight.lock().expect("in-flight lock");
                 *f.per_endpoint.entry(row.endpoint_id).or_insert(0) += 1;
-                f.leases.insert(row.id, row.attempts);
+                f.leases.insert(row.id, (row.claim_token, false));
             }
             metrics.deliveries_in_flight.inc();
             let (cfg, client, done_tx, in_flight, slot_freed, metrics) = (
@@ -314,8 +319,18 @@ pub async fn run_dispatcher(
             tasks.spawn(async move {
                 let endpoint_id = row.endpoint_id;
                 let delivery_id = row.id;
+                if let Some(l) = in_flight
+                    .lock()
+                    .expect("in-flight lock")
+                    .leases
+                    .get_mut(&delivery_id)
+                {
+                    l.1 = true;
+                }
                 let finished = deliver_one(&cfg, &client, &metrics, row, signing).await;
-                let _ = done_tx.send(finished);
+                // Waits while the completer's queue is full: this slot stays taken, so the
+                // claimer slows down rather than outcomes piling up in memory.
+                let _ = done_tx.send(finished).await;
                 {
                     let mut f = in_flight.lock().expect("in-flight lock");
                     if let Some(n) = f.per_endpoint.get_mut(&endpoint_id) {
@@ -366,11 +381,18 @@ pub async fn run_dispatcher(
     if drained.is_err() {
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
-        let leases: Vec<(Uuid, i32)> = {
+        let leases: Vec<Release> = {
             let f = in_flight.lock().expect("in-flight lock");
-            f.leases.iter().map(|(k, v)| (*k, *v)).collect()
+            f.leases
+                .iter()
+                .map(|(id, (token, started))| Release {
+                    delivery_id: *id,
+                    claim_token: *token,
+                    started: *started,
+                })
+                .collect()
         };
-        match db::deliveries::release(&pool, cfg.worker_id, &leases).await {
+        match db::deliveries::release(&pool, &leases).await {
             Ok(n) => tracing::warn!(
                 released = n,
                 "grace period over; handed back leases of unfinished deliveries"
@@ -407,7 +429,7 @@ async fn deliver_one(
         .retry
         .for_endpoint(row.retry_schedule_secs.as_deref(), row.max_attempts);
     let mut rng = rand::rngs::SmallRng::from_os_rng();
-    let decision = policy.decide(attempt, &report.result, Utc::now(), &mut rng);
+    let decision = policy.decide(attempt, &report.result, &mut rng);
     let (status_code, error_class, error) = match &report.result {
         AttemptResult::Success { status } => (Some(i32::from(*status)), None, None),
         AttemptResult::Gone => (Some(410), Some("gone"), Some("HTTP 410 Gone".to_string())),
@@ -419,11 +441,11 @@ async fn deliver_one(
         } => (status.map(i32::from), Some(*class), Some(error.clone())),
         AttemptResult::Permanent { class, error } => (None, Some(*class), Some(error.clone())),
     };
-    let (status, retry_at, dead_reason, outcome) = match decision {
-        Decision::Succeeded => ("succeeded", None, None, "succeeded"),
-        Decision::Retry { at } => (
-            "failed",
-            Some(at),
+    let (status, retry_delay, dead_reason, outcome) = match decision {
+        Decision::Succeeded => (DeliveryOutcome::Succeeded, None, None, "succeeded"),
+        Decision::Retry { delay } => (
+            DeliveryOutcome::Retry,
+            Some(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
             None,
             if matches!(report.result, AttemptResult::Gone) {
                 "gone"
@@ -431,7 +453,7 @@ async fn deliver_one(
                 "retry"
             },
         ),
-        Decision::Dead { reason } => ("dead", None, Some(reason), "dead"),
+        Decision::Dead { reason } => (DeliveryOutcome::Dead, None, Some(reason), "dead"),
     };
     metrics
         .delivery_attempts
@@ -439,15 +461,17 @@ async fn deliver_one(
         .inc();
     Finished {
         endpoint_id: row.endpoint_id,
+        config_version: row.config_version,
         success: matches!(report.result, AttemptResult::Success { .. }),
         // an unreadable secret is this side's configuration, not the receiver's health
         failure: matches!(report.result, AttemptResult::Retryable { class, .. } if class != deliver::SECRET_UNREADABLE),
         gone: matches!(report.result, AttemptResult::Gone),
         completion: Completion {
             delivery_id: row.id,
-            attempt: row.attempts,
+            claim_token: row.claim_token,
+            attempt: row.attempt_seq,
             status,
-            retry_at,
+            retry_delay_ms: retry_delay,
             started_at: report.started_at,
             duration_ms: i32::try_from(report.duration.as_millis()).unwrap_or(i32::MAX),
             status_code,
@@ -467,6 +491,13 @@ fn spawn_backlog_sampler(pool: PgPool, metrics: Metrics, shutdown: CancellationT
             if let Ok((backlog, oldest)) = db::deliveries::backlog_sample(&pool).await {
                 metrics.backlog.set(backlog);
                 metrics.oldest_due_age_seconds.set(oldest);
+            }
+            match db::deliveries::cancel_stragglers(&pool).await {
+                Ok(0) | Err(_) => {}
+                Ok(n) => tracing::info!(
+                    cancelled = n,
+                    "cancelled deliveries committed for endpoints while they were being removed"
+                ),
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(10)) => {}

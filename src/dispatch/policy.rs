@@ -25,6 +25,10 @@ pub enum AttemptResult {
     Permanent { class: &'static str, error: String },
 }
 
+/// The longest delay a retry schedule may hold (30 days). Checked at start, so a typo in
+/// `HOOKD_RETRY_SCHEDULE` is an error, not an overflow or an immediate retry.
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(30 * 24 * 3600);
+
 #[derive(Debug, Clone)]
 pub struct RetryPolicy {
     /// delay before retry n (n = 1 is the first retry); past the end the last entry repeats
@@ -39,8 +43,14 @@ pub struct RetryPolicy {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
     Succeeded,
-    Retry { at: DateTime<Utc> },
-    Dead { reason: String },
+    /// due again this long after the outcome is written (the database adds it to its own
+    /// now(), so this host's clock never matters)
+    Retry {
+        delay: Duration,
+    },
+    Dead {
+        reason: String,
+    },
 }
 
 impl RetryPolicy {
@@ -87,16 +97,12 @@ impl RetryPolicy {
             return base;
         }
         let f = rng.random_range((1.0 - self.jitter)..=(1.0 + self.jitter));
-        base.mul_f64(f.max(0.0))
+        // never panics: schedules are bounded at start (MAX_RETRY_DELAY), and an
+        // out-of-range product keeps the base delay rather than becoming immediate
+        Duration::try_from_secs_f64(base.as_secs_f64() * f.max(0.0)).unwrap_or(base)
     }
 
-    pub fn decide(
-        &self,
-        attempt: u32,
-        result: &AttemptResult,
-        now: DateTime<Utc>,
-        rng: &mut impl Rng,
-    ) -> Decision {
+    pub fn decide(&self, attempt: u32, result: &AttemptResult, rng: &mut impl Rng) -> Decision {
         match result {
             AttemptResult::Success { .. } => Decision::Succeeded,
             AttemptResult::Permanent { class, error } => Decision::Dead {
@@ -106,9 +112,7 @@ impl RetryPolicy {
                 // The endpoint is disabled, so this row is held (not claimable) rather than
                 // dead: re-enabling the endpoint lets it drain.
                 let delay = self.backoff(attempt, rng);
-                Decision::Retry {
-                    at: now + chrono::Duration::from_std(delay).unwrap_or_default(),
-                }
+                Decision::Retry { delay }
             }
             AttemptResult::Retryable {
                 status,
@@ -130,9 +134,7 @@ impl RetryPolicy {
                 if let Some(ra) = retry_after {
                     delay = delay.max((*ra).min(self.max_retry_after));
                 }
-                Decision::Retry {
-                    at: now + chrono::Duration::from_std(delay).unwrap_or_default(),
-                }
+                Decision::Retry { delay }
             }
         }
     }
@@ -204,13 +206,12 @@ mod tests {
     #[test]
     fn exhaustion_after_max_attempts() {
         let p = policy(0.0);
-        let now = Utc::now();
         let mut rng = StdRng::seed_from_u64(1);
         assert!(matches!(
-            p.decide(7, &fail(None), now, &mut rng),
+            p.decide(7, &fail(None), &mut rng),
             Decision::Retry { .. }
         ));
-        match p.decide(8, &fail(None), now, &mut rng) {
+        match p.decide(8, &fail(None), &mut rng) {
             Decision::Dead { reason } => assert!(
                 reason.contains("exhausted 8 attempts") && reason.contains("503"),
                 "{reason}"
@@ -222,10 +223,9 @@ mod tests {
     #[test]
     fn retry_after_postpones_within_bounds() {
         let p = policy(0.0);
-        let now = Utc::now();
         let mut rng = StdRng::seed_from_u64(1);
-        let mut at = |ra| match p.decide(1, &fail(ra), now, &mut rng) {
-            Decision::Retry { at } => (at - now).num_seconds(),
+        let mut at = |ra| match p.decide(1, &fail(ra), &mut rng) {
+            Decision::Retry { delay } => delay.as_secs() as i64,
             d => panic!("{d:?}"),
         };
         assert_eq!(at(None), 5);
@@ -267,18 +267,17 @@ mod tests {
     #[test]
     fn permanent_is_dead_at_once_and_gone_is_held() {
         let p = policy(0.0);
-        let now = Utc::now();
         let mut rng = StdRng::seed_from_u64(1);
         let perm = AttemptResult::Permanent {
             class: "destination_forbidden",
             error: "x".into(),
         };
         assert!(matches!(
-            p.decide(1, &perm, now, &mut rng),
+            p.decide(1, &perm, &mut rng),
             Decision::Dead { .. }
         ));
         assert!(matches!(
-            p.decide(8, &AttemptResult::Gone, now, &mut rng),
+            p.decide(8, &AttemptResult::Gone, &mut rng),
             Decision::Retry { .. }
         ));
     }

@@ -41,7 +41,9 @@ pub struct WebhookEndpointSpec {
     /// (`invoice.*`), or `*`. Empty or absent: every event type of the tenant.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(validation = Rule::new(EVENT_TYPE_PATTERN_RULE).message("each eventTypes entry must be '*', an event type like 'invoice.paid', or a prefix like 'invoice.*'"))]
-    #[schemars(length(max = 64))]
+    // Items are bounded for the API server's CEL cost estimate: an unbounded string is
+    // assumed 3 MiB, which priced this rule at ~241 M against a 10 M limit.
+    #[schemars(length(max = 64), inner(length(min = 1, max = 128)))]
     pub event_types: Vec<String>,
 
     /// The Secret (same namespace) holding the signing secret, `whsec_` + base64 of
@@ -51,6 +53,7 @@ pub struct WebhookEndpointSpec {
     /// Tenant whose events this endpoint receives. Default: the namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new(r"self.matches('^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$')").message("tenant must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"))]
+    #[schemars(length(min = 1, max = 128))]
     pub tenant: Option<String>,
 
     /// Hold deliveries (they are still created, and sent once unpaused).
@@ -81,6 +84,9 @@ pub struct WebhookEndpointSpec {
     /// Extra headers sent with every delivery (cannot override webhook-* or content headers).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[x_kube(validation = Rule::new(r"self.all(k, k.matches('^[A-Za-z0-9-]{1,64}$') && !k.lowerAscii().startsWith('webhook-') && !(k.lowerAscii() in ['content-type', 'content-length', 'host', 'idempotency-key', 'user-agent', 'transfer-encoding', 'connection']))").message("headers keys must be header names (letters, digits, '-') and must not set webhook-*, content-type, content-length, host, idempotency-key, user-agent, transfer-encoding or connection"))]
+    // A map without maxProperties is assumed to hold 393,215 entries by the CEL cost
+    // estimate (this rule: ~12 M, over the 10 M limit).
+    #[schemars(extend("maxProperties" = 32), inner(length(max = 4096)))]
     pub headers: BTreeMap<String, String>,
 
     /// After the Secret changes, how long the previous secret keeps signing (seconds).
@@ -128,6 +134,41 @@ pub struct WebhookEndpointStatus {
     pub last_failure_time: Option<Time>,
 }
 
+/// A WebhookDispatcher's name is the `app.kubernetes.io/instance` label value of its
+/// Deployment, selector and pods; label values stop at 63 characters while object names go
+/// to 253, so a longer name would make every apply fail with 422.
+pub const DISPATCHER_NAME_MAX: usize = 63;
+pub const DISPATCHER_NAME_RULE: &str = "self.metadata.name.size() <= 63";
+
+/// Settings a WebhookDispatcher may pass to `hookd dispatch` through `env`: tuning knobs
+/// only. Whoever may create a WebhookDispatcher runs pods that can read the encryption key,
+/// so the database, key, listen address and anything naming a file stay the controller's.
+pub const DISPATCHER_ENV_ALLOWED: &[&str] = &[
+    "HOOKD_LOG",
+    "HOOKD_LOG_FORMAT",
+    "HOOKD_DB_MAX_CONNECTIONS",
+    "HOOKD_DB_ACQUIRE_TIMEOUT_MS",
+    "HOOKD_CONCURRENCY",
+    "HOOKD_ENDPOINT_CONCURRENCY",
+    "HOOKD_LEASE_SECS",
+    "HOOKD_REQUEST_TIMEOUT_SECS",
+    "HOOKD_RETRY_SCHEDULE",
+    "HOOKD_MAX_ATTEMPTS",
+    "HOOKD_RETRY_JITTER",
+    "HOOKD_MAX_RETRY_AFTER_SECS",
+    "HOOKD_CIRCUIT_FAILURES",
+    "HOOKD_CIRCUIT_COOLDOWN_SECS",
+    "HOOKD_POLL_MS",
+    "HOOKD_NOTIFY",
+    "HOOKD_SHUTDOWN_GRACE_SECS",
+    "HOOKD_RESPONSE_SNIPPET_BYTES",
+];
+
+/// The `env` rule: plain values of allowed settings only (no `valueFrom`, which could read
+/// any Secret of the namespace into a pod). `startsWith`/`in` cost the same whatever the
+/// length of `name`, which k8s-openapi's EnvVar schema leaves unbounded.
+pub const DISPATCHER_ENV_RULE: &str = "self.all(e, !has(e.valueFrom) && e.name in ['HOOKD_LOG', 'HOOKD_LOG_FORMAT', 'HOOKD_DB_MAX_CONNECTIONS', 'HOOKD_DB_ACQUIRE_TIMEOUT_MS', 'HOOKD_CONCURRENCY', 'HOOKD_ENDPOINT_CONCURRENCY', 'HOOKD_LEASE_SECS', 'HOOKD_REQUEST_TIMEOUT_SECS', 'HOOKD_RETRY_SCHEDULE', 'HOOKD_MAX_ATTEMPTS', 'HOOKD_RETRY_JITTER', 'HOOKD_MAX_RETRY_AFTER_SECS', 'HOOKD_CIRCUIT_FAILURES', 'HOOKD_CIRCUIT_COOLDOWN_SECS', 'HOOKD_POLL_MS', 'HOOKD_NOTIFY', 'HOOKD_SHUTDOWN_GRACE_SECS', 'HOOKD_RESPONSE_SNIPPET_BYTES'])";
+
 /// A pool of dispatcher pods (hookd.dev/v1alpha1 WebhookDispatcher). The controller
 /// server-side-applies one owned Deployment running `hookd dispatch` per object and, with
 /// `autoscaling`, sets its replicas from the due backlog in Postgres.
@@ -144,7 +185,8 @@ pub struct WebhookEndpointStatus {
     printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".status.replicas"}"#,
     printcolumn = r#"{"name":"Available","type":"integer","jsonPath":".status.readyReplicas"}"#,
     printcolumn = r#"{"name":"Backlog","type":"integer","jsonPath":".status.backlog"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new(DISPATCHER_NAME_RULE).message("a WebhookDispatcher name must be at most 63 characters: it becomes the app.kubernetes.io/instance label of its Deployment and pods")
 )]
 #[x_kube(validation = Rule::new("(has(self.leaseSeconds) ? self.leaseSeconds : 60) >= (has(self.requestTimeoutSeconds) ? self.requestTimeoutSeconds : 15) + 5").message("leaseSeconds must exceed requestTimeoutSeconds by at least 5 (defaults: 60 and 15), or a slow request could outlive its lease and be sent twice at once"))]
 #[serde(rename_all = "camelCase")]
@@ -178,7 +220,8 @@ pub struct WebhookDispatcherSpec {
     #[schemars(range(min = 1, max = 300))]
     pub request_timeout_seconds: Option<u32>,
 
-    /// Container image. Default: the controller's own image (HOOKD_IMAGE).
+    /// Container image. Default: the controller's own image (HOOKD_IMAGE). Other images
+    /// must be on the controller's HOOKD_DISPATCHER_IMAGES allow-list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub image: Option<String>,
@@ -186,6 +229,7 @@ pub struct WebhookDispatcherSpec {
     /// Image pull policy: Always, IfNotPresent or Never. Default IfNotPresent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self in ['Always', 'IfNotPresent', 'Never']").message("imagePullPolicy must be Always, IfNotPresent or Never"))]
+    #[schemars(length(max = 16))]
     pub image_pull_policy: Option<String>,
 
     /// The Secret (same namespace) holding the database URL. Default key `url`.
@@ -199,7 +243,8 @@ pub struct WebhookDispatcherSpec {
     /// Destinations admitted despite the outbound policy (CIDRs), e.g. in-cluster receivers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(validation = Rule::new(r"self.all(c, c.matches('^[0-9A-Fa-f:.]+/[0-9]{1,3}$'))").message("allowedDestinations entries must be CIDRs such as 10.0.0.0/8 or fd00::/8"))]
-    #[schemars(length(max = 64))]
+    // an IPv6 CIDR is at most 43 characters; the bound keeps the rule's cost estimate small
+    #[schemars(length(max = 64), inner(length(min = 1, max = 64)))]
     pub allowed_destinations: Vec<String>,
 
     /// Compute resources of the dispatcher container.
@@ -207,12 +252,15 @@ pub struct WebhookDispatcherSpec {
     pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
 
     /// Service account of the pods. Default `hookd-dispatcher` (no API access needed).
+    /// Others must be on the controller's HOOKD_DISPATCHER_SERVICE_ACCOUNTS allow-list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub service_account_name: Option<String>,
 
-    /// Extra environment (any `hookd dispatch` setting, e.g. HOOKD_RETRY_SCHEDULE).
+    /// Extra environment: plain values of `hookd dispatch` tuning settings (e.g.
+    /// HOOKD_RETRY_SCHEDULE, HOOKD_CONCURRENCY); no `valueFrom`, no database, key or listen settings.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = Rule::new(DISPATCHER_ENV_RULE).message("env entries must be plain values (no valueFrom) of hookd dispatch tuning settings: HOOKD_LOG, HOOKD_LOG_FORMAT, HOOKD_DB_MAX_CONNECTIONS, HOOKD_DB_ACQUIRE_TIMEOUT_MS, HOOKD_CONCURRENCY, HOOKD_ENDPOINT_CONCURRENCY, HOOKD_LEASE_SECS, HOOKD_REQUEST_TIMEOUT_SECS, HOOKD_RETRY_SCHEDULE, HOOKD_MAX_ATTEMPTS, HOOKD_RETRY_JITTER, HOOKD_MAX_RETRY_AFTER_SECS, HOOKD_CIRCUIT_FAILURES, HOOKD_CIRCUIT_COOLDOWN_SECS, HOOKD_POLL_MS, HOOKD_NOTIFY, HOOKD_SHUTDOWN_GRACE_SECS, HOOKD_RESPONSE_SNIPPET_BYTES"))]
     #[schemars(length(max = 64))]
     pub env: Vec<k8s_openapi::api::core::v1::EnvVar>,
 }

@@ -25,8 +25,10 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use super::conditions::{condition, to_time};
-use super::crd::{WebhookDispatcher, WebhookDispatcherSpec, WebhookDispatcherStatus};
-use super::{Context, Error, FIELD_MANAGER, ObjectEvent};
+use super::crd::{
+    DISPATCHER_ENV_ALLOWED, WebhookDispatcher, WebhookDispatcherSpec, WebhookDispatcherStatus,
+};
+use super::{Context, Error, FIELD_MANAGER, ObjectEvent, Settings};
 use crate::db;
 
 pub const CONTROLLER: &str = "webhookdispatcher";
@@ -57,22 +59,47 @@ pub async fn reconcile(d: Arc<WebhookDispatcher>, ctx: Arc<Context>) -> Result<A
     let _timer = ctx.reconcile_timer(CONTROLLER);
     let result = apply(&d, &ctx).await;
     ctx.count_reconcile(CONTROLLER, result.is_ok());
+    if result.is_ok() {
+        ctx.backoff.reset(&backoff_key(&d));
+    }
     result
 }
 
-pub fn error_policy(d: Arc<WebhookDispatcher>, err: &Error, _ctx: Arc<Context>) -> Action {
+fn backoff_key(d: &WebhookDispatcher) -> String {
+    format!(
+        "{CONTROLLER}/{}/{}",
+        d.namespace().unwrap_or_default(),
+        d.name_any()
+    )
+}
+
+/// Retries with per-object exponential backoff and jitter; refusals (403, 422) wait much
+/// longer than outages.
+pub fn error_policy(d: Arc<WebhookDispatcher>, err: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx.backoff.next(&backoff_key(&d), err.is_permanent());
     tracing::warn!(
         dispatcher = %format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any()),
         error = %err,
+        permanent = err.is_permanent(),
+        retry_in_secs = delay.as_secs_f64(),
         "reconcile failed; will retry"
     );
-    Action::requeue(err.retry_after())
+    Action::requeue(delay)
 }
 
 async fn apply(d: &WebhookDispatcher, ctx: &Context) -> Result<Action, Error> {
     let ns = d
         .namespace()
         .ok_or_else(|| Error::NoNamespace(d.name_any()))?;
+    // Being deleted (foreground deletion, as Argo CD prunes): the garbage collector is
+    // removing the owned Deployment; applying it again would recreate it and hold the
+    // deletion up.
+    if d.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    if let Err(reason) = check_privileges(&d.spec, &ctx.settings) {
+        return refuse(d, ctx, &ns, &reason).await;
+    }
     // Every pod can hold `concurrency` deliveries, so counting further than the most the
     // autoscaler could ask for tells it nothing.
     let cap = d
@@ -93,14 +120,35 @@ async fn apply(d: &WebhookDispatcher, ctx: &Context) -> Result<Action, Error> {
     let now = Utc::now();
     let scale = desired_replicas(&d.spec, d.status.as_ref(), backlog, now);
     let deployment = desired_deployment(d, &ctx.settings.image, scale.replicas);
-    let applied = Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
+    let applied = match Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
         .patch(
             &deployment_name(d),
             &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(&deployment),
         )
         .await
-        .map_err(Error::Kube)?;
+    {
+        Ok(a) => a,
+        Err(e) => {
+            let err = Error::Kube(e);
+            // Refused for good (403, 422): retrying will not fix it, so say so on the
+            // object; error_policy retries with a long backoff in case RBAC or an
+            // admission policy changes.
+            if err.is_permanent() {
+                let status = ready_false(
+                    d,
+                    "ApplyRejected",
+                    &format!("the Deployment was refused: {err}"),
+                );
+                if d.status.as_ref() != Some(&status)
+                    && let Err(pe) = patch_status(ctx, d, &ns, &status).await
+                {
+                    tracing::debug!(error = %pe, "could not report ApplyRejected");
+                }
+            }
+            return Err(err);
+        }
+    };
     let ready = applied
         .status
         .as_ref()
@@ -109,19 +157,7 @@ async fn apply(d: &WebhookDispatcher, ctx: &Context) -> Result<Action, Error> {
     let status = desired_status(d, &scale, ready, backlog, &to_time(now));
     let previous = d.status.as_ref().and_then(|s| s.replicas);
     if d.status.as_ref() != Some(&status) {
-        let patch = serde_json::json!({
-            "apiVersion": WebhookDispatcher::api_version(&()),
-            "kind": WebhookDispatcher::kind(&()),
-            "status": status,
-        });
-        Api::<WebhookDispatcher>::namespaced(ctx.client.clone(), &ns)
-            .patch_status(
-                &d.name_any(),
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-            .map_err(Error::Kube)?;
+        patch_status(ctx, d, &ns, &status).await?;
     }
     if let Some(prev) = previous
         && prev != scale.replicas
@@ -148,8 +184,115 @@ async fn apply(d: &WebhookDispatcher, ctx: &Context) -> Result<Action, Error> {
     Ok(Action::requeue(if d.spec.autoscaling.is_some() {
         ctx.settings.status_interval
     } else {
-        Duration::from_secs(120)
+        ctx.settings.resync
     }))
+}
+
+async fn patch_status(
+    ctx: &Context,
+    d: &WebhookDispatcher,
+    ns: &str,
+    status: &WebhookDispatcherStatus,
+) -> Result<(), Error> {
+    let patch = serde_json::json!({
+        "apiVersion": WebhookDispatcher::api_version(&()),
+        "kind": WebhookDispatcher::kind(&()),
+        "status": status,
+    });
+    Api::<WebhookDispatcher>::namespaced(ctx.client.clone(), ns)
+        .patch_status(
+            &d.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(Error::Kube)?;
+    Ok(())
+}
+
+/// The spec asks for something beyond what the operator allows: nothing is applied (a
+/// Deployment already running keeps its last accepted spec), the status and a Warning
+/// say why, and only a change of the object brings it back.
+async fn refuse(
+    d: &WebhookDispatcher,
+    ctx: &Context,
+    ns: &str,
+    reason: &str,
+) -> Result<Action, Error> {
+    let status = ready_false(d, "NotAllowed", reason);
+    let was_refused = d
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.reason == "NotAllowed");
+    if d.status.as_ref() != Some(&status) {
+        patch_status(ctx, d, ns, &status).await?;
+    }
+    if !was_refused {
+        ctx.publish(d, ObjectEvent::warning("NotAllowed", reason.to_string()))
+            .await;
+    }
+    Ok(Action::await_change())
+}
+
+/// Pure: the previous status with `Ready=False` for `reason`.
+fn ready_false(d: &WebhookDispatcher, reason: &str, message: &str) -> WebhookDispatcherStatus {
+    let mut status = d.status.clone().unwrap_or_default();
+    let now = to_time(Utc::now());
+    let ready = condition(
+        &status.conditions,
+        "Ready",
+        "False",
+        reason,
+        message,
+        d.metadata.generation,
+        &now,
+    );
+    status.conditions.retain(|c| c.type_ != "Ready");
+    status.conditions.insert(0, ready);
+    status.observed_generation = d.metadata.generation;
+    status
+}
+
+/// Pure: whether a spec stays inside the privilege boundary. Whoever may create a
+/// WebhookDispatcher in the install namespace gets pods that can read the encryption key
+/// and the database, so the image and service account come from operator allow-lists and
+/// `env` only tunes `hookd dispatch` (the CRD's CEL rule says the same at admission; this
+/// also covers objects stored before that rule existed).
+pub fn check_privileges(spec: &WebhookDispatcherSpec, settings: &Settings) -> Result<(), String> {
+    if let Some(image) = &spec.image
+        && *image != settings.image
+        && !settings.dispatcher_images.iter().any(|i| i == image)
+    {
+        return Err(format!(
+            "image {image:?} is not allowed: the controller runs dispatchers from its own image ({:?}) or one listed in HOOKD_DISPATCHER_IMAGES",
+            settings.image
+        ));
+    }
+    if let Some(sa) = &spec.service_account_name
+        && sa != DEFAULT_SERVICE_ACCOUNT
+        && !settings.dispatcher_service_accounts.iter().any(|s| s == sa)
+    {
+        return Err(format!(
+            "serviceAccountName {sa:?} is not allowed: use {DEFAULT_SERVICE_ACCOUNT:?} or one listed in HOOKD_DISPATCHER_SERVICE_ACCOUNTS"
+        ));
+    }
+    for e in &spec.env {
+        if e.value_from.is_some() {
+            return Err(format!(
+                "env {}: valueFrom is not allowed (it could read any Secret of the namespace); give a plain value",
+                e.name
+            ));
+        }
+        if !DISPATCHER_ENV_ALLOWED.contains(&e.name.as_str()) {
+            return Err(format!(
+                "env {} is not a hookd dispatch tuning setting; allowed: {}",
+                e.name,
+                DISPATCHER_ENV_ALLOWED.join(", ")
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The autoscaler's decision.

@@ -13,7 +13,9 @@
 //!   Postgres (circuit, backlog, last success/failure, dead letters) are refreshed by a
 //!   periodic requeue.
 
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use chrono::Utc;
 use k8s_openapi::api::core::v1::Secret;
@@ -22,6 +24,7 @@ use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 
 use super::conditions::{condition, find, to_time};
@@ -43,6 +46,7 @@ pub async fn reconcile(ep: Arc<WebhookEndpoint>, ctx: Arc<Context>) -> Result<Ac
     let ns = ep
         .namespace()
         .ok_or_else(|| Error::NoNamespace(ep.name_any()))?;
+    let name = ep.name_any();
     let api: Api<WebhookEndpoint> = Api::namespaced(ctx.client.clone(), &ns);
     let result = finalizer(&api, FINALIZER, ep, |event| async {
         match event {
@@ -53,18 +57,32 @@ pub async fn reconcile(ep: Arc<WebhookEndpoint>, ctx: Arc<Context>) -> Result<Ac
     .await
     .map_err(|e| Error::Finalizer(Box::new(e)));
     ctx.count_reconcile(CONTROLLER, result.is_ok());
+    if result.is_ok() {
+        ctx.backoff.reset(&backoff_key(&ns, &name));
+    }
     result
 }
 
-/// Requeue soon after an outage (the database or the API server usually comes back by
-/// itself), later after anything else.
-pub fn error_policy(ep: Arc<WebhookEndpoint>, err: &Error, _ctx: Arc<Context>) -> Action {
+fn backoff_key(ns: &str, name: &str) -> String {
+    format!("{CONTROLLER}/{ns}/{name}")
+}
+
+/// Retries with per-object exponential backoff and jitter: an outage (database, API
+/// server) is retried from a second up to five minutes, a refusal (403, 422, a write the
+/// database rejects) from 30 s up to 30 minutes.
+pub fn error_policy(ep: Arc<WebhookEndpoint>, err: &Error, ctx: Arc<Context>) -> Action {
+    let (ns, name) = (ep.namespace().unwrap_or_default(), ep.name_any());
+    let delay = ctx
+        .backoff
+        .next(&backoff_key(&ns, &name), err.is_permanent());
     tracing::warn!(
-        endpoint = %format!("{}/{}", ep.namespace().unwrap_or_default(), ep.name_any()),
+        endpoint = %format!("{ns}/{name}"),
         error = %err,
+        permanent = err.is_permanent(),
+        retry_in_secs = delay.as_secs_f64(),
         "reconcile failed; will retry"
     );
-    Action::requeue(err.retry_after())
+    Action::requeue(delay)
 }
 
 async fn apply(ep: &WebhookEndpoint, ctx: &Context) -> Result<Action, Error> {
@@ -85,6 +103,14 @@ async fn apply(ep: &WebhookEndpoint, ctx: &Context) -> Result<Action, Error> {
             &effective
         }
     };
+    let key = cache_key(&ns, &ep.name_any());
+    let secret_version = ctx.secrets.version(&ns, &ep.spec.secret_ref.name);
+    if let Some(synced) =
+        ctx.secrets
+            .fresh(&key, ep, secret_version.as_deref(), ctx.settings.resync)
+    {
+        return refresh_figures(ep, ctx, &synced).await;
+    }
     let secret = read_secret(ctx, &ns, &ep.spec.secret_ref).await?;
     let problem = secret.as_ref().err().cloned();
     let desired = sync::desired_endpoint(ep, secret);
@@ -113,7 +139,209 @@ async fn apply(ep: &WebhookEndpoint, ctx: &Context) -> Result<Action, Error> {
     for e in events {
         ctx.publish(ep, e).await;
     }
+    ctx.secrets.remember(
+        key,
+        Synced {
+            generation: ep.metadata.generation,
+            secret_version,
+            problem,
+            outcome: SyncOutcome {
+                created: false,
+                changed: false,
+                secret_rotated: false,
+                ..outcome
+            },
+            at: Instant::now(),
+        },
+    );
     Ok(Action::requeue(ctx.settings.status_interval))
+}
+
+/// The periodic pass over an endpoint whose spec and Secret have not changed since its
+/// last full sync: only its figures are read back from Postgres. No Secret GET and no
+/// sync transaction, and no API request at all unless the figures changed — so idle
+/// endpoints cost the API server nothing between resyncs.
+async fn refresh_figures(
+    ep: &WebhookEndpoint,
+    ctx: &Context,
+    synced: &Synced,
+) -> Result<Action, Error> {
+    let Some(stats) =
+        db::endpoints::stats(&ctx.pool, synced.outcome.endpoint_id, STATS_CAP).await?
+    else {
+        // the row went away behind the controller's back: sync it again at once
+        ctx.secrets.forget(&cache_key(
+            &ep.namespace().unwrap_or_default(),
+            &ep.name_any(),
+        ));
+        return Ok(Action::requeue(std::time::Duration::ZERO));
+    };
+    let now = to_time(Utc::now());
+    let status = desired_status(ep, synced.problem.as_ref(), &synced.outcome, &stats, &now);
+    let events = status_events(ep.status.as_ref(), &status, &synced.outcome);
+    if ep.status.as_ref() != Some(&status) {
+        patch_status(ctx, ep, &status).await?;
+    }
+    for e in events {
+        ctx.publish(ep, e).await;
+    }
+    Ok(Action::requeue(ctx.settings.status_interval))
+}
+
+fn cache_key(ns: &str, name: &str) -> String {
+    format!("{ns}/{name}")
+}
+
+/// What the last full sync of an endpoint saw and did.
+#[derive(Debug, Clone)]
+pub struct Synced {
+    generation: Option<i64>,
+    /// resourceVersion of the Secret as the metadata watch reported it
+    secret_version: Option<String>,
+    problem: Option<SecretProblem>,
+    outcome: SyncOutcome,
+    at: Instant,
+}
+
+/// The Secrets' versions from the metadata-only watch, and each endpoint's last full
+/// sync: a Secret is read again only when its resourceVersion moved (or at resync).
+#[derive(Default)]
+pub struct SecretCache {
+    store: OnceLock<Store<PartialObjectMeta<Secret>>>,
+    synced: Mutex<HashMap<String, Synced>>,
+}
+
+impl SecretCache {
+    /// Connects the cache to the Secret metadata watch's store.
+    pub fn set_store(&self, store: Store<PartialObjectMeta<Secret>>) {
+        let _ = self.store.set(store);
+    }
+
+    /// The Secret's resourceVersion as watched; None when unknown (no watch yet, or the
+    /// Secret does not exist), which always means a full pass.
+    pub fn version(&self, ns: &str, name: &str) -> Option<String> {
+        let store = self.store.get()?;
+        store
+            .get(&ObjectRef::new(name).within(ns))
+            .and_then(|s| s.metadata.resource_version.clone())
+    }
+
+    /// The last sync, if it still describes the object: same generation, same Secret
+    /// version, younger than `resync`.
+    fn fresh(
+        &self,
+        key: &str,
+        ep: &WebhookEndpoint,
+        secret_version: Option<&str>,
+        resync: std::time::Duration,
+    ) -> Option<Synced> {
+        let secret_version = secret_version?;
+        let synced = self.synced.lock().unwrap_or_else(|e| e.into_inner());
+        let s = synced.get(key)?;
+        (s.generation == ep.metadata.generation
+            && s.secret_version.as_deref() == Some(secret_version)
+            && s.at.elapsed() < resync)
+            .then(|| s.clone())
+    }
+
+    fn remember(&self, key: String, s: Synced) {
+        self.synced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, s);
+    }
+
+    fn forget(&self, key: &str) {
+        self.synced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+}
+
+/// Secret -> endpoints that reference it, maintained from the WebhookEndpoint watch, so a
+/// Secret event is a map lookup instead of a scan of every endpoint in the store.
+#[derive(Default, Clone)]
+pub struct SecretIndex(Arc<Mutex<IndexState>>);
+
+#[derive(Default)]
+struct IndexState {
+    current: SecretMap,
+    /// built during a (re)list, swapped in when it completes
+    relisting: Option<SecretMap>,
+}
+
+#[derive(Default)]
+struct SecretMap {
+    /// (namespace, Secret name) -> endpoint names
+    by_secret: HashMap<(String, String), BTreeSet<String>>,
+    /// (namespace, endpoint name) -> Secret name
+    by_endpoint: HashMap<(String, String), String>,
+}
+
+impl SecretMap {
+    fn insert(&mut self, ep: &WebhookEndpoint) {
+        let ns = ep.namespace().unwrap_or_default();
+        let name = ep.name_any();
+        self.remove(&ns, &name);
+        let secret = ep.spec.secret_ref.name.clone();
+        self.by_secret
+            .entry((ns.clone(), secret.clone()))
+            .or_default()
+            .insert(name.clone());
+        self.by_endpoint.insert((ns, name), secret);
+    }
+
+    fn remove(&mut self, ns: &str, name: &str) {
+        if let Some(secret) = self.by_endpoint.remove(&(ns.to_string(), name.to_string())) {
+            let k = (ns.to_string(), secret);
+            if let Some(set) = self.by_secret.get_mut(&k) {
+                set.remove(name);
+                if set.is_empty() {
+                    self.by_secret.remove(&k);
+                }
+            }
+        }
+    }
+}
+
+impl SecretIndex {
+    /// Follows one event of the WebhookEndpoint watch.
+    pub fn apply(&self, event: &watcher::Event<WebhookEndpoint>) {
+        let mut st = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match event {
+            watcher::Event::Apply(ep) => st.current.insert(ep),
+            watcher::Event::Delete(ep) => st
+                .current
+                .remove(&ep.namespace().unwrap_or_default(), &ep.name_any()),
+            watcher::Event::Init => st.relisting = Some(SecretMap::default()),
+            watcher::Event::InitApply(ep) => match st.relisting.as_mut() {
+                Some(m) => m.insert(ep),
+                None => st.current.insert(ep),
+            },
+            watcher::Event::InitDone => {
+                if let Some(m) = st.relisting.take() {
+                    st.current = m;
+                }
+            }
+        }
+    }
+
+    /// The endpoints that reference a (metadata-only) Secret.
+    pub fn endpoints_for(
+        &self,
+        secret: &PartialObjectMeta<Secret>,
+    ) -> Vec<ObjectRef<WebhookEndpoint>> {
+        let ns = secret.namespace().unwrap_or_default();
+        let st = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        st.current
+            .by_secret
+            .get(&(ns.clone(), secret.name_any()))
+            .into_iter()
+            .flatten()
+            .map(|name| ObjectRef::new(name).within(&ns))
+            .collect()
+    }
 }
 
 /// The declared tenant is not the namespace's: keep the last accepted row (if any) but
@@ -159,6 +387,7 @@ async fn cleanup(ep: &WebhookEndpoint, ctx: &Context) -> Result<Action, Error> {
     let mut conn = ctx.pool.acquire().await.map_err(db::DbError::from)?;
     let removed = sync::remove_endpoint(&mut conn, &ns, &ep.name_any()).await?;
     drop(conn);
+    ctx.secrets.forget(&cache_key(&ns, &ep.name_any()));
     if let Some((id, cancelled)) = removed {
         tracing::info!(endpoint = %id, cancelled, "WebhookEndpoint deleted; endpoint disabled");
         // Best effort: a namespace being deleted refuses new Events, and the finalizer
@@ -479,22 +708,6 @@ fn reason_static(r: &str) -> &'static str {
         "SecretMalformed" => "SecretMalformed",
         _ => "SecretProblem",
     }
-}
-
-/// Maps a (metadata-only) Secret to the endpoints in its namespace that reference it, from
-/// the controller's store of WebhookEndpoints.
-pub fn endpoints_for_secret(
-    store: &Store<WebhookEndpoint>,
-    secret: &PartialObjectMeta<Secret>,
-) -> Vec<ObjectRef<WebhookEndpoint>> {
-    let ns = secret.namespace();
-    let name = secret.name_any();
-    store
-        .state()
-        .into_iter()
-        .filter(|ep| ep.namespace() == ns && ep.spec.secret_ref.name == name)
-        .map(|ep| ObjectRef::from_obj(&*ep))
-        .collect()
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PartialObjectMeta;
@@ -145,22 +145,72 @@ pub enum Error {
 }
 
 impl Error {
-    /// Outages (the database, the API server) usually end by themselves: retry soon.
-    pub fn retry_after(&self) -> Duration {
+    /// Whether retrying the same request can succeed by itself. The API server refusing
+    /// a request (400 Bad Request, 403 Forbidden, 404 of a path that must exist, 422
+    /// Invalid) or the database refusing a write stays refused until someone changes RBAC,
+    /// an admission policy or the object; outages (5xx, 429, timeouts, connections) end.
+    pub fn is_permanent(&self) -> bool {
         use kube::runtime::finalizer::Error as F;
-        let inner = match self {
+        let kube_permanent = |e: &kube::Error| matches!(e, kube::Error::Api(s) if matches!(s.code, 400 | 403 | 405 | 422));
+        match self {
+            Error::Kube(e) => kube_permanent(e),
+            Error::Db(e) => !e.is_unavailable(),
+            Error::NoNamespace(_) => true,
             Error::Finalizer(f) => match f.as_ref() {
-                F::ApplyFailed(e) | F::CleanupFailed(e) => e,
-                _ => return Duration::from_secs(5),
+                F::ApplyFailed(e) | F::CleanupFailed(e) => e.is_permanent(),
+                F::AddFinalizer(e) | F::RemoveFinalizer(e) => kube_permanent(e),
+                _ => true,
             },
-            e => e,
-        };
-        match inner {
-            Error::Db(e) if e.is_unavailable() => Duration::from_secs(5),
-            Error::Kube(_) => Duration::from_secs(5),
-            _ => Duration::from_secs(30),
         }
     }
+}
+
+/// Per-object exponential backoff with jitter for failed reconciles: a fixed delay
+/// retries thousands of objects in lockstep against an API server or database that is
+/// already struggling, and retries a permanent refusal every few seconds forever.
+#[derive(Default)]
+pub struct Backoff {
+    failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+}
+
+/// First retry of a transient error, and the most any retry waits.
+pub const BACKOFF_TRANSIENT: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(300));
+/// The same for permanent errors (refused by the API server or the database).
+pub const BACKOFF_PERMANENT: (Duration, Duration) =
+    (Duration::from_secs(30), Duration::from_secs(1800));
+
+impl Backoff {
+    /// The delay before the next attempt at `key`, counting this failure.
+    pub fn next(&self, key: &str, permanent: bool) -> Duration {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let n = failures.entry(key.to_string()).or_insert(0);
+        *n = n.saturating_add(1);
+        let (base, cap) = if permanent {
+            BACKOFF_PERMANENT
+        } else {
+            BACKOFF_TRANSIENT
+        };
+        backoff_delay(*n, base, cap, rand::random::<f64>())
+    }
+
+    /// A successful reconcile starts the next failure from the base delay again.
+    pub fn reset(&self, key: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+}
+
+/// Pure: `base x 2^(failures-1)` capped at `cap`, with "equal jitter": half fixed, half
+/// spread by `unit` (0..1), so retries of many objects spread out but never come sooner
+/// than half the nominal delay.
+pub fn backoff_delay(failures: u32, base: Duration, cap: Duration, unit: f64) -> Duration {
+    let exp = failures.saturating_sub(1).min(30);
+    let nominal = base.saturating_mul(1u32 << exp).min(cap);
+    let half = nominal / 2;
+    half + half.mul_f64(unit.clamp(0.0, 1.0))
 }
 
 /// Controller settings after defaults are resolved.
@@ -175,6 +225,13 @@ pub struct Settings {
     /// reconciles at once per controller; bounded so a resync of thousands of endpoints
     /// queues instead of starving the connection pool into timeouts
     pub concurrency: u16,
+    /// how often an unchanged object is reconciled anyway (watch events drive everything
+    /// else); rare, since each full pass of an endpoint GETs its Secret
+    pub resync: Duration,
+    /// images a WebhookDispatcher may name besides `image`
+    pub dispatcher_images: Vec<String>,
+    /// service accounts a WebhookDispatcher may name besides `hookd-dispatcher`
+    pub dispatcher_service_accounts: Vec<String>,
 }
 
 /// What every reconcile gets.
@@ -186,6 +243,9 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub settings: Settings,
+    pub backoff: Backoff,
+    /// Secret versions and each endpoint's last full sync
+    pub secrets: endpoint_controller::SecretCache,
 }
 
 /// A Kubernetes Event to publish about an object (kube's `Event` has no Debug/PartialEq,
@@ -255,6 +315,8 @@ impl Context {
             recorder,
             metrics,
             settings,
+            backoff: Backoff::default(),
+            secrets: Default::default(),
         }
     }
 
@@ -338,6 +400,9 @@ pub async fn run(
             image: settings.image.clone(),
             concurrency: settings.reconcile_concurrency.max(1),
             namespace_tenants: settings.namespace_tenants.clone(),
+            resync: Duration::from_secs(settings.resync_secs.max(1)),
+            dispatcher_images: non_empty(&settings.dispatcher_images),
+            dispatcher_service_accounts: non_empty(&settings.dispatcher_service_accounts),
         },
         Some(identity.clone()),
     ));
@@ -348,16 +413,29 @@ pub async fn run(
             identity,
             duration_secs: settings.lease_duration_secs,
         };
-        leader::run_as_leader(client, &lease, &metrics, shutdown.clone(), |token| {
-            health.leading.store(true, Ordering::SeqCst);
-            run_controllers(
-                ctx,
-                settings.watch_namespace.clone(),
-                install_ns.clone(),
-                health.clone(),
-                token,
-            )
-        })
+        // The lease manager talks through its own client, whose successful Lease writes
+        // tell the watchdog how long leadership is certainly valid.
+        let (observer, renewed) = leader::RenewalObserver::new(&lease);
+        let lease_client = kube::client::ClientBuilder::try_from(kube::Config::infer().await?)?
+            .with_layer(&observer)
+            .build();
+        leader::run_as_leader(
+            lease_client,
+            &lease,
+            renewed,
+            &metrics,
+            shutdown.clone(),
+            |token| {
+                health.leading.store(true, Ordering::SeqCst);
+                run_controllers(
+                    ctx,
+                    settings.watch_namespace.clone(),
+                    install_ns.clone(),
+                    health.clone(),
+                    token,
+                )
+            },
+        )
         .await
     } else {
         health.leading.store(true, Ordering::SeqCst);
@@ -375,6 +453,15 @@ pub async fn run(
     shutdown.cancel();
     server.await??;
     result
+}
+
+/// A comma-separated list's entries, without the empty one an unset variable gives.
+fn non_empty(list: &[String]) -> Vec<String> {
+    list.iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 /// Both controllers until `token` is cancelled.
@@ -450,22 +537,27 @@ fn endpoint_controller_stream(
             None => (Api::all(client.clone()), Api::all(client)),
         };
     let (reader, writer) = reflector::store();
+    let index = endpoint_controller::SecretIndex::default();
+    let index_writer = index.clone();
     let objects = watcher(endpoints, watcher::Config::default())
         .default_backoff()
         .reflect(writer)
+        .inspect_ok(move |event| index_writer.apply(event))
         .applied_objects()
         .predicate_filter(spec_or_finalizers, Default::default());
+    // Only names and resourceVersions are kept: enough to tell whether a Secret changed
+    // since an endpoint last read it.
+    let (secret_reader, secret_writer) = reflector::store();
+    ctx.secrets.set_store(secret_reader);
     let secret_changes = watcher(secrets, watcher::Config::default())
         .default_backoff()
+        .reflect(secret_writer)
         .touched_objects()
         .predicate_filter(predicates::resource_version, Default::default());
-    let store = reader.clone();
     let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency);
     let fut = Controller::for_stream(objects, reader.clone())
         .with_config(config)
-        .watches_stream(secret_changes, move |s| {
-            endpoint_controller::endpoints_for_secret(&store, &s)
-        })
+        .watches_stream(secret_changes, move |s| index.endpoints_for(&s))
         .graceful_shutdown_on(token.cancelled_owned())
         .run(
             endpoint_controller::reconcile,

@@ -218,6 +218,7 @@ pub fn api_settings() -> ApiSettings {
         max_batch: 100,
         ingest_committers: 4,
         ingest_max_group: 256,
+        idempotency_wait_ms: 5000,
         notify: true,
         auth: AuthMode::On,
         auth_sa_scopes: vec![Scope::Produce, Scope::Read],
