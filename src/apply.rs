@@ -31,6 +31,9 @@ pub enum ApplyError {
         object: String,
         message: String,
     },
+    /// The file as a whole is refused (too large, too deeply nested) before parsing.
+    #[error("{file}: {message}")]
+    File { file: PathBuf, message: String },
     #[error("no WebhookEndpoint documents found")]
     Empty,
     #[error(transparent)]
@@ -51,8 +54,191 @@ struct TypeMeta {
     kind: Option<String>,
 }
 
+/// Largest YAML file read. Endpoint declarations are a few hundred bytes each; a bound
+/// keeps a hostile or mistaken file (a log, a dump) from costing minutes of parsing.
+pub const MAX_FILE_BYTES: usize = 1 << 20;
+
+/// Deepest nesting of YAML collections accepted. A WebhookEndpoint or Secret nests at most
+/// four levels; serde_yaml took 21 s on 200 KB of deeply nested flow YAML, so deep input
+/// is refused before it is parsed.
+pub const MAX_NESTING: usize = 32;
+
+/// The Standard Webhooks test-vector secrets: published, so anyone can forge signatures
+/// made with them. Refusing them would break copy-pasted tutorials silently elsewhere;
+/// `hookd apply` warns instead (see [`published_secret_warnings`]).
+const PUBLISHED_SECRETS: [&str; 2] = [
+    "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD",
+];
+
+/// Fields of `metadata` a YAML document may carry (ObjectMeta, camelCase).
+const OBJECT_META_FIELDS: &[&str] = &[
+    "name",
+    "namespace",
+    "labels",
+    "annotations",
+    "uid",
+    "generateName",
+    "generation",
+    "resourceVersion",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "finalizers",
+    "managedFields",
+    "ownerReferences",
+    "selfLink",
+];
+
+/// Top-level fields of a v1 Secret.
+const SECRET_FIELDS: &[&str] = &[
+    "apiVersion",
+    "kind",
+    "metadata",
+    "data",
+    "stringData",
+    "type",
+    "immutable",
+];
+
+/// Replaces every `whsec_…` in `message` by `whsec_(redacted)`: serde and sync errors quote
+/// the values they refuse, and an apply error ends up in terminals, CI logs and tickets.
+pub fn redact_secrets(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("whsec_") {
+        out.push_str(&rest[..at]);
+        out.push_str("whsec_(redacted)");
+        rest = rest[at + "whsec_".len()..]
+            .trim_start_matches(|c: char| c.is_ascii_alphanumeric() || "+/=-_".contains(c));
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Serde's messages quote the refused value (`invalid type: string "…"`). In a Secret any
+/// value may be key material, so every quoted value is dropped; field names, which serde
+/// quotes with backticks, stay.
+fn redact_quoted(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut parts = message.split('"');
+    if let Some(first) = parts.next() {
+        out.push_str(first);
+    }
+    for (i, part) in parts.enumerate() {
+        if i % 2 == 0 {
+            out.push_str("\"(value hidden)");
+        } else {
+            out.push('"');
+            out.push_str(part);
+        }
+    }
+    out
+}
+
+/// Refuses a text nested deeper than [`MAX_NESTING`] collections, counted cheaply on the
+/// raw text: flow brackets outside quotes and comments, plus block indentation steps.
+fn check_nesting(text: &str) -> Result<(), String> {
+    let mut deepest_flow = 0usize;
+    let mut depth = 0usize;
+    for line in text.lines() {
+        let mut quote: Option<char> = None;
+        let mut prev = ' ';
+        for c in line.chars() {
+            match (quote, c) {
+                (Some(q), c) if c == q && prev != '\\' => quote = None,
+                (Some(_), _) => {}
+                (None, '#') if prev == ' ' || prev == '\t' => break,
+                (None, '"' | '\'') => quote = Some(c),
+                (None, '[' | '{') => {
+                    depth += 1;
+                    deepest_flow = deepest_flow.max(depth);
+                }
+                (None, ']' | '}') => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+            prev = c;
+        }
+    }
+    // Block nesting: each level indents further, so the indentation width bounds it.
+    let deepest_block = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.len() - l.trim_start_matches([' ', '-']).len())
+        .max()
+        .unwrap_or(0)
+        / 2;
+    let deepest = deepest_flow.max(deepest_block);
+    if deepest > MAX_NESTING {
+        return Err(format!(
+            "nested {deepest} levels deep; WebhookEndpoint and Secret documents nest at most a few, and more than {MAX_NESTING} is refused"
+        ));
+    }
+    Ok(())
+}
+
+/// Names fields of `value` (a JSON object) outside `known`, with a suggestion per field.
+fn unknown_fields(value: &serde_json::Value, path: &str, known: &[&str], errs: &mut Vec<String>) {
+    let Some(map) = value.as_object() else { return };
+    for k in map.keys() {
+        if !known.contains(&k.as_str()) {
+            errs.push(unknown_field_message(path, k, known));
+        }
+    }
+}
+
+fn unknown_field_message(path: &str, field: &str, known: &[&str]) -> String {
+    let full = if path.is_empty() {
+        field.to_string()
+    } else {
+        format!("{path}.{field}")
+    };
+    let suggestion = known
+        .iter()
+        .map(|k| {
+            (
+                edit_distance(&field.to_ascii_lowercase(), &k.to_ascii_lowercase()),
+                k,
+            )
+        })
+        .filter(|(d, k)| *d <= 2 || k.starts_with(field) || field.starts_with(*k))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| format!(" (did you mean {k}?)"))
+        .unwrap_or_default();
+    format!(
+        "unknown field {full}{suggestion}; known fields: {}",
+        known.join(", ")
+    )
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
 /// Parses a multi-document YAML text. `file` only labels errors.
 pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyError> {
+    let whole = |message: String| ApplyError::File {
+        file: file.to_path_buf(),
+        message,
+    };
+    if text.len() > MAX_FILE_BYTES {
+        return Err(whole(format!(
+            "file is {} bytes; at most {MAX_FILE_BYTES} are read",
+            text.len()
+        )));
+    }
+    check_nesting(text).map_err(whole)?;
     let mut docs = Vec::new();
     for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let index = i + 1;
@@ -60,7 +246,7 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
             file: file.to_path_buf(),
             index,
             object,
-            message,
+            message: redact_secrets(&message),
         };
         let value = serde_yaml::Value::deserialize(de)
             .map_err(|e| invalid(String::new(), format!("not valid YAML: {e}")))?;
@@ -83,6 +269,9 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
             (Some("hookd.dev/v1alpha1"), Some("WebhookEndpoint")) => {
                 let json = serde_json::to_value(&value)
                     .map_err(|e| invalid(object.clone(), e.to_string()))?;
+                // kubectl refuses unknown fields; silently dropping `eventType:` (for
+                // `eventTypes`) would subscribe the endpoint to every event.
+                known_fields(&json).map_err(|e| invalid(object.clone(), e))?;
                 let mut ep: WebhookEndpoint =
                     serde_json::from_value(json.clone()).map_err(|e| {
                         invalid(object.clone(), format!("invalid WebhookEndpoint: {e}"))
@@ -100,11 +289,24 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
                 // own bounds (minimum/maximum, lengths, item counts) are the API server's
                 // job in a cluster, so check them here too.
                 schema_bounds(&ep).map_err(|e| invalid(object.clone(), e))?;
+                header_values(&ep).map_err(|e| invalid(object.clone(), e))?;
                 docs.push(Document::Endpoint(Box::new(ep)));
             }
             (Some("v1"), Some("Secret")) => {
-                let mut s: Secret = serde_yaml::from_value(value)
-                    .map_err(|e| invalid(object.clone(), format!("invalid Secret: {e}")))?;
+                let json = serde_json::to_value(&value)
+                    .map_err(|e| invalid(object.clone(), redact_quoted(&e.to_string())))?;
+                let mut errs = Vec::new();
+                unknown_fields(&json, "", SECRET_FIELDS, &mut errs);
+                unknown_fields(&json["metadata"], "metadata", OBJECT_META_FIELDS, &mut errs);
+                if !errs.is_empty() {
+                    return Err(invalid(object, errs.join("; ")));
+                }
+                let mut s: Secret = serde_yaml::from_value(value).map_err(|e| {
+                    invalid(
+                        object.clone(),
+                        format!("invalid Secret: {}", redact_quoted(&e.to_string())),
+                    )
+                })?;
                 if s.metadata.name.as_deref().unwrap_or("").is_empty() {
                     return Err(invalid(object, "metadata.name is required".into()));
                 }
@@ -126,6 +328,103 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
         }
     }
     Ok(docs)
+}
+
+/// Refuses fields the CRD schema does not declare (what `kubectl apply` refuses with
+/// strict field validation), in the object, its `metadata` and its `spec`.
+fn known_fields(object: &serde_json::Value) -> Result<(), String> {
+    use kube::CustomResourceExt;
+    use serde_json::Value;
+
+    fn walk(schema: &Value, v: &Value, path: &str, errs: &mut Vec<String>) {
+        let Value::Object(map) = v else {
+            if let (Value::Array(items), Some(item)) = (v, schema.get("items")) {
+                for (i, x) in items.iter().enumerate() {
+                    walk(item, x, &format!("{path}[{i}]"), errs);
+                }
+            }
+            return;
+        };
+        let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+            return; // a map (additionalProperties) or an opaque object
+        };
+        let known: Vec<&str> = props.keys().map(String::as_str).collect();
+        for (k, x) in map {
+            match props.get(k) {
+                Some(sub) => walk(sub, x, &format!("{path}.{k}"), errs),
+                None => errs.push(unknown_field_message(path, k, &known)),
+            }
+        }
+    }
+
+    let crd = WebhookEndpoint::crd();
+    let schema = crd.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .map(|s| serde_json::to_value(s).unwrap_or_default())
+        .unwrap_or_default();
+    let mut errs = Vec::new();
+    let mut top: Vec<&str> = vec!["apiVersion", "kind", "metadata"];
+    if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+        for k in props.keys() {
+            if !top.contains(&k.as_str()) {
+                top.push(k);
+            }
+        }
+    }
+    unknown_fields(object, "", &top, &mut errs);
+    unknown_fields(
+        &object["metadata"],
+        "metadata",
+        OBJECT_META_FIELDS,
+        &mut errs,
+    );
+    if let Some(spec_schema) = schema.pointer("/properties/spec") {
+        walk(spec_schema, &object["spec"], "spec", &mut errs);
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs.join("; "))
+    }
+}
+
+/// A header value with CR or LF cannot be sent (the HTTP client drops it, silently): refuse
+/// it where it is declared instead.
+fn header_values(ep: &WebhookEndpoint) -> Result<(), String> {
+    let bad: Vec<String> = ep
+        .spec
+        .headers
+        .iter()
+        .filter(|(_, v)| v.contains(['\r', '\n']) || http::HeaderValue::from_str(v).is_err())
+        .map(|(k, _)| {
+            format!("spec.headers.{k}: header values must be one line of visible text (no CR, LF or other control characters)")
+        })
+        .collect();
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(bad.join("; "))
+    }
+}
+
+/// Warnings for endpoints signing with a published test-vector secret; they name the
+/// endpoint, never the secret.
+pub fn published_secret_warnings(plan: &[sync::DesiredEndpoint]) -> Vec<String> {
+    plan.iter()
+        .filter(|d| {
+            d.secret
+                .as_ref()
+                .is_some_and(|s| PUBLISHED_SECRETS.contains(&s.value.as_str()))
+        })
+        .map(|d| {
+            format!(
+                "warning: webhookendpoint/{}/{} signs with a published Standard Webhooks test-vector secret; anyone can forge its signatures. Generate one with: echo \"whsec_$(openssl rand -base64 32)\"",
+                d.row.namespace, d.row.name
+            )
+        })
+        .collect()
 }
 
 /// Checks `ep` against the OpenAPI bounds of the CRD schema (what `kubectl apply` would
@@ -232,7 +531,7 @@ pub fn plan(files: &[(PathBuf, Vec<Document>)]) -> Result<Vec<sync::DesiredEndpo
                 file: file.clone(),
                 index: i + 1,
                 object: format!(" (WebhookEndpoint {ns}/{})", ep.name_any()),
-                message: problem.to_string(),
+                message: redact_secrets(&problem.to_string()),
             })?;
             out.push(sync::desired_endpoint(ep, Ok(secret)));
         }
@@ -247,11 +546,30 @@ pub fn plan(files: &[(PathBuf, Vec<Document>)]) -> Result<Vec<sync::DesiredEndpo
 pub fn load(paths: &[PathBuf]) -> Result<Vec<sync::DesiredEndpoint>, ApplyError> {
     let mut files = Vec::new();
     for p in paths {
-        let text = std::fs::read_to_string(p).map_err(|source| ApplyError::Read {
+        let read_err = |source| ApplyError::Read {
             file: p.clone(),
             source,
-        })?;
+        };
+        // Refuse a huge file before reading it into memory (a FIFO or /dev/stdin reports
+        // 0 and is bounded by `parse_documents` instead).
+        let len = std::fs::metadata(p).map_err(read_err)?.len();
+        if len > MAX_FILE_BYTES as u64 {
+            return Err(ApplyError::File {
+                file: p.clone(),
+                message: format!("file is {len} bytes; at most {MAX_FILE_BYTES} are read"),
+            });
+        }
+        let text = std::fs::read_to_string(p).map_err(read_err)?;
         files.push((p.clone(), parse_documents(p, &text)?));
+    }
+    plan(&files)
+}
+
+/// Validates YAML texts already in memory (`label` names each in errors) into a plan.
+pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Vec<sync::DesiredEndpoint>, ApplyError> {
+    let mut files = Vec::new();
+    for (label, text) in texts {
+        files.push((label.clone(), parse_documents(label, text)?));
     }
     plan(&files)
 }
@@ -281,4 +599,41 @@ pub async fn apply_files(
 ) -> Result<Vec<(String, SyncOutcome)>, ApplyError> {
     let desired = load(paths)?;
     apply_plan(pool, &desired, keyring).await
+}
+
+/// One line per applied endpoint for `hookd apply`'s output: what changed, and for an
+/// endpoint that is not active, why (a receiver's 410, a paused spec, an unusable
+/// Secret) and what to do, so re-applying an unchanged file never leaves a silent
+/// `disabled`.
+pub async fn describe(
+    pool: &PgPool,
+    results: &[(String, SyncOutcome)],
+) -> Result<Vec<String>, ApplyError> {
+    let mut lines = Vec::with_capacity(results.len());
+    for (name, outcome) in results {
+        let what = match (outcome.created, outcome.changed, outcome.secret_rotated) {
+            (true, _, _) => "created",
+            (_, _, true) => "secret rotated",
+            (_, true, _) => "configured",
+            _ => "unchanged",
+        };
+        let mut line = format!(
+            "webhookendpoint/{name} {what} (id {}, state {}, {} active secret(s))",
+            outcome.endpoint_id, outcome.state, outcome.active_secrets
+        );
+        if outcome.state != "active"
+            && let Some(row) = crate::db::endpoints::get(pool, outcome.endpoint_id, None).await?
+        {
+            if let Some(reason) = row.state_reason {
+                line.push_str(&format!("; {} because: {reason}", row.state));
+            }
+            if row.state == "disabled" {
+                line.push_str(
+                    "; to re-enable it once the receiver is fixed, apply it once with `paused: true`, then again without (see README, Retries)",
+                );
+            }
+        }
+        lines.push(line);
+    }
+    Ok(lines)
 }

@@ -120,7 +120,8 @@ pub struct TokenRevokeArgs {
 #[derive(Debug, Clone, Args)]
 pub struct DbArgs {
     /// Postgres connection URL, e.g. postgres://hookd@db:5432/hookd
-    #[arg(long = "database-url", env = "DATABASE_URL")]
+    // hide_env_values: `--help` would print the URL, password included
+    #[arg(long = "database-url", env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
     /// Most connections this process opens
     #[arg(long, env = "HOOKD_DB_MAX_CONNECTIONS", default_value_t = 16)]
@@ -452,7 +453,8 @@ pub struct ApplyArgs {
 #[derive(Debug, Clone, Args)]
 pub struct DevArgs {
     /// Postgres URL; when unset, a throwaway cluster is started and removed on exit
-    #[arg(long = "database-url", env = "DATABASE_URL")]
+    // hide_env_values: `--help` would print the URL, password included
+    #[arg(long = "database-url", env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// Address of the API
     #[arg(long, env = "HOOKD_LISTEN", default_value = "127.0.0.1:8080")]
@@ -464,9 +466,17 @@ pub struct DevArgs {
         default_value = "127.0.0.1:9000"
     )]
     pub receiver_listen: SocketAddr,
-    /// Folder of WebhookEndpoint YAML to apply at start
-    #[arg(long, env = "HOOKD_DEV_EXAMPLES", default_value = "examples")]
-    pub examples: PathBuf,
+    /// Address of the dispatcher's /healthz, /readyz and /metrics
+    #[arg(
+        long,
+        env = "HOOKD_DEV_DISPATCH_LISTEN",
+        default_value = "127.0.0.1:8081"
+    )]
+    pub dispatch_listen: SocketAddr,
+    /// Folder of WebhookEndpoint YAML to apply at start (default: the examples built into
+    /// this binary, `examples/*.yaml` of its source, aimed at the example receiver)
+    #[arg(long, env = "HOOKD_DEV_EXAMPLES")]
+    pub examples: Option<PathBuf>,
     #[command(flatten)]
     pub keys: KeyArgs,
 }
@@ -606,4 +616,9 @@ pub struct ReceiverArgs {
     /// Status answered to verified deliveries, e.g. 503 to make hookd retry (PUT /control changes it)
     #[arg(long, env = "HOOKD_RECEIVER_STATUS", default_value_t = 200)]
     pub status: u16,
+    /// Name secrets in GET /received by the first 12 hex digits of their SHA-256 instead of by
+    /// where they came from (`secret #1`, `FILE #1`). The page is unauthenticated: only for
+    /// receivers no one else can reach
+    #[arg(long, env = "HOOKD_RECEIVER_SHOW_FINGERPRINTS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub show_fingerprints: bool,
 }

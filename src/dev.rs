@@ -32,9 +32,176 @@ struct DispatchDefaults {
     s: DispatchSettings,
 }
 
+/// The examples of this source tree, built in so `hookd dev` runs from any directory.
+const BUILTIN_EXAMPLES: &[(&str, &str)] = &[(
+    "examples/endpoint.yaml",
+    include_str!("../examples/endpoint.yaml"),
+)];
+
+/// The receiver address the built-in examples are written for; rewritten to the actual
+/// `--receiver-listen`.
+const EXAMPLES_RECEIVER: &str = "http://127.0.0.1:9000";
+
+/// How often the example receiver re-reads the signing secrets of the dev database.
+const SECRET_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum DevError {
+    #[error(
+        "cannot listen on {addr} for the {what} ({flag}): {source}; stop what is using it or choose another address"
+    )]
+    Listen {
+        addr: std::net::SocketAddr,
+        what: &'static str,
+        flag: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Examples {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+async fn bind(
+    addr: std::net::SocketAddr,
+    what: &'static str,
+    flag: &'static str,
+) -> Result<tokio::net::TcpListener, DevError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| DevError::Listen {
+            addr,
+            what,
+            flag,
+            source,
+        })
+}
+
+/// The YAML texts to apply: the given folder's `*.yaml`, or the built-in examples aimed
+/// at the example receiver's actual address.
+fn example_texts(args: &DevArgs) -> Result<Vec<(std::path::PathBuf, String)>, DevError> {
+    let Some(dir) = &args.examples else {
+        let receiver = format!("http://{}", args.receiver_listen);
+        return Ok(BUILTIN_EXAMPLES
+            .iter()
+            .map(|(name, text)| (name.into(), text.replace(EXAMPLES_RECEIVER, &receiver)))
+            .collect());
+    };
+    let err = |source| DevError::Examples {
+        path: dir.clone(),
+        source,
+    };
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .map_err(err)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).map_err(|source| DevError::Examples {
+                path: p.clone(),
+                source,
+            })?;
+            Ok::<_, DevError>((p, text))
+        })
+        .collect()
+}
+
+/// Reads every live secret of the dev database into `secrets`, labelled by endpoint.
+async fn load_secrets(
+    pool: &sqlx::PgPool,
+    keyring: &crate::crypto::Keyring,
+    secrets: &crate::receiver::DynamicSecrets,
+) {
+    let rows = match db::secrets::live(pool).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read signing secrets for the example receiver");
+            return;
+        }
+    };
+    let mut next = Vec::with_capacity(rows.len());
+    for r in rows {
+        let value = match (&r.key_id, &r.ciphertext, &r.plaintext_secret) {
+            (Some(k), Some(c), _) => keyring
+                .decrypt(r.endpoint_id, k, c)
+                .map(|z| z.to_string())
+                .ok(),
+            (_, _, Some(p)) => Some(p.clone()),
+            _ => None,
+        };
+        if let Some(v) = value {
+            let label = if r.endpoint.is_empty() {
+                format!("endpoint {}", r.endpoint_id)
+            } else {
+                format!("webhookendpoint/{}", r.endpoint)
+            };
+            next.push((label, v));
+        }
+    }
+    *secrets.write().unwrap_or_else(|e| e.into_inner()) = next;
+}
+
+/// Keeps the receiver's secrets equal to every live secret of the dev database, so an
+/// endpoint the user applies (with a secret of their own) is verified too, not 401'd.
+/// The first load is done before this returns.
+async fn start_secret_refresh(
+    pool: sqlx::PgPool,
+    keyring: Arc<crate::crypto::Keyring>,
+    secrets: crate::receiver::DynamicSecrets,
+    shutdown: CancellationToken,
+) {
+    load_secrets(&pool, &keyring, &secrets).await;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(SECRET_REFRESH) => {}
+            }
+            load_secrets(&pool, &keyring, &secrets).await;
+        }
+    });
+}
+
+/// A closing terminal sends SIGHUP: stop as on Ctrl-C, so the throwaway Postgres is
+/// removed (the watchdog of [`TempPostgres`] covers deaths no handler sees).
+fn cancel_on_hangup(shutdown: &CancellationToken) -> std::io::Result<()> {
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let token = shutdown.clone();
+    tokio::spawn(async move {
+        if hup.recv().await.is_some() {
+            tracing::info!("terminal closed (SIGHUP); shutting down");
+            token.cancel();
+        }
+    });
+    Ok(())
+}
+
 pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    cancel_on_hangup(&shutdown)?;
     // Without HOOKD_ENCRYPTION_KEY this is the local key file, which is what a laptop wants.
     let keyring = Arc::new(args.keys.keyring()?);
+    let texts = example_texts(&args)?;
+    let plan = crate::apply::load_texts(&texts)?;
+    // Every address first, so a port clash is reported before anything is started.
+    let api_listener = bind(args.listen, "API", "--listen, HOOKD_LISTEN").await?;
+    let receiver_listener = bind(
+        args.receiver_listen,
+        "example receiver",
+        "--receiver-listen, HOOKD_DEV_RECEIVER_LISTEN",
+    )
+    .await?;
+    let dispatch_listener = bind(
+        args.dispatch_listen,
+        "dispatcher metrics",
+        "--dispatch-listen, HOOKD_DEV_DISPATCH_LISTEN",
+    )
+    .await?;
     let temp = match &args.database_url {
         Some(_) => None,
         None => {
@@ -42,35 +209,25 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
             Some(TempPostgres::start().await?)
         }
     };
-    let url = args
-        .database_url
-        .clone()
-        .or_else(|| temp.as_ref().map(TempPostgres::url))
-        .expect("a database url");
-    let pool = db::connect_lazy(&PoolSettings {
-        url: url.clone(),
+    let settings = PoolSettings {
+        url: args
+            .database_url
+            .clone()
+            .or_else(|| temp.as_ref().map(TempPostgres::url))
+            .expect("a database url"),
         max_connections: 16,
         acquire_timeout: std::time::Duration::from_secs(5),
-    })?;
+    };
+    let url = settings.url.clone();
+    let pool = db::connect_checked(&settings).await?;
     db::migrate(&pool).await?;
 
-    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&args.examples)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", args.examples.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-        .collect();
-    files.sort();
-    let plan = crate::apply::load(&files)?;
-    let secrets: Vec<String> = plan
-        .iter()
-        .filter_map(|d| d.secret.as_ref())
-        .map(|s| s.value.clone())
-        .collect();
-    for (name, outcome) in crate::apply::apply_plan(&pool, &plan, &keyring).await? {
-        eprintln!(
-            "hookd dev: webhookendpoint/{name} applied (id {})",
-            outcome.endpoint_id
-        );
+    for warning in crate::apply::published_secret_warnings(&plan) {
+        eprintln!("hookd dev: {warning}");
+    }
+    let results = crate::apply::apply_plan(&pool, &plan, &keyring).await?;
+    for line in crate::apply::describe(&pool, &results).await? {
+        eprintln!("hookd dev: {line}");
     }
 
     let mut api = ApiDefaults::parse_from(["hookd"]).s;
@@ -82,30 +239,49 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
     }
     let cfg = crate::dispatch::DispatchConfig::from_settings(&dispatch)?;
 
-    // `load` has validated every secret, so the receiver accepts them all.
+    // The receiver verifies with every live secret of this database, refreshed.
+    let secrets = crate::receiver::DynamicSecrets::default();
+    start_secret_refresh(
+        pool.clone(),
+        keyring.clone(),
+        secrets.clone(),
+        shutdown.clone(),
+    )
+    .await;
     let receiver = Receiver::new(ReceiverConfig {
-        secrets,
+        dynamic: Some(secrets),
         ..ReceiverConfig::default()
     })?;
-    let receiver_listener = tokio::net::TcpListener::bind(args.receiver_listen).await?;
     tokio::spawn(crate::api::serve_on(
         receiver_listener,
         receiver.router(),
         shutdown.clone(),
     ));
 
+    let metrics = crate::metrics::Metrics::new();
+    tokio::spawn(crate::api::serve_on(
+        dispatch_listener,
+        crate::api::health_app(pool.clone(), metrics.clone()),
+        shutdown.clone(),
+    ));
     let dispatcher = tokio::spawn(crate::dispatch::run_dispatcher(
         pool.clone(),
         cfg,
         keyring,
-        crate::metrics::Metrics::new(),
+        metrics,
         shutdown.clone(),
     ));
     println!(
-        "hookd dev: API on http://{}, example receiver on http://{}",
-        args.listen, args.receiver_listen
+        "hookd dev: API on http://{}, example receiver on http://{}, dispatcher metrics on http://{}/metrics",
+        args.listen, args.receiver_listen, args.dispatch_listen
     );
-    println!("hookd dev: database {url}");
+    match &temp {
+        Some(t) => println!(
+            "hookd dev: database {url} (throwaway, in {}; removed on exit)",
+            t.root().display()
+        ),
+        None => println!("hookd dev: database {}", db::redact_url(&url)),
+    }
     let payload = r#""eventType":"invoice.paid","payload":{"invoice":"in_1","amount":4200}"#;
     match api.auth {
         AuthMode::On => {
@@ -143,6 +319,8 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
             );
         }
     }
+    // api::run binds the address itself; hand it back now that it is known to be free
+    drop(api_listener);
     let api_result = crate::api::run(pool, api, shutdown.clone()).await;
     shutdown.cancel();
     let _ = dispatcher.await;

@@ -15,7 +15,7 @@ async fn main() -> std::process::ExitCode {
     match run(cli.command).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("hookd: error: {e:#}");
+            eprintln!("hookd: error: {}", runtime::error_line(&e));
             std::process::ExitCode::FAILURE
         }
     }
@@ -28,26 +28,21 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Migrate(args) => {
-            let pool = db::connect_lazy(&args.pool_settings())?;
+            let pool = db::connect_checked(&args.pool_settings()).await?;
             db::migrate(&pool).await?;
             eprintln!("migrations applied");
             Ok(())
         }
         Command::Apply(args) => {
             let plan = apply::load(&args.files)?;
+            for warning in apply::published_secret_warnings(&plan) {
+                eprintln!("hookd apply: {warning}");
+            }
             let keyring = args.keys.keyring()?;
             let pool = runtime::open_checked(&args.db).await?;
-            for (name, outcome) in apply::apply_plan(&pool, &plan, &keyring).await? {
-                let what = match (outcome.created, outcome.changed, outcome.secret_rotated) {
-                    (true, _, _) => "created",
-                    (_, _, true) => "secret rotated",
-                    (_, true, _) => "configured",
-                    _ => "unchanged",
-                };
-                println!(
-                    "webhookendpoint/{name} {what} (id {}, state {}, {} active secret(s))",
-                    outcome.endpoint_id, outcome.state, outcome.active_secrets
-                );
+            let results = apply::apply_plan(&pool, &plan, &keyring).await?;
+            for line in apply::describe(&pool, &results).await? {
+                println!("{line}");
             }
             Ok(())
         }

@@ -9,6 +9,12 @@
 //!
 //! fsync and synchronous_commit are deliberately left at their defaults: the
 //! crash tests and benchmarks that use this need real durability.
+//!
+//! A watchdog outlives us: a `/bin/sh` in its own process group (so a closing
+//! terminal's SIGHUP does not reach it) reads a pipe whose write end only this
+//! process holds. When this process dies by any means, SIGKILL included, the kernel
+//! closes that end, the watchdog reads EOF, stops the server and removes the
+//! directory. A clean shutdown cleans up itself and then kills the watchdog.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -55,6 +61,8 @@ pub struct TempPostgres {
     running: AtomicBool,
     /// Set once the dirs are gone, so Drop after `shutdown` does nothing.
     cleaned: AtomicBool,
+    /// Cleans up if this process dies without doing so; see the module docs.
+    watchdog: std::sync::Mutex<Option<std::process::Child>>,
 }
 
 impl TempPostgres {
@@ -74,9 +82,12 @@ impl TempPostgres {
             port: 0,
             running: AtomicBool::new(false),
             cleaned: AtomicBool::new(false),
+            watchdog: std::sync::Mutex::new(None),
         };
         // From here on `pg`'s Drop removes the temp dir if anything fails.
         std::fs::create_dir(&pg.socket_dir)?;
+        // Before initdb: from here on nothing of this cluster outlives this process.
+        pg.spawn_watchdog()?;
         if let Some(user) = &pg.run_as {
             chown_to(user, &[&pg.root, &pg.socket_dir]).await?;
         }
@@ -144,6 +155,55 @@ impl TempPostgres {
         self.pg_ctl_start().await
     }
 
+    /// The temp dir holding the cluster (removed on shutdown, drop, or by the watchdog).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Starts the watchdog: `sh` reading its stdin until EOF, then stopping the server
+    /// (as the cluster's user) and removing the temp dir. SIGHUP, SIGINT and SIGTERM are
+    /// ignored, so only EOF (our death) or our SIGKILL (a clean shutdown) ends it.
+    fn spawn_watchdog(&self) -> Result<(), TempPgError> {
+        use std::os::unix::process::CommandExt;
+        let (program, argv) = self.argv("pg_ctl", self.stop_args("immediate"));
+        let stop = std::iter::once(&program)
+            .chain(&argv)
+            .map(|a| sh_quote(&a.to_string_lossy()))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let pid_file = sh_quote(&self.data_dir.join("postmaster.pid").to_string_lossy());
+        let root = sh_quote(&self.root.to_string_lossy());
+        let script = format!(
+            "trap '' HUP INT TERM\n\
+             while read -r _; do :; done\n\
+             {stop} >/dev/null 2>&1 || {{ pid=$(head -n1 {pid_file} 2>/dev/null) && kill -KILL \"$pid\"; }}\n\
+             rm -rf {root}\n"
+        );
+        let child = std::process::Command::new("/bin/sh")
+            .args(["-c", &script])
+            .current_dir("/")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        *self.watchdog.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
+        Ok(())
+    }
+
+    /// After a clean stop and removal: the watchdog has nothing left to do.
+    fn dismiss_watchdog(&self) {
+        if let Some(mut child) = self
+            .watchdog
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// Stops the server (fast mode) and removes its directories.
     pub async fn shutdown(self) -> Result<(), TempPgError> {
         let stopped = if self.running.load(Ordering::SeqCst) {
@@ -166,6 +226,7 @@ impl TempPostgres {
                 detail: e.to_string(),
             })?;
         self.cleaned.store(true, Ordering::SeqCst);
+        self.dismiss_watchdog();
         stopped?;
         removed?;
         Ok(())
@@ -303,6 +364,7 @@ impl Drop for TempPostgres {
                 self.root.display()
             );
         }
+        self.dismiss_watchdog();
     }
 }
 
@@ -628,6 +690,26 @@ mod tests {
         let root = pg.root.clone();
         drop(pg);
         assert!(!root.exists());
+    }
+
+    /// What happens when this process dies: the watchdog's pipe closes. Closing it by
+    /// hand (dropping its stdin) must stop the server and remove the directory.
+    #[tokio::test]
+    async fn watchdog_cleans_up_when_its_pipe_closes() {
+        let pg = TempPostgres::start().await.expect("start");
+        let (root, port) = (pg.root.clone(), pg.port());
+        let mut child = pg.watchdog.lock().unwrap().take().expect("a watchdog");
+        drop(child.stdin.take());
+        let status = tokio::task::spawn_blocking(move || child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(status.success(), "{status}");
+        assert!(!root.exists(), "{} not removed", root.display());
+        assert!(TcpStream::connect(("127.0.0.1", port)).await.is_err());
+        // nothing left for Drop to do but notice
+        pg.cleaned.store(true, Ordering::SeqCst);
+        pg.running.store(false, Ordering::SeqCst);
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //!
 //! - `GET /received`: counts, duplicates, invalid signatures, and per id how often it came,
 //!   how many `v1,` signatures the latest delivery carried and which secret verified it
-//!   (as a fingerprint, never the secret); `DELETE /received` forgets it all.
+//!   (by where it came from, `secret #1` or `FILE #1`; a SHA-256 prefix only with
+//!   `--show-fingerprints`, since this page is unauthenticated); `DELETE /received` forgets
+//!   it all. At most [`MAX_RECORDED_IDS`] ids are kept, the oldest forgotten first.
 //! - `GET /control`, `PUT /control` `{"delayMs"?, "status"?}`: answer slowly, or with an
 //!   error status, to hold deliveries in flight or keep them pending.
 //! - `GET /healthz`.
@@ -36,6 +38,20 @@ use crate::signing::{self, SecretError, SigningSecret};
 /// Printed bodies are cut here, so one large payload cannot flood a terminal or a log.
 const MAX_PRINTED_BODY: usize = 1024;
 
+/// Ids kept in `GET /received`; past it the oldest (smallest UUIDv7) are forgotten, so a
+/// long run or a flood of made-up ids cannot grow the receiver without bound.
+pub const MAX_RECORDED_IDS: usize = 10_000;
+
+/// Longest `webhook-id` or event type recorded (hookd's are 36 and at most 128).
+const MAX_RECORDED_FIELD: usize = 256;
+
+/// Largest delivery body read; hookd's payload limit is 256 KiB by default.
+const MAX_BODY_BYTES: usize = 4 << 20;
+
+/// Secrets supplied at run time by an embedding process (`hookd dev` passes every secret
+/// of its database), as (label, `whsec_…`) pairs, read on every delivery.
+pub type DynamicSecrets = Arc<std::sync::RwLock<Vec<(String, String)>>>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReceiverError {
     /// The secret itself is never part of the message.
@@ -61,16 +77,41 @@ pub fn fingerprint(secret: &str) -> String {
     digest[..6].iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Makes text from a request safe to print on one line: control characters (CR, LF, ESC
+/// and the rest) and bidirectional-override characters are escaped, so a sender cannot
+/// forge log lines or rewrite a terminal.
+pub fn escape_for_log(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let invisible = matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() || invisible {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn truncated(s: &str) -> String {
+    s.chars().take(MAX_RECORDED_FIELD).collect()
+}
+
 #[derive(Clone, Debug)]
 struct Key {
-    fingerprint: String,
+    /// What `/received` calls it: its source, or its fingerprint when asked for.
+    label: String,
     secret: SigningSecret,
 }
 
 impl Key {
-    fn parse(raw: &str) -> Result<Key, SecretError> {
+    fn parse(raw: &str, label: String, show_fingerprint: bool) -> Result<Key, SecretError> {
         Ok(Key {
-            fingerprint: fingerprint(raw),
+            label: if show_fingerprint {
+                fingerprint(raw)
+            } else {
+                label
+            },
             secret: SigningSecret::parse(raw)?,
         })
     }
@@ -128,6 +169,9 @@ pub struct Received {
     pub unique: u64,
     /// Verified deliveries of an id that had been verified before (at-least-once resends).
     pub duplicates: u64,
+    /// Ids dropped from `ids` to keep it at most MAX_RECORDED_IDS long (oldest first).
+    #[serde(default)]
+    pub forgotten: u64,
     /// Deliveries being answered right now (useful with a delay).
     pub in_flight: u64,
     /// Per `webhook-id`.
@@ -144,7 +188,8 @@ pub struct IdRecord {
     pub invalid: u64,
     /// `v1,` entries in the latest delivery's `webhook-signature` (two during a rotation).
     pub signatures: usize,
-    /// Fingerprint of the secret that verified the latest delivery, if one did.
+    /// Which secret verified the latest delivery, if one did (its label, or fingerprint
+    /// with `--show-fingerprints`).
     pub key: Option<String>,
     /// Status answered to the latest delivery.
     pub last_status: u16,
@@ -158,6 +203,10 @@ pub struct ReceiverConfig {
     /// Files of whitespace-separated secrets, re-read on every delivery.
     pub secret_files: Vec<PathBuf>,
     pub behaviour: Behaviour,
+    /// Name secrets by a SHA-256 prefix in `/received` instead of by their source.
+    pub show_fingerprints: bool,
+    /// Secrets an embedding process keeps up to date.
+    pub dynamic: Option<DynamicSecrets>,
 }
 
 impl From<&ReceiverArgs> for ReceiverConfig {
@@ -169,6 +218,8 @@ impl From<&ReceiverArgs> for ReceiverConfig {
                 delay_ms: a.delay_ms,
                 status: a.status,
             },
+            show_fingerprints: a.show_fingerprints,
+            dynamic: None,
         }
     }
 }
@@ -192,6 +243,8 @@ struct Inner {
 struct Shared {
     static_keys: Vec<Key>,
     files: Vec<PathBuf>,
+    dynamic: Option<DynamicSecrets>,
+    show_fingerprints: bool,
     state: Mutex<Inner>,
 }
 
@@ -208,22 +261,39 @@ impl Shared {
         for path in &self.files {
             contents.push(tokio::fs::read_to_string(path).await);
         }
+        let dynamic: Vec<Key> = match &self.dynamic {
+            None => Vec::new(),
+            Some(d) => d
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .filter_map(|(label, raw)| {
+                    Key::parse(raw, label.clone(), self.show_fingerprints).ok()
+                })
+                .collect(),
+        };
         let mut st = self.lock();
         for ((path, read), cached) in self.files.iter().zip(contents).zip(st.files.iter_mut()) {
-            refresh_file(path, read, cached);
+            refresh_file(path, read, cached, self.show_fingerprints);
         }
         let keys: Vec<Key> = self
             .static_keys
             .iter()
             .chain(st.files.iter().flat_map(|f| f.keys.iter()))
             .cloned()
+            .chain(dynamic)
             .collect();
-        st.received.secrets = keys.iter().map(|k| k.fingerprint.clone()).collect();
+        st.received.secrets = keys.iter().map(|k| k.label.clone()).collect();
         keys
     }
 }
 
-fn refresh_file(path: &std::path::Path, read: std::io::Result<String>, cached: &mut FileKeys) {
+fn refresh_file(
+    path: &std::path::Path,
+    read: std::io::Result<String>,
+    cached: &mut FileKeys,
+    show_fingerprints: bool,
+) {
     match read {
         Ok(content) => {
             if cached.content.as_deref() == Some(content.as_str()) {
@@ -232,13 +302,14 @@ fn refresh_file(path: &std::path::Path, read: std::io::Result<String>, cached: &
             let mut keys = Vec::new();
             let mut errors = Vec::new();
             for (i, raw) in content.split_whitespace().enumerate() {
-                match Key::parse(raw) {
+                let label = format!("{} #{}", path.display(), i + 1);
+                match Key::parse(raw, label, show_fingerprints) {
                     Ok(k) => keys.push(k),
-                    Err(e) => errors.push(format!("secret #{i}: {e}")),
+                    Err(e) => errors.push(format!("secret #{}: {e}", i + 1)),
                 }
             }
-            let fps: Vec<&str> = keys.iter().map(|k| k.fingerprint.as_str()).collect();
-            tracing::info!(path = %path.display(), secrets = ?fps, "secret file loaded");
+            let labels: Vec<&str> = keys.iter().map(|k| k.label.as_str()).collect();
+            tracing::info!(path = %path.display(), secrets = ?labels, "secret file loaded");
             if !errors.is_empty() {
                 tracing::warn!(path = %path.display(), errors = ?errors, "secret file has unusable entries");
             }
@@ -290,7 +361,12 @@ impl Receiver {
             .iter()
             .enumerate()
             .map(|(index, raw)| {
-                Key::parse(raw).map_err(|source| ReceiverError::BadSecret { index, source })
+                Key::parse(
+                    raw,
+                    format!("secret #{}", index + 1),
+                    config.show_fingerprints,
+                )
+                .map_err(|source| ReceiverError::BadSecret { index, source })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let behaviour = config.behaviour.validate()?;
@@ -302,7 +378,7 @@ impl Receiver {
                 .map(|_| FileKeys::default())
                 .collect(),
             received: Received {
-                secrets: static_keys.iter().map(|k| k.fingerprint.clone()).collect(),
+                secrets: static_keys.iter().map(|k| k.label.clone()).collect(),
                 behaviour,
                 ..Received::default()
             },
@@ -311,6 +387,8 @@ impl Receiver {
             shared: Arc::new(Shared {
                 static_keys,
                 files: config.secret_files,
+                dynamic: config.dynamic,
+                show_fingerprints: config.show_fingerprints,
                 state: Mutex::new(state),
             }),
         })
@@ -325,6 +403,7 @@ impl Receiver {
             .route("/control", with_post(get(control).put(set_control)))
             .route("/healthz", with_post(get(|| async { "ok" })))
             .fallback(post(deliver))
+            .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
             .with_state(self.shared.clone())
     }
 }
@@ -397,16 +476,21 @@ async fn deliver(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
             Err(_) => r.invalid += 1,
         }
         if let Some(id) = id {
-            let rec = r.ids.entry(id.to_string()).or_default();
+            let id = truncated(id);
+            if !r.ids.contains_key(&id) && r.ids.len() >= MAX_RECORDED_IDS {
+                r.ids.pop_first();
+                r.forgotten += 1;
+            }
+            let rec = r.ids.entry(id).or_default();
             let seen_before = rec.verified > 0;
-            rec.event_type = event_type.map(str::to_string);
+            rec.event_type = event_type.map(truncated);
             rec.count += 1;
             rec.signatures = signatures;
             rec.last_status = status;
             match &verdict {
                 Ok(key) => {
                     rec.verified += 1;
-                    rec.key = Some(key.fingerprint.clone());
+                    rec.key = Some(key.label.clone());
                 }
                 Err(_) => {
                     rec.invalid += 1;
@@ -426,8 +510,8 @@ async fn deliver(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
 
     println!(
         "receiver: {} webhook-id={} signature={} body={}",
-        event_type.unwrap_or("?"),
-        id.unwrap_or("?"),
+        escape_for_log(event_type.unwrap_or("?")),
+        escape_for_log(id.unwrap_or("?")),
         if verdict.is_ok() {
             "verified"
         } else {
@@ -436,7 +520,7 @@ async fn deliver(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
         printable_body(&body)
     );
     if let Err(reason) = &verdict {
-        tracing::warn!(webhook_id = id.unwrap_or("?"), %reason, "delivery refused");
+        tracing::warn!(webhook_id = %escape_for_log(id.unwrap_or("?")), reason = %escape_for_log(reason), "delivery refused");
     }
 
     if behaviour.delay_ms > 0 {
@@ -458,11 +542,11 @@ async fn deliver(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
 
 fn printable_body(body: &[u8]) -> String {
     if body.len() <= MAX_PRINTED_BODY {
-        return String::from_utf8_lossy(body).into_owned();
+        return escape_for_log(&String::from_utf8_lossy(body));
     }
     format!(
         "{}… ({} bytes)",
-        String::from_utf8_lossy(&body[..MAX_PRINTED_BODY]),
+        escape_for_log(&String::from_utf8_lossy(&body[..MAX_PRINTED_BODY])),
         body.len()
     )
 }
@@ -546,6 +630,53 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains("#0"), "{msg}");
         assert!(!msg.contains("c2hvcnQ"), "{msg}");
+    }
+
+    #[test]
+    fn printed_fields_cannot_forge_lines() {
+        assert_eq!(
+            printable_body(b"{\"a\":1}\nreceiver: forged\x1b[2K"),
+            "{\"a\":1}\\nreceiver: forged\\u{1b}[2K"
+        );
+        assert_eq!(escape_for_log("id\r\nx\u{202E}y"), "id\\r\\nx\\u{202e}y");
+        assert_eq!(escape_for_log("invoice.paid ü"), "invoice.paid ü");
+    }
+
+    /// Issue 19: a flood of ids keeps at most MAX_RECORDED_IDS records, oldest dropped.
+    #[tokio::test]
+    async fn recorded_ids_are_bounded() {
+        use tower::ServiceExt;
+        let rx = Receiver::new(ReceiverConfig {
+            secrets: vec!["whsec_3q8JNv6QYhT0mZf1xk2Wc9bLr4sPaGdE".into()],
+            ..ReceiverConfig::default()
+        })
+        .unwrap();
+        let router = rx.router();
+        let long_id = "x".repeat(10_000);
+        for i in 0..MAX_RECORDED_IDS + 5 {
+            let id = if i == 0 {
+                long_id.clone()
+            } else {
+                format!("id-{i:06}")
+            };
+            let req = axum::http::Request::post("/hooks")
+                .header("webhook-id", id)
+                .body(axum::body::Body::from("{}"))
+                .unwrap();
+            let resp = router.clone().oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+        }
+        let r = rx.shared.lock().received.clone();
+        assert_eq!(r.ids.len(), MAX_RECORDED_IDS);
+        assert_eq!(r.forgotten, 5);
+        assert_eq!(r.deliveries, (MAX_RECORDED_IDS + 5) as u64);
+        assert!(r.ids.keys().all(|k| k.len() <= MAX_RECORDED_FIELD));
+        // the smallest ids went first
+        assert!(!r.ids.contains_key("id-000001"));
+        assert!(
+            r.ids
+                .contains_key(&format!("id-{:06}", MAX_RECORDED_IDS + 4))
+        );
     }
 
     #[test]

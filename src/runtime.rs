@@ -44,7 +44,21 @@ pub fn shutdown_on_signals() -> CancellationToken {
 
 /// Connects and refuses to go on with an unmigrated or newer schema.
 pub async fn open_checked(db_args: &DbArgs) -> anyhow::Result<PgPool> {
-    let pool = db::connect_lazy(&db_args.pool_settings())?;
+    let pool = db::connect_checked(&db_args.pool_settings()).await?;
     db::check_schema(&pool).await?;
     Ok(pool)
+}
+
+/// An error and its causes on one line, each cause once: layered errors often repeat
+/// their source in their own message, and `{:#}` would then print it two or three times.
+pub fn error_line(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+    }
+    line
 }

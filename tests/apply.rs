@@ -434,3 +434,258 @@ async fn invalid_documents_are_refused_and_nothing_is_applied(pool: PgPool) {
     assert!(run.ok, "{}", run.stderr);
     assert_eq!(counts(&pool).await, (1, 1));
 }
+
+/// A fresh secret for tests that must not use a published test vector.
+const FRESH_SECRET: &str = "whsec_3q8JNv6QYhT0mZf1xk2Wc9bLr4sPaGdE";
+
+/// Issue 17: misspelt fields are refused like `kubectl apply` refuses them, naming the
+/// document, the field and the likely intended one, and nothing is written.
+#[sqlx::test]
+async fn unknown_fields_are_refused_naming_the_field(pool: PgPool) {
+    let secret = secret_string_data("s", "secret", FRESH_SECRET);
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "spec.eventType",
+            endpoint_doc("bad", "s", "secret", "").replace("eventTypes:", "eventType:"),
+            "unknown field spec.eventType (did you mean eventTypes?)",
+        ),
+        (
+            "spec.pause",
+            endpoint_doc("bad", "s", "secret", "  pause: true\n"),
+            "unknown field spec.pause (did you mean paused?)",
+        ),
+        (
+            "spec.secretRef.nmae",
+            endpoint_doc("bad", "s", "secret", "")
+                .replace("    name: s\n", "    name: s\n    nmae: s\n"),
+            "unknown field spec.secretRef.nmae (did you mean name?)",
+        ),
+        (
+            "metadata.namspace",
+            endpoint_doc("bad", "s", "secret", "").replace(
+                "  namespace: team-a\n",
+                "  namespace: team-a\n  namspace: x\n",
+            ),
+            "unknown field metadata.namspace (did you mean namespace?)",
+        ),
+        (
+            "top-level specs",
+            endpoint_doc("bad", "s", "secret", "").replace("spec:", "specs: {}\nspec:"),
+            "unknown field specs (did you mean spec?)",
+        ),
+        (
+            "Secret stringdata",
+            endpoint_doc("bad", "s", "secret", "")
+                + "---\n"
+                + &secret_string_data("s2", "secret", FRESH_SECRET)
+                    .replace("stringData:", "stringdata:"),
+            "unknown field stringdata (did you mean stringData?)",
+        ),
+    ];
+    for (what, bad, problem) in cases {
+        let file = YamlFile::new(&docs(&[secret.clone(), bad]));
+        let run = apply(&pool, &file).await;
+        assert!(!run.ok, "{what}: apply succeeded: {}", run.stdout);
+        assert!(run.stderr.contains("document "), "{what}: {}", run.stderr);
+        assert!(
+            run.stderr.contains(problem),
+            "{what}: says {problem:?}: {}",
+            run.stderr
+        );
+        assert_eq!(counts(&pool).await, (0, 0), "{what}: nothing is written");
+    }
+}
+
+/// Issue 19: common mistakes with a Secret never echo the secret in the error.
+#[sqlx::test]
+async fn errors_never_echo_a_signing_secret(pool: PgPool) {
+    let body = FRESH_SECRET.trim_start_matches("whsec_");
+    let cases: Vec<(&str, String)> = vec![
+        (
+            "secret pasted as secretRef.key",
+            docs(&[
+                secret_string_data("s", "secret", FRESH_SECRET),
+                endpoint_doc("bad", "s", FRESH_SECRET, ""),
+            ]),
+        ),
+        (
+            "whsec_ value under data (not base64)",
+            docs(&[
+                format!(
+                    "apiVersion: v1\nkind: Secret\nmetadata:\n  name: s\n  namespace: team-a\ndata:\n  secret: {FRESH_SECRET}\n"
+                ),
+                endpoint_doc("bad", "s", "secret", ""),
+            ]),
+        ),
+        (
+            "stringData as a string",
+            docs(&[
+                format!(
+                    "apiVersion: v1\nkind: Secret\nmetadata:\n  name: s\n  namespace: team-a\nstringData: {FRESH_SECRET}\n"
+                ),
+                endpoint_doc("bad", "s", "secret", ""),
+            ]),
+        ),
+        (
+            "stringData value as a list",
+            docs(&[
+                format!(
+                    "apiVersion: v1\nkind: Secret\nmetadata:\n  name: s\n  namespace: team-a\nstringData:\n  secret: [{FRESH_SECRET}]\n"
+                ),
+                endpoint_doc("bad", "s", "secret", ""),
+            ]),
+        ),
+        (
+            "secret without a prefix-terminated value (trailing junk)",
+            docs(&[
+                secret_string_data("s", "secret", &format!("{FRESH_SECRET} extra")),
+                endpoint_doc("bad", "s", "secret", ""),
+            ]),
+        ),
+    ];
+    for (what, text) in cases {
+        let file = YamlFile::new(&text);
+        let run = apply(&pool, &file).await;
+        assert!(!run.ok, "{what}: apply succeeded: {}", run.stdout);
+        assert!(run.stderr.contains("document "), "{what}: {}", run.stderr);
+        assert!(
+            !run.stderr.contains(body) && !run.stderr.contains(&body[..12]),
+            "{what}: the secret is echoed: {}",
+            run.stderr
+        );
+    }
+}
+
+/// Issue 19: deeply nested YAML is refused at once instead of parsed in quadratic time.
+#[sqlx::test]
+async fn deeply_nested_yaml_is_refused_quickly(pool: PgPool) {
+    let depth = 100_000;
+    let nested = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    let text = endpoint_doc("deep", "s", "secret", &format!("  headers: {nested}\n"));
+    let file = YamlFile::new(&text);
+    let started = std::time::Instant::now();
+    let run = apply(&pool, &file).await;
+    assert!(!run.ok);
+    assert!(run.stderr.contains("nested"), "{}", run.stderr);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let huge = YamlFile::new(&format!("# {}\n", "x".repeat(2 << 20)));
+    let run = apply(&pool, &huge).await;
+    assert!(!run.ok);
+    assert!(run.stderr.contains("at most 1048576"), "{}", run.stderr);
+}
+
+/// Issue 19: a header value with CR/LF is refused with the header's name, not dropped.
+#[sqlx::test]
+async fn header_values_with_cr_lf_are_refused(pool: PgPool) {
+    for value in [r#""a\r\nX-Injected: 1""#, r#""line\nbreak""#] {
+        let file = YamlFile::new(&docs(&[
+            secret_string_data("s", "secret", FRESH_SECRET),
+            endpoint_doc(
+                "bad",
+                "s",
+                "secret",
+                &format!("  headers:\n    X-Team: {value}\n"),
+            ),
+        ]));
+        let run = apply(&pool, &file).await;
+        assert!(!run.ok, "{value}: {}", run.stdout);
+        assert!(
+            run.stderr
+                .contains("spec.headers.X-Team: header values must be one line"),
+            "{}",
+            run.stderr
+        );
+        assert_eq!(counts(&pool).await, (0, 0));
+    }
+}
+
+/// Issue 19: the published test-vector secret is applied with a warning that names the
+/// endpoint, not the secret; a fresh secret gets no warning.
+#[sqlx::test]
+async fn published_test_vector_secret_is_warned_about(pool: PgPool) {
+    let file = YamlFile::new(&docs(&[
+        secret_string_data("s", "secret", SECRET_A),
+        endpoint_doc("vector", "s", "secret", ""),
+    ]));
+    let run = apply(&pool, &file).await;
+    assert!(run.ok, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("webhookendpoint/team-a/vector signs with a published Standard Webhooks test-vector secret"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains(SECRET_A), "{}", run.stderr);
+
+    let file = YamlFile::new(&docs(&[
+        secret_string_data("s2", "secret", FRESH_SECRET),
+        endpoint_doc("fresh", "s2", "secret", ""),
+    ]));
+    let run = apply(&pool, &file).await;
+    assert!(run.ok, "{}", run.stderr);
+    assert!(!run.stderr.contains("published"), "{}", run.stderr);
+}
+
+/// Issue 17, the 410 contract: re-applying the same declaration keeps a disabled endpoint
+/// disabled and says why and what to do; applying it with `paused: true` and then without
+/// re-enables it, as the README documents.
+#[sqlx::test]
+async fn a_disabled_endpoint_says_why_and_the_documented_way_re_enables_it(pool: PgPool) {
+    let secret = secret_string_data("s", "secret", FRESH_SECRET);
+    let file = YamlFile::new(&docs(&[
+        secret.clone(),
+        endpoint_doc("gone", "s", "secret", ""),
+    ]));
+    assert!(apply(&pool, &file).await.ok);
+    // what the completer writes when the receiver answers 410
+    let mut conn = pool.acquire().await.unwrap();
+    let ep = hookd::db::endpoints::get_declared(&pool, "team-a", "gone")
+        .await
+        .unwrap()
+        .unwrap();
+    let version: i64 =
+        sqlx::query_scalar("SELECT config_version FROM hookd.endpoints WHERE id = $1")
+            .bind(ep.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    hookd::db::endpoints::disable(
+        &mut conn,
+        &[(ep.id, version)],
+        "receiver answered 410 Gone; change the WebhookEndpoint to re-enable it",
+    )
+    .await
+    .unwrap();
+    drop(conn);
+
+    let run = apply(&pool, &file).await;
+    assert!(run.ok, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("unchanged")
+            && run
+                .stdout
+                .contains("disabled because: receiver answered 410 Gone"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("apply it once with `paused: true`"),
+        "{}",
+        run.stdout
+    );
+
+    file.rewrite(&docs(&[
+        secret.clone(),
+        endpoint_doc("gone", "s", "secret", "  paused: true\n"),
+    ]));
+    let run = apply(&pool, &file).await;
+    assert!(run.stdout.contains("state paused"), "{}", run.stdout);
+    file.rewrite(&docs(&[secret, endpoint_doc("gone", "s", "secret", "")]));
+    let run = apply(&pool, &file).await;
+    assert!(run.stdout.contains("state active"), "{}", run.stdout);
+}

@@ -14,7 +14,11 @@ use sqlx::PgPool;
 #[sqlx::test]
 async fn dev_prints_a_working_curl_line(pool: PgPool) {
     common::init();
-    let (api, rx_port) = (common::free_port(), common::free_port());
+    let (api, rx_port, metrics) = (
+        common::free_port(),
+        common::free_port(),
+        common::free_port(),
+    );
     // The example endpoint points at 127.0.0.1:9000; give dev a copy aimed at our port.
     let dir = tempdir();
     let example = std::fs::read_to_string(concat!(
@@ -34,6 +38,8 @@ async fn dev_prints_a_working_curl_line(pool: PgPool) {
             &format!("127.0.0.1:{api}"),
             "--receiver-listen",
             &format!("127.0.0.1:{rx_port}"),
+            "--dispatch-listen",
+            &format!("127.0.0.1:{metrics}"),
         ])
         .arg("--examples")
         .arg(&dir)
@@ -106,6 +112,57 @@ async fn dev_prints_a_working_curl_line(pool: PgPool) {
         "{received}"
     );
     assert!(received.contains("signature=verified"), "{received}");
+    // the dispatcher's metrics are served, and count what it did
+    let m = reqwest::get(format!("http://127.0.0.1:{metrics}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("hookd_claimed_total") && !l.ends_with(" 0")),
+        "{m}"
+    );
+
+    // A user's own endpoint, with its own secret, aimed at the example receiver: the
+    // receiver knows every secret of the dev database, so it verifies (issue 17).
+    let own = dir.join("own.yaml");
+    std::fs::write(
+        &own,
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: own\nstringData:\n  secret: whsec_3q8JNv6QYhT0mZf1xk2Wc9bLr4sPaGdE\n---\napiVersion: hookd.dev/v1alpha1\nkind: WebhookEndpoint\nmetadata:\n  name: own\nspec:\n  url: http://127.0.0.1:{rx_port}/own\n  eventTypes: [\"order.*\"]\n  secretRef: {{name: own, key: secret}}\n"
+        ),
+    )
+    .unwrap();
+    let applied = Command::new(common::hookd_bin())
+        .args(["apply", "-f"])
+        .arg(&own)
+        .env("DATABASE_URL", common::database_url(&pool))
+        .env_remove("HOOKD_ENCRYPTION_KEY")
+        .env("HOOKD_ENCRYPTION_KEY_FILE", dir.join("encryption-key"))
+        .output()
+        .unwrap();
+    assert!(applied.status.success(), "{applied:?}");
+    let r = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{api}/v1/messages"))
+        .bearer_auth(&token)
+        .header("content-type", "application/json")
+        .body(r#"{"eventType":"order.created","payload":{"order":1}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let v: serde_json::Value = r.json().await.unwrap();
+    let own_delivery = v["deliveryIds"][0].as_str().unwrap().to_string();
+    // (a delivery sent within a second of the apply may be refused once, then retried)
+    let received =
+        next_matching(&|l| l.contains(&own_delivery) && l.contains("signature=verified"));
+    assert!(
+        received.starts_with("receiver: order.created"),
+        "{received}"
+    );
+
     // Ctrl-C, as a user stops it
     let pid = child.0.id().to_string();
     assert!(

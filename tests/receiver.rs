@@ -194,7 +194,8 @@ async fn verifies_counts_and_prints_every_delivery() {
     );
 
     let r = rx.received().await;
-    assert_eq!(r.secrets, vec![fingerprint(SECRET_A)]);
+    // the page is unauthenticated: secrets are named by source, never by a hash of them
+    assert_eq!(r.secrets, vec!["secret #1"]);
     assert_eq!(
         (
             r.deliveries,
@@ -208,7 +209,7 @@ async fn verifies_counts_and_prints_every_delivery() {
     );
     let id1 = &r.ids["id-1"];
     assert_eq!((id1.count, id1.verified, id1.invalid), (2, 2, 0));
-    assert_eq!(id1.key.as_deref(), Some(fingerprint(SECRET_A).as_str()));
+    assert_eq!(id1.key.as_deref(), Some("secret #1"));
     assert_eq!((id1.signatures, id1.last_status), (1, 200));
     assert_eq!(id1.event_type.as_deref(), Some("test.event"));
     assert_eq!(r.ids["id-2"].signatures, 2);
@@ -226,7 +227,7 @@ async fn verifies_counts_and_prints_every_delivery() {
     assert_eq!(del.status(), 204);
     let r = rx.received().await;
     assert_eq!((r.deliveries, r.ids.len()), (0, 0));
-    assert_eq!(r.secrets, vec![fingerprint(SECRET_A)]);
+    assert_eq!(r.secrets, vec!["secret #1"]);
 }
 
 #[tokio::test]
@@ -238,8 +239,9 @@ async fn a_rotated_secret_file_takes_effect_without_a_restart() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("secret");
     std::fs::write(&file, format!("{SECRET_B}\n")).unwrap();
+    // fingerprints (opt-in) tell the old and new secret of one file apart, as the e2e does
     let rx = start(
-        &[],
+        &["--show-fingerprints"],
         &[("HOOKD_RECEIVER_SECRET_FILES", file.to_str().unwrap())],
     )
     .await;
@@ -402,4 +404,39 @@ fn refuses_to_start_without_a_usable_secret() {
     );
     let bad_status = run(&["--secret", SECRET_A, "--status", "42"]);
     assert!(bad_status.contains("status 42"), "{bad_status}");
+}
+
+/// Issue 19: a sender cannot forge output lines through the fields the receiver prints.
+#[tokio::test]
+async fn printed_fields_are_escaped() {
+    let rx = start(&["--secret", SECRET_A], &[]).await;
+    let now = chrono::Utc::now().timestamp();
+    let key = SigningSecret::parse(SECRET_A).unwrap();
+    let body = "{\"a\":1}\nreceiver: invoice.paid webhook-id=forged signature=verified body={}";
+    let r = rx
+        .http
+        .post(format!("{}/hooks", rx.base))
+        .header("webhook-id", "id-x")
+        .header("webhook-timestamp", now.to_string())
+        .header(
+            "webhook-signature",
+            signature_header(&[key], "id-x", now, body.as_bytes()),
+        )
+        .header("hookd-event-type", "test.event")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let line = rx.next_delivery_line();
+    assert!(
+        line.contains("body={\"a\":1}\\nreceiver: invoice.paid"),
+        "{line}"
+    );
+    let deadline = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < deadline {
+        if let Ok(extra) = rx.lines.recv_timeout(Duration::from_millis(50)) {
+            panic!("a second line was printed: {extra}");
+        }
+    }
 }

@@ -39,7 +39,25 @@ pub async fn read_limited(body: Body, limit: usize) -> Result<bytes::Bytes, ApiE
     })
 }
 
+/// Parses a request body that must be a JSON object. serde's derived structs also accept
+/// a JSON array of the field values in order, which would make `[null,"invoice.paid",{}]`
+/// a message; a non-object body is refused with 400 before serde sees it.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if let Some(b) = first.filter(|b| **b != b'{') {
+        let what = match b {
+            b'[' => "an array",
+            b'"' => "a string",
+            b'n' => "null",
+            b't' | b'f' => "a boolean",
+            b'-' | b'0'..=b'9' => "a number",
+            _ => "not JSON",
+        };
+        return Err(ApiError::bad_request(
+            "malformed_json",
+            format!("request body must be a JSON object ({{...}}), got {what}"),
+        ));
+    }
     serde_json::from_slice(bytes).map_err(|e| match e.classify() {
         Category::Data => ApiError::unprocessable("invalid_field", e.to_string()),
         Category::Syntax | Category::Eof | Category::Io => ApiError::bad_request(
@@ -47,4 +65,27 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             format!("request body is not valid JSON: {e}"),
         ),
     })
+}
+
+/// A struct field that must be a JSON object, not the array form serde's derive also
+/// accepts (each message of a batch). Deserializes `T` from the map only.
+pub struct ObjectOnly<T>(pub T);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for ObjectOnly<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Visit<T> {
+            type Value = ObjectOnly<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(ObjectOnly)
+            }
+        }
+        d.deserialize_map(Visit(std::marker::PhantomData))
+    }
 }

@@ -57,6 +57,22 @@ pub struct DeliveryOut {
     attempts: Vec<AttemptOut>,
     /// older entries of the log not shown (a delivery replayed many times)
     attempts_omitted: i64,
+    /// the endpoint's state now: why a waiting delivery is not being sent (a receiver's
+    /// 410, a paused or unusable declaration, an open circuit and when it is probed again)
+    endpoint: Option<EndpointStateOut>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointStateOut {
+    /// `active`, `paused` or `disabled`
+    state: String,
+    /// why it is paused or disabled
+    state_reason: Option<String>,
+    /// `closed`, `open` or `half_open`
+    circuit_state: String,
+    /// while the circuit is open: when one probe delivery is tried again
+    circuit_open_until: Option<DateTime<Utc>>,
 }
 
 /// Attempt-log entries one read returns at most.
@@ -100,6 +116,14 @@ pub async fn get(
         .ok_or_else(|| ApiError::not_found("delivery"))?;
     let (attempts, attempts_omitted) =
         db::attempts::latest_for_delivery(&state.pool, id, ATTEMPTS_SHOWN).await?;
+    let endpoint = db::endpoints::get(&state.pool, d.endpoint_id, None)
+        .await?
+        .map(|e| EndpointStateOut {
+            state: e.state,
+            state_reason: e.state_reason,
+            circuit_state: e.circuit_state,
+            circuit_open_until: e.circuit_open_until,
+        });
     let s = DeliverySummary::from(d.clone());
     Ok(Json(DeliveryOut {
         delivery_id: d.id,
@@ -126,6 +150,7 @@ pub async fn get(
             })
             .collect(),
         attempts_omitted,
+        endpoint,
     })
     .into_response())
 }

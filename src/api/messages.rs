@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::body::{parse, require_json};
+use super::body::{ObjectOnly, parse, require_json};
 use super::caller::Caller;
 use super::error::ApiError;
 use super::openapi::{any_json_but_null, responses};
@@ -52,8 +52,8 @@ pub struct MessageIn {
 #[serde(deny_unknown_fields)]
 pub struct BatchIn {
     /// 1 to HOOKD_MAX_BATCH (default 100) messages
-    #[schema(min_items = 1)]
-    messages: Vec<MessageIn>,
+    #[schema(min_items = 1, value_type = Vec<MessageIn>)]
+    messages: Vec<ObjectOnly<MessageIn>>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -181,7 +181,7 @@ fn parse_batch(
         .messages
         .into_iter()
         .enumerate()
-        .map(|(i, m)| {
+        .map(|(i, ObjectOnly(m))| {
             validate(
                 m,
                 caller,
@@ -439,8 +439,11 @@ pub struct DeliverySummary {
     pub endpoint_id: Uuid,
     #[schema(value_type = DeliveryStatus)]
     pub status: String,
-    /// attempts since enqueue or the last replay
+    /// attempts since enqueue or the last replay (the same number as `attemptCount`)
     pub attempts: i32,
+    /// `attempts` under the name `GET /v1/deliveries/{id}` uses, where `attempts` is the
+    /// attempt log
+    pub attempt_count: i32,
     /// when the next attempt is due (pending and failed deliveries only)
     pub next_attempt_at: Option<DateTime<Utc>>,
     pub last_status_code: Option<i32>,
@@ -456,6 +459,7 @@ impl From<db::deliveries::DeliveryRow> for DeliverySummary {
             delivery_id: d.id,
             endpoint_id: d.endpoint_id,
             attempts: d.attempts,
+            attempt_count: d.attempts,
             next_attempt_at: waiting.then_some(d.visible_at),
             status: d.status,
             last_status_code: d.last_status_code,

@@ -147,6 +147,14 @@ pub fn app(state: AppState) -> Router {
     let (router, _) = routes().split_for_parts();
     router
         .fallback(|| async { ApiError::not_found("route") })
+        // every error is documented as {"error": {...}}; axum's own 405 has an empty body
+        .method_not_allowed_fallback(|method: axum::http::Method| async move {
+            ApiError::new(
+                axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{method} is not allowed on this route; the Allow header lists the methods that are"),
+            )
+        })
         .layer(middleware::from_fn_with_state(
             state.clone(),
             limits::enforce,

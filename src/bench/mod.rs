@@ -38,7 +38,8 @@ mean nothing."
 )]
 pub struct BenchArgs {
     /// Server to run on (a dedicated database is created and dropped); unset: a throwaway cluster
-    #[arg(long = "database-url", env = "DATABASE_URL")]
+    // hide_env_values: `--help` would print the URL, password included
+    #[arg(long = "database-url", env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// A short run (under a minute): shorter windows, smaller backlogs and fills
     #[arg(long)]

@@ -279,14 +279,36 @@ pub async fn record_circuit(
     threshold: i32,
     cooldown_secs: f64,
 ) -> Result<Vec<Uuid>, DbError> {
+    Ok(
+        record_circuit_transitions(conn, inputs, threshold, cooldown_secs)
+            .await?
+            .opened,
+    )
+}
+
+/// The endpoints whose circuit this batch opened, and those it closed again.
+#[derive(Debug, Default)]
+pub struct CircuitTransitions {
+    pub opened: Vec<Uuid>,
+    pub closed: Vec<Uuid>,
+}
+
+/// [`record_circuit`], also returning the circuits it closed (so the dispatcher can log
+/// both transitions).
+pub async fn record_circuit_transitions(
+    conn: &mut PgConnection,
+    inputs: &[CircuitInput],
+    threshold: i32,
+    cooldown_secs: f64,
+) -> Result<CircuitTransitions, DbError> {
     if inputs.is_empty() {
-        return Ok(Vec::new());
+        return Ok(CircuitTransitions::default());
     }
     let ids: Vec<Uuid> = inputs.iter().map(|i| i.endpoint_id).collect();
     let ok: Vec<bool> = inputs.iter().map(|i| i.any_success).collect();
     let fails: Vec<i32> = inputs.iter().map(|i| i.trailing_failures).collect();
     let versions: Vec<i64> = inputs.iter().map(|i| i.config_version).collect();
-    let rows: Vec<(Uuid, String, bool)> = sqlx::query_as(
+    let rows: Vec<(Uuid, String, bool, String)> = sqlx::query_as(
         r#"
         WITH i AS (
             -- only outcomes of the endpoint's current configuration count
@@ -323,7 +345,7 @@ pub async fn record_circuit(
             last_failure_at = CASE WHEN calc.trailing_failures > 0 THEN now() ELSE e.last_failure_at END
         FROM calc
         WHERE e.id = calc.id
-        RETURNING e.id, calc.was, calc.open_now
+        RETURNING e.id, calc.was, calc.open_now, e.circuit_state
         "#,
     )
     .bind(&ids)
@@ -334,11 +356,15 @@ pub async fn record_circuit(
     .bind(&versions)
     .fetch_all(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .filter(|(_, was, open_now)| *open_now && was != "open")
-        .map(|(id, _, _)| id)
-        .collect())
+    let mut t = CircuitTransitions::default();
+    for (id, was, open_now, now) in rows {
+        if open_now && was != "open" {
+            t.opened.push(id);
+        } else if was != "closed" && now == "closed" {
+            t.closed.push(id);
+        }
+    }
+    Ok(t)
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]

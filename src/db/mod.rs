@@ -29,6 +29,9 @@ pub enum DbError {
     Unavailable(#[source] sqlx::Error),
     #[error("database error: {0}")]
     Query(#[source] sqlx::Error),
+    /// The connection settings themselves are wrong (DATABASE_URL); the message says how.
+    #[error("{0}")]
+    Config(String),
 }
 
 impl From<sqlx::Error> for DbError {
@@ -48,7 +51,9 @@ impl DbError {
 
     /// The SQLSTATE the server answered with, if it answered.
     pub fn sqlstate(&self) -> Option<String> {
-        let (DbError::Unavailable(e) | DbError::Query(e)) = self;
+        let (DbError::Unavailable(e) | DbError::Query(e)) = self else {
+            return None; // a configuration error never reached a server
+        };
         match e {
             sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
             _ => None,
@@ -63,7 +68,9 @@ impl DbError {
 
     /// A transport failure: the server may or may not have executed what was sent.
     pub fn is_transport(&self) -> bool {
-        let (DbError::Unavailable(e) | DbError::Query(e)) = self;
+        let (DbError::Unavailable(e) | DbError::Query(e)) = self else {
+            return false;
+        };
         matches!(
             e,
             sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::WorkerCrashed
@@ -124,10 +131,7 @@ pub fn connect_lazy(settings: &PoolSettings) -> Result<PgPool, DbError> {
 /// [`connect_lazy`], on `database` instead of the URL's own when given (the benchmark's
 /// dedicated database on the same server).
 pub fn connect_lazy_to(settings: &PoolSettings, database: Option<&str>) -> Result<PgPool, DbError> {
-    let mut opts: PgConnectOptions = settings
-        .url
-        .parse::<PgConnectOptions>()
-        .map_err(DbError::Query)?
+    let mut opts = parse_url(&settings.url)?
         // statement logging at info would print payloads; keep it at debug
         .log_statements(tracing::log::LevelFilter::Debug)
         .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_millis(500));
@@ -139,6 +143,115 @@ pub fn connect_lazy_to(settings: &PoolSettings, database: Option<&str>) -> Resul
         .min_connections(0)
         .acquire_timeout(settings.acquire_timeout)
         .connect_lazy_with(opts))
+}
+
+/// An example of the URL format, for error messages.
+const URL_FORMAT: &str = "postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE, e.g. postgres://postgres@localhost:5432/hookd";
+
+/// `url` with any password replaced, for error messages.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Parses DATABASE_URL. Anything but a `postgres://` or `postgresql://` URL is refused
+/// here: sqlx would read `localhost:5432/hookd` as a URL of scheme `localhost` and then
+/// fail with `role "anonymous" does not exist`, which says nothing about the mistake.
+pub fn parse_url(url: &str) -> Result<PgConnectOptions, DbError> {
+    let lower = url.trim_start().to_ascii_lowercase();
+    if !(lower.starts_with("postgres://") || lower.starts_with("postgresql://")) {
+        return Err(DbError::Config(format!(
+            "DATABASE_URL {:?} is not a postgres:// URL; expected {URL_FORMAT}",
+            redact_url(url)
+        )));
+    }
+    url.parse::<PgConnectOptions>().map_err(|e| {
+        DbError::Config(format!(
+            "DATABASE_URL {:?} is not a valid Postgres URL ({e}); expected {URL_FORMAT}",
+            redact_url(url)
+        ))
+    })
+}
+
+/// Opens one connection now, so a component that cannot reach its database says at once
+/// which host and database it tried, what failed and what to do, instead of a pool
+/// timeout with no cause. Returns the lazy pool on success.
+pub async fn connect_checked(settings: &PoolSettings) -> Result<PgPool, DbError> {
+    use sqlx::Connection;
+    let opts = parse_url(&settings.url)?;
+    let target = format!(
+        "{}:{}, database {:?}, user {:?}",
+        opts.get_host(),
+        opts.get_port(),
+        opts.get_database().unwrap_or(opts.get_username()),
+        opts.get_username()
+    );
+    let wait = settings.acquire_timeout.max(Duration::from_secs(1));
+    let probe = tokio::time::timeout(wait, sqlx::PgConnection::connect_with(&opts)).await;
+    match probe {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            connect_lazy(settings)
+        }
+        Ok(Err(e)) => Err(DbError::Config(describe_connect_error(&target, &opts, &e))),
+        Err(_) => Err(DbError::Config(format!(
+            "cannot connect to Postgres at {target}: no answer within {wait:?}; check that the host is reachable from here and the port is right"
+        ))),
+    }
+}
+
+/// One line: where, what failed, what to do.
+fn describe_connect_error(target: &str, opts: &PgConnectOptions, e: &sqlx::Error) -> String {
+    let (cause, hint) = match e {
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => (
+            "connection refused".to_string(),
+            "is Postgres running and listening on that host and port?".to_string(),
+        ),
+        sqlx::Error::Io(io) => (
+            io.to_string(),
+            "check the host and port in DATABASE_URL (a name that does not resolve fails here too)"
+                .to_string(),
+        ),
+        sqlx::Error::Tls(t) => (
+            format!("TLS failed: {t}"),
+            "check sslmode in DATABASE_URL and the server's TLS setup".to_string(),
+        ),
+        sqlx::Error::Database(db) => {
+            let code = db.code().unwrap_or_default().to_string();
+            let database = opts.get_database().unwrap_or(opts.get_username());
+            let hint = match code.as_str() {
+                "3D000" => format!(
+                    "create it first, e.g. `createdb -h {} -p {} -U {} {database}` (or `psql -c 'CREATE DATABASE {database}'` as a superuser), then run `hookd migrate`",
+                    opts.get_host(),
+                    opts.get_port(),
+                    opts.get_username()
+                ),
+                "28P01" | "28000" => {
+                    "check the user and password in DATABASE_URL and the server's pg_hba.conf"
+                        .to_string()
+                }
+                "53300" => {
+                    "the server has no free connection slots; try again or raise max_connections"
+                        .to_string()
+                }
+                "57P03" => {
+                    "the server is starting up or shutting down; try again in a moment".to_string()
+                }
+                _ => "see the server's log for details".to_string(),
+            };
+            (db.message().to_string(), hint)
+        }
+        other => (other.to_string(), "check DATABASE_URL".to_string()),
+    };
+    format!("cannot connect to Postgres at {target}: {cause}; {hint}")
 }
 
 /// Why a component refuses to start on this database.

@@ -217,3 +217,32 @@ pub async fn compact(pool: &PgPool) -> Result<(), DbError> {
     vacuum?;
     Ok(())
 }
+
+/// An unexpired signing secret with the name of its endpoint's declaration.
+#[derive(sqlx::FromRow)]
+pub struct LiveSecret {
+    pub endpoint_id: Uuid,
+    /// `namespace/name` of the declaration (empty for endpoints created through the API)
+    pub endpoint: String,
+    pub key_id: Option<String>,
+    pub ciphertext: Option<Vec<u8>>,
+    pub plaintext_secret: Option<String>,
+}
+
+/// Every unexpired secret of every endpoint that is not disabled: what `hookd dev`'s
+/// receiver verifies with, so an endpoint a user adds is verified too.
+pub async fn live(pool: &PgPool) -> Result<Vec<LiveSecret>, DbError> {
+    Ok(sqlx::query_as::<_, LiveSecret>(
+        r#"
+        SELECT s.endpoint_id,
+               coalesce(e.k8s_namespace || '/' || e.k8s_name, '') AS endpoint,
+               s.key_id, s.ciphertext, s.plaintext_secret
+        FROM hookd.endpoint_secrets s
+        JOIN hookd.endpoints e ON e.id = s.endpoint_id
+        WHERE e.state <> 'disabled' AND (s.not_after IS NULL OR s.not_after > now())
+        ORDER BY s.id
+        "#,
+    )
+    .fetch_all(pool)
+    .await?)
+}

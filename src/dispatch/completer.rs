@@ -179,7 +179,7 @@ async fn write_batch(
         }
     }
     let inputs: Vec<CircuitInput> = circuits.into_values().collect();
-    let opened = db::endpoints::record_circuit(
+    let circuit = db::endpoints::record_circuit_transitions(
         &mut tx,
         &inputs,
         cfg.circuit_threshold,
@@ -212,10 +212,40 @@ async fn write_batch(
             );
         }
     }
-    for id in &opened {
+    // Without a cluster the log is the only place an operator sees a delivery failing or
+    // dying, so each such outcome is logged once, at info, with its ids.
+    for f in batch
+        .iter()
+        .filter(|f| passed.contains(&f.completion.delivery_id))
+    {
+        let c = &f.completion;
+        match c.status {
+            db::deliveries::DeliveryOutcome::Retry => tracing::info!(
+                delivery = %c.delivery_id,
+                endpoint = %f.endpoint_id,
+                attempt = c.attempt,
+                status_code = ?c.status_code,
+                error = c.error.as_deref().unwrap_or(""),
+                retry_in_ms = ?c.retry_delay_ms,
+                "delivery failed; retry scheduled"
+            ),
+            db::deliveries::DeliveryOutcome::Dead => tracing::info!(
+                delivery = %c.delivery_id,
+                endpoint = %f.endpoint_id,
+                attempt = c.attempt,
+                reason = c.dead_reason.as_deref().unwrap_or(""),
+                "delivery dead; dead-lettered (replay it with POST /v1/deliveries/{{id}}/replay)"
+            ),
+            db::deliveries::DeliveryOutcome::Succeeded => {}
+        }
+    }
+    for id in &circuit.opened {
         tracing::warn!(endpoint = %id, "circuit opened");
     }
-    metrics.circuits_opened.inc_by(opened.len() as u64);
+    for id in &circuit.closed {
+        tracing::info!(endpoint = %id, "circuit closed: the endpoint answered again");
+    }
+    metrics.circuits_opened.inc_by(circuit.opened.len() as u64);
     for id in &disabled {
         tracing::warn!(endpoint = %id, "endpoint disabled: receiver answered 410 Gone");
     }

@@ -1,0 +1,404 @@
+//! Issue 17 ("the first hour") and the issue 19 items that meet a new user first: API
+//! answers of the documented shape for surprising bodies and methods, database mistakes
+//! answered once with what to do, `--help` that shows no credentials, and `hookd dev`
+//! that leaves no Postgres behind however it dies and runs from any directory.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::*;
+use reqwest::StatusCode;
+use sqlx::PgPool;
+
+/// A JSON array is not a message: serde's derive would read it as the fields in order.
+#[sqlx::test]
+async fn array_bodies_are_refused_with_the_error_shape(pool: PgPool) {
+    endpoint(&pool, EndpointOpts::default()).await;
+    let api = TestApi::start(&pool).await;
+    let (status, v) = api
+        .post(
+            "/v1/messages",
+            r#"[null,"invoice.paid",{"invoice":"in_1"},null]"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"]["code"], "malformed_json", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("must be a JSON object"),
+        "{v}"
+    );
+    let (status, v) = api
+        .post(
+            "/v1/messages/batch",
+            r#"[[{"eventType":"a.b","payload":1}]]"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"]["code"], "malformed_json", "{v}");
+    // a message of a batch given as an array
+    let (status, v) = api
+        .post(
+            "/v1/messages/batch",
+            r#"{"messages":[[null,"invoice.paid",{"a":1},null]]}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("a JSON object"),
+        "{v}"
+    );
+    // nothing was written by any of them
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM hookd.events")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(events, 0);
+    // the object forms still work
+    let (status, v) = api
+        .post(
+            "/v1/messages/batch",
+            r#"{"messages":[{"eventType":"a.b","payload":1}]}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+}
+
+/// 405 answers carry the documented `{"error": {...}}` body and the Allow header.
+#[sqlx::test]
+async fn method_not_allowed_has_a_json_body(pool: PgPool) {
+    let api = TestApi::start(&pool).await;
+    let r = api
+        .request_as(DEFAULT_TENANT, reqwest::Method::DELETE, "/v1/messages")
+        .await
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(
+        r.headers()["content-type"].to_str().unwrap(),
+        "application/json"
+    );
+    assert!(r.headers().contains_key("allow"), "{:?}", r.headers());
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "method_not_allowed", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("DELETE"),
+        "{v}"
+    );
+}
+
+/// `attempts` is a number in a message's delivery summaries and the attempt log in
+/// `GET /v1/deliveries/{id}`; both also carry the number as `attemptCount`. The delivery
+/// shows its endpoint's state, so a held delivery says why.
+#[sqlx::test]
+async fn attempt_count_and_endpoint_state_are_shown(pool: PgPool) {
+    let ep = endpoint(&pool, EndpointOpts::default()).await;
+    let api = TestApi::start(&pool).await;
+    let (event, deliveries) = api.enqueue(DEFAULT_TENANT, "a.b", "1").await;
+    let (status, m) = api.get(&format!("/v1/messages/{event}")).await;
+    assert_eq!(status, StatusCode::OK, "{m}");
+    assert_eq!(m["deliveries"][0]["attempts"], 0);
+    assert_eq!(m["deliveries"][0]["attemptCount"], 0);
+
+    sqlx::query("UPDATE hookd.endpoints SET state = 'disabled', state_reason = 'receiver answered 410 Gone' WHERE id = $1")
+        .bind(ep)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (status, d) = api.get(&format!("/v1/deliveries/{}", deliveries[0])).await;
+    assert_eq!(status, StatusCode::OK, "{d}");
+    assert_eq!(d["attemptCount"], 0);
+    assert!(d["attempts"].is_array());
+    assert_eq!(d["endpoint"]["state"], "disabled", "{d}");
+    assert_eq!(
+        d["endpoint"]["stateReason"], "receiver answered 410 Gone",
+        "{d}"
+    );
+    assert_eq!(d["endpoint"]["circuitState"], "closed", "{d}");
+}
+
+fn hookd(args: &[&str], envs: &[(&str, &str)]) -> (bool, String, String) {
+    let mut cmd = Command::new(hookd_bin());
+    cmd.args(args).env("HOOKD_LOG", "warn");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Database mistakes are answered once, naming the host and database, with what to do.
+#[sqlx::test]
+async fn database_mistakes_get_one_clear_line(pool: PgPool) {
+    // not a URL at all
+    let (ok, _, err) = hookd(&["migrate"], &[("DATABASE_URL", "localhost:5432/hookd")]);
+    assert!(!ok);
+    assert!(err.contains("is not a postgres:// URL"), "{err}");
+    assert!(
+        err.contains("postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE"),
+        "{err}"
+    );
+    assert!(!err.contains("anonymous"), "{err}");
+    assert_eq!(err.matches("hookd: error").count(), 1, "{err}");
+
+    // a database that does not exist, on a server that does
+    let base = database_url(&pool);
+    let (prefix, _) = base.rsplit_once('/').unwrap();
+    let missing = format!("{prefix}/no_such_db_{}", uuid::Uuid::now_v7().simple());
+    for args in [&["migrate"][..], &["token", "list"][..]] {
+        let (ok, _, err) = hookd(args, &[("DATABASE_URL", &missing)]);
+        assert!(!ok);
+        assert!(err.contains("cannot connect to Postgres at"), "{err}");
+        assert!(err.contains("does not exist"), "{err}");
+        assert!(err.contains("createdb"), "{err}");
+        assert_eq!(
+            err.lines().filter(|l| l.contains("does not exist")).count(),
+            1,
+            "printed once: {err}"
+        );
+    }
+
+    // nothing listening: refused at once, not a pool timeout
+    let port = free_port();
+    let started = std::time::Instant::now();
+    let (ok, _, err) = hookd(
+        &["token", "list"],
+        &[(
+            "DATABASE_URL",
+            &format!("postgres://postgres:hunter2@127.0.0.1:{port}/hookd"),
+        )],
+    );
+    assert!(!ok);
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    assert!(err.contains("connection refused"), "{err}");
+    assert!(err.contains("is Postgres running"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// `--help` never prints the value of DATABASE_URL (a password) or other secrets.
+#[test]
+fn help_hides_credentials_from_the_environment() {
+    let envs = [
+        ("DATABASE_URL", "postgres://hookd:hunter2@db:5432/hookd"),
+        (
+            "HOOKD_RECEIVER_SECRETS",
+            "whsec_3q8JNv6QYhT0mZf1xk2Wc9bLr4sPaGdE",
+        ),
+        (
+            "HOOKD_ENCRYPTION_KEY",
+            "k1:c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI=",
+        ),
+    ];
+    for sub in [
+        "migrate",
+        "api",
+        "dispatch",
+        "controller",
+        "apply",
+        "dev",
+        "receiver",
+        "rekey",
+        "prune",
+        "bench",
+    ] {
+        let (ok, out, _) = hookd(&[sub, "--help"], &envs);
+        assert!(ok, "{sub} --help");
+        for secret in ["hunter2", "3q8JNv6QYhT0mZf1", "c2VjcmV0c2VjcmV0"] {
+            assert!(!out.contains(secret), "{sub} --help shows {secret}: {out}");
+        }
+    }
+    let (ok, out, _) = hookd(&["token", "create", "--help"], &envs);
+    assert!(ok);
+    assert!(!out.contains("hunter2"), "{out}");
+}
+
+/// Postgres processes whose command line names `dir`.
+fn postgres_processes_in(dir: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains("postgres") && cmdline.contains(dir) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// `hookd dev` killed with SIGKILL (no handler runs) or SIGHUP (the terminal closed) leaves
+/// no Postgres process and no directory behind; and it runs from a directory without
+/// `examples/`, with the built-in example aimed at its receiver.
+#[tokio::test]
+async fn dev_leaves_no_postgres_behind_when_killed() {
+    init();
+    for signal in ["KILL", "HUP"] {
+        let cwd =
+            std::env::temp_dir().join(format!("hookd-dev-cwd-{}", uuid::Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&cwd).unwrap();
+        let (api, rx, metrics) = (free_port(), free_port(), free_port());
+        let mut child = Command::new(hookd_bin())
+            .current_dir(&cwd)
+            .args(["dev", "--listen", &format!("127.0.0.1:{api}")])
+            .args(["--receiver-listen", &format!("127.0.0.1:{rx}")])
+            .args(["--dispatch-listen", &format!("127.0.0.1:{metrics}")])
+            .env_remove("DATABASE_URL")
+            .env_remove("HOOKD_DEV_EXAMPLES")
+            .env_remove("HOOKD_ENCRYPTION_KEY")
+            .env("HOOKD_ENCRYPTION_KEY_FILE", cwd.join("key"))
+            .env("HOOKD_LOG", "info")
+            .env("HOOKD_LOG_FORMAT", "text")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = mpsc::channel::<String>();
+        for stream in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    let _ = tx.send(line);
+                }
+            });
+        }
+        let mut dir = None;
+        let mut seen = Vec::new();
+        loop {
+            let line = lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("hookd dev printed: {seen:#?}"));
+            if let Some(d) = line.split("(throwaway, in ").nth(1) {
+                dir = Some(d.split(';').next().unwrap().to_string());
+            }
+            let ready = line.contains("send a first event");
+            seen.push(line);
+            if ready {
+                break;
+            }
+        }
+        let dir = dir.unwrap_or_else(|| panic!("no dir= in {seen:#?}"));
+        assert!(
+            seen.iter()
+                .any(|l| l.contains("webhookendpoint/default/example created")),
+            "the built-in example is applied from {}: {seen:#?}",
+            cwd.display()
+        );
+        assert!(
+            !postgres_processes_in(&dir).is_empty(),
+            "a postgres runs in {dir}"
+        );
+        // the dispatcher's metrics are served
+        let m = reqwest::get(format!("http://127.0.0.1:{metrics}/metrics"))
+            .await
+            .unwrap();
+        assert_eq!(m.status(), 200);
+        assert!(m.text().await.unwrap().contains("hookd_"), "metrics");
+
+        assert!(
+            Command::new("kill")
+                .args([&format!("-{signal}"), &child.id().to_string()])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let _ = child.wait();
+        let gone =
+            wait_until(Duration::from_secs(30), || {
+                let dir = dir.clone();
+                async move {
+                    postgres_processes_in(&dir).is_empty() && !std::path::Path::new(&dir).exists()
+                }
+            })
+            .await;
+        assert!(
+            gone,
+            "after SIG{signal}: postgres {:?}, dir exists {}",
+            postgres_processes_in(&dir),
+            std::path::Path::new(&dir).exists()
+        );
+        let _ = std::fs::remove_dir_all(&cwd);
+    }
+}
+
+/// A port clash names the address, what wanted it and the flag that moves it.
+#[tokio::test]
+async fn dev_port_clash_names_the_port() {
+    init();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let (ok, _, err) = hookd(
+        &[
+            "dev",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--database-url",
+            "postgres://postgres@127.0.0.1:1/unused",
+        ],
+        &[(TEST_KEY_ENV, TEST_ENCRYPTION_KEY)],
+    );
+    assert!(!ok);
+    assert!(
+        err.contains(&format!(
+            "cannot listen on 127.0.0.1:{port} for the API (--listen, HOOKD_LISTEN)"
+        )),
+        "{err}"
+    );
+    drop(taken);
+}
+
+/// The dispatcher logs both circuit transitions; the statement that decides them reports
+/// the ones it closed as well as the ones it opened.
+#[sqlx::test]
+async fn circuit_transitions_report_opened_and_closed(pool: PgPool) {
+    use hookd::db::endpoints::{CircuitInput, record_circuit_transitions};
+    let ep = endpoint(&pool, EndpointOpts::default()).await;
+    let version: i64 =
+        sqlx::query_scalar("SELECT config_version FROM hookd.endpoints WHERE id = $1")
+            .bind(ep)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let input = |any_success, trailing_failures| CircuitInput {
+        endpoint_id: ep,
+        config_version: version,
+        any_success,
+        trailing_failures,
+    };
+    let mut conn = pool.acquire().await.unwrap();
+    let t = record_circuit_transitions(&mut conn, &[input(false, 3)], 3, 30.0)
+        .await
+        .unwrap();
+    assert_eq!((t.opened, t.closed), (vec![ep], vec![]));
+    let t = record_circuit_transitions(&mut conn, &[input(false, 1)], 3, 30.0)
+        .await
+        .unwrap();
+    assert!(t.opened.is_empty() && t.closed.is_empty(), "{t:?}");
+    let t = record_circuit_transitions(&mut conn, &[input(true, 0)], 3, 30.0)
+        .await
+        .unwrap();
+    assert_eq!((t.opened, t.closed), (vec![], vec![ep]));
+}
