@@ -23,6 +23,9 @@ use uuid::Uuid;
 
 const MAX_ATTEMPTS: i32 = 20;
 
+/// An acknowledged event: its id and its delivery ids.
+type Acked = (Uuid, Vec<Uuid>);
+
 fn spawn_api(url: &str, port: u16) -> Child {
     Command::new(hookd_bin())
         .arg("api")
@@ -114,7 +117,7 @@ async fn chaos_loses_nothing() {
 
     // load: one client per tenant, keyless (the hardest case: a lost ack cannot be
     // repaired by a retry), recording every acknowledged delivery id
-    let acked: Arc<Mutex<Vec<(Uuid, Vec<Uuid>)>>> = Arc::default();
+    let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
     let statuses: Arc<Mutex<std::collections::BTreeMap<u16, usize>>> = Arc::default();
     let stop = CancellationToken::new();
     let mut load = tokio::task::JoinSet::new();
