@@ -231,7 +231,9 @@ async fn dispatcher_delivers_only_to_the_address_it_checked(pool: PgPool) {
         Some("destination_forbidden"),
         "{a:?}"
     );
-    assert!(a.error.as_deref().unwrap().contains("127.0.0.1"), "{a:?}");
+    // the tenant is told it was refused, not which internal address the name resolved
+    // to (issue 19); the address is in the dispatcher's log
+    assert!(!a.error.as_deref().unwrap().contains("127.0.0.1"), "{a:?}");
     assert!(
         wait_until(Duration::from_secs(5), || async {
             delivery_status(&pool, second).await.0 == "dead"
