@@ -749,3 +749,100 @@ async fn hostile_receivers_wedge_nothing(pool: PgPool) {
     .unwrap();
     assert_eq!(snippet.as_deref(), Some("ok\u{FFFD}"));
 }
+
+/// `HOOKD_RETRY_SCHEDULE` is validated at start: out-of-range delays used to overflow the
+/// jitter (a panic that leaked the task's in-flight bookkeeping) or become immediate.
+#[test]
+fn retry_schedules_out_of_range_are_refused_at_start() {
+    for bad in ["18446744073709551615", "5,0", "2592001", "", "5,x"] {
+        let s = hookd::config::DispatchSettings {
+            retry_schedule: bad.into(),
+            ..dispatch_settings()
+        };
+        let err = hookd::dispatch::DispatchConfig::from_settings(&s).unwrap_err();
+        assert!(
+            err.to_string().contains("HOOKD_RETRY_SCHEDULE"),
+            "{bad}: {err}"
+        );
+    }
+    let ok = hookd::config::DispatchSettings {
+        retry_schedule: "1,2592000".into(),
+        retry_jitter: 1.0,
+        ..dispatch_settings()
+    };
+    assert!(hookd::dispatch::DispatchConfig::from_settings(&ok).is_ok());
+}
+
+/// Outcomes of sends to an endpoint's old URL neither open the circuit of nor disable
+/// (410) its new configuration.
+#[sqlx::test]
+async fn outcomes_for_an_old_url_do_not_touch_the_new_configuration(pool: PgPool) {
+    let o = EndpointOpts::default();
+    let id = endpoint(&pool, o.clone()).await;
+    endpoint(
+        &pool,
+        EndpointOpts {
+            url: "http://127.0.0.1:10/moved".into(),
+            ..o
+        },
+    )
+    .await;
+    let mut conn = pool.acquire().await.unwrap();
+    let old = hookd::db::endpoints::CircuitInput {
+        endpoint_id: id,
+        config_version: 1,
+        any_success: false,
+        trailing_failures: 50,
+    };
+    let opened = hookd::db::endpoints::record_circuit(&mut conn, &[old], 5, 30.0)
+        .await
+        .unwrap();
+    assert!(
+        opened.is_empty(),
+        "the old URL's failures opened the circuit"
+    );
+    let disabled = hookd::db::endpoints::disable(&mut conn, &[(id, 1)], "410")
+        .await
+        .unwrap();
+    assert!(
+        disabled.is_empty(),
+        "the old URL's 410 disabled the endpoint"
+    );
+    let current = hookd::db::endpoints::CircuitInput {
+        config_version: 2,
+        ..old
+    };
+    let opened = hookd::db::endpoints::record_circuit(&mut conn, &[current], 5, 30.0)
+        .await
+        .unwrap();
+    assert_eq!(
+        opened,
+        vec![id],
+        "the current configuration's failures count"
+    );
+}
+
+/// A lease handed back at shutdown keeps the attempt counted when the send had begun
+/// (it may have reached the receiver) and uncounts it only when it never began.
+#[sqlx::test]
+async fn release_counts_begun_sends(pool: PgPool) {
+    let api = TestApi::start(&pool).await;
+    endpoint(&pool, EndpointOpts::default()).await;
+    let (_, a) = api.enqueue("team-a", "t.x", "{}").await;
+    let (_, b) = api.enqueue("team-a", "t.x", "{}").await;
+    let got = deliveries::claim(&pool, &claim_req(10, None))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 2);
+    let releases: Vec<deliveries::Release> = got
+        .iter()
+        .map(|c| deliveries::Release {
+            delivery_id: c.id,
+            claim_token: c.claim_token,
+            started: c.id == a[0],
+        })
+        .collect();
+    assert_eq!(deliveries::release(&pool, &releases).await.unwrap(), 2);
+    assert_eq!(delivery_status(&pool, a[0]).await, ("failed".into(), 1));
+    assert_eq!(delivery_status(&pool, b[0]).await, ("pending".into(), 0));
+}
