@@ -23,3 +23,4 @@ pub mod rekey;
 pub mod retention;
 pub mod runtime;
 pub mod signing;
+pub mod ui;

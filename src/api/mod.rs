@@ -59,6 +59,8 @@ pub struct AppState {
     pub rate_limiter: Option<Arc<TenantRateLimiter>>,
     /// request-body bytes in flight, per tenant and per process
     pub ingest_budget: Arc<IngestBudget>,
+    /// who may embed the customer portal (`HOOKD_PORTAL_FRAME_ANCESTORS`)
+    pub portal_frame_ancestors: crate::ui::FrameAncestors,
 }
 
 impl AppState {
@@ -105,6 +107,7 @@ impl AppState {
             )),
             metrics,
             limits: settings.limits(),
+            portal_frame_ancestors: settings.portal_frame_ancestors.clone(),
             auth,
             rate_limiter: settings
                 .tenant_rate_limit
@@ -146,6 +149,7 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
 pub fn app(state: AppState) -> Router {
     let (router, _) = routes().split_for_parts();
     router
+        .merge(crate::ui::router(&state.portal_frame_ancestors))
         .fallback(|| async { ApiError::not_found("route") })
         // every error is documented as {"error": {...}}; axum's own 405 has an empty body
         .method_not_allowed_fallback(|method: axum::http::Method| async move {
