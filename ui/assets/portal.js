@@ -315,7 +315,7 @@ async function loadDeliveries(endpointId, el) {
             const open = toggle.getAttribute("aria-expanded") === "true";
             toggle.setAttribute("aria-expanded", String(!open));
             detail.hidden = open;
-            if (!open) await deliveryDetail(d.id, detail.firstChild, () => loadDeliveries(endpointId, el));
+            if (!open) await deliveryDetail(d.deliveryId, detail.firstChild, () => loadDeliveries(endpointId, el));
           },
         },
       },
