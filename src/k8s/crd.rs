@@ -56,6 +56,13 @@ pub struct WebhookEndpointSpec {
     #[schemars(length(min = 1, max = 128))]
     pub tenant: Option<String>,
 
+    /// The consumer (customer) this endpoint belongs to: it then receives only events
+    /// addressed to that consumer. Absent: events without a consumer (tenant-wide).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(r"self.matches('^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$')").message("consumer must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"))]
+    #[schemars(length(min = 1, max = 128))]
+    pub consumer: Option<String>,
+
     /// Hold deliveries (they are still created, and sent once unpaused).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
