@@ -282,6 +282,9 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
                 if ep.metadata.namespace.is_none() {
                     ep.metadata.namespace = Some("default".into());
                 }
+                // Header values first: the same refusal as the CRD's CEL rule, but naming
+                // the header.
+                header_values(&ep).map_err(|e| invalid(object.clone(), e))?;
                 // The CRD's CEL rules, evaluated locally: the same refusals kubectl would give.
                 ep.validate_cel()
                     .map_err(|e| invalid(object.clone(), e.to_string()))?;
@@ -289,7 +292,6 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
                 // own bounds (minimum/maximum, lengths, item counts) are the API server's
                 // job in a cluster, so check them here too.
                 schema_bounds(&ep).map_err(|e| invalid(object.clone(), e))?;
-                header_values(&ep).map_err(|e| invalid(object.clone(), e))?;
                 docs.push(Document::Endpoint(Box::new(ep)));
             }
             (Some("v1"), Some("Secret")) => {

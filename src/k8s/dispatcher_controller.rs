@@ -697,7 +697,9 @@ mod tests {
     fn every_variable_the_controller_sets_is_read_by_hookd_dispatch() {
         use clap::CommandFactory;
         let cli = crate::config::Cli::command();
-        let dispatch = cli.find_subcommand("dispatch").expect("a dispatch subcommand");
+        let dispatch = cli
+            .find_subcommand("dispatch")
+            .expect("a dispatch subcommand");
         let read: std::collections::BTreeSet<String> = cli
             .get_arguments()
             .chain(dispatch.get_arguments())
