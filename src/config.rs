@@ -89,7 +89,10 @@ pub struct TokenCreateArgs {
     /// Tenant the token acts for
     #[arg(long)]
     pub tenant: String,
-    /// What the token may do (repeatable, or comma-separated): produce, read, operate
+    /// Confine the token to this consumer of the tenant: it sees and manages only that consumer's endpoints, messages and deliveries
+    #[arg(long)]
+    pub consumer: Option<String>,
+    /// What the token may do (repeatable, or comma-separated): produce, read, operate, manage
     #[arg(long = "scope", required = true, value_delimiter = ',')]
     pub scopes: Vec<Scope>,
     /// A note for `hookd token list`, e.g. who holds it
@@ -147,6 +150,22 @@ pub struct ApiArgs {
     pub db: DbArgs,
     #[command(flatten)]
     pub api: ApiSettings,
+    #[command(flatten)]
+    pub manage: ManageSettings,
+    /// The key that seals signing secrets the endpoints API generates or receives (the same key the dispatchers decrypt with)
+    #[command(flatten)]
+    pub keys: KeyArgs,
+}
+
+/// What the endpoints and consumers API needs beyond the database.
+#[derive(Debug, Clone, Args)]
+pub struct ManageSettings {
+    /// Destinations admitted despite being private/loopback/link-local (comma-separated CIDRs); endpoint URLs are checked against it at create time. Give the API the dispatchers' value
+    #[arg(long, env = "HOOKD_ALLOWED_DESTINATIONS", default_value = "")]
+    pub allowed_destinations: String,
+    /// Public base URL of this API (e.g. https://hooks.example.com), for portal links; default: links relative to the API
+    #[arg(long, env = "HOOKD_PUBLIC_URL")]
+    pub public_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -12,6 +12,7 @@ pub mod crypto;
 pub mod db;
 pub mod dev;
 pub mod dispatch;
+pub mod endpoints;
 pub mod k8s;
 pub mod metrics;
 pub mod notify;

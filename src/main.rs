@@ -47,8 +47,18 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Api(args) => {
+            let manage = api::ManageDeps {
+                // without a key the API still serves everything but storing a secret
+                keyring: args.keys.keyring().map_err(|e| {
+                    tracing::warn!(error = %e, "no encryption key: the endpoints API cannot create endpoints or rotate secrets (set HOOKD_ENCRYPTION_KEY)");
+                    e.to_string()
+                }),
+                allow: hookd::outbound::AllowList::parse(&args.manage.allowed_destinations)
+                    .map_err(|e| anyhow::anyhow!("HOOKD_ALLOWED_DESTINATIONS: {e}"))?,
+                public_url: args.manage.public_url,
+            };
             let pool = runtime::open_checked(&args.db).await?;
-            api::run(pool, args.api, runtime::shutdown_on_signals()).await
+            api::run(pool, args.api, manage, runtime::shutdown_on_signals()).await
         }
         Command::Dispatch(args) => {
             let keyring = args.keys.keyring()?;

@@ -45,13 +45,16 @@ async fn operator_finds_an_event_by_type_and_replays_its_failed_delivery(pool: P
     let producer = mint_token(&pool, "team-a", &[Scope::Produce]).await;
     let operator = mint_token(&pool, "team-a", &[Scope::Read, Scope::Operate]).await;
 
-    let noise = hookd
-        .send(&producer, "invoice.created", r#"{"n":1}"#)
-        .await;
+    let noise = hookd.send(&producer, "invoice.created", r#"{"n":1}"#).await;
     let event = hookd.send(&producer, "order.failed", FAILED_PAYLOAD).await;
     hookd.send(&producer, "invoice.created", r#"{"n":2}"#).await;
     let (_, m) = hookd
-        .call(&operator, Method::GET, &format!("/v1/messages/{event}"), None)
+        .call(
+            &operator,
+            Method::GET,
+            &format!("/v1/messages/{event}"),
+            None,
+        )
         .await;
     let delivery: uuid::Uuid = m["deliveries"][0]["deliveryId"]
         .as_str()
@@ -72,7 +75,11 @@ async fn operator_finds_an_event_by_type_and_replays_its_failed_delivery(pool: P
     b.goto(&format!("{}/ui#token={operator}", hookd.base)).await;
     b.wait_for("a.event-link").await;
     let url = b.client.current_url().await.unwrap();
-    assert_eq!(url.fragment(), None, "the token stays in the address bar: {url}");
+    assert_eq!(
+        url.fragment(),
+        None,
+        "the token stays in the address bar: {url}"
+    );
     assert_eq!(url.path(), "/ui");
     assert_eq!(
         b.js("return sessionStorage.getItem('hookd.console.token')")
@@ -80,7 +87,10 @@ async fn operator_finds_an_event_by_type_and_replays_its_failed_delivery(pool: P
         serde_json::Value::String(operator.clone())
     );
     let whoami = b.wait_for_text("#whoami", "team-a").await;
-    assert!(whoami.contains("read") && whoami.contains("operate"), "{whoami}");
+    assert!(
+        whoami.contains("read") && whoami.contains("operate"),
+        "{whoami}"
+    );
     let listed = b.text("main table").await.unwrap();
     assert!(
         listed.contains("order.failed") && listed.contains("invoice.created"),
@@ -149,7 +159,11 @@ async fn operator_finds_an_event_by_type_and_replays_its_failed_delivery(pool: P
         2,
         "{timeline}"
     );
-    assert_eq!(rx.seen().len(), before + 1, "one new request reached the receiver");
+    assert_eq!(
+        rx.seen().len(),
+        before + 1,
+        "one new request reached the receiver"
+    );
     assert_eq!(delivery_status(&pool, delivery).await.0, "succeeded");
     b.assert_no_dialog().await;
     b.screenshot("console-message").await;
@@ -228,12 +242,19 @@ async fn payloads_render_as_text_under_a_strict_csp(pool: PgPool) {
         );
         assert_eq!(h("x-content-type-options"), "nosniff", "{path}");
         assert_eq!(h("referrer-policy"), "no-referrer", "{path}");
-        assert!(h("content-type").starts_with(ty), "{path}: {}", h("content-type"));
+        assert!(
+            h("content-type").starts_with(ty),
+            "{path}: {}",
+            h("content-type")
+        );
     }
 
     // a deep link with the token in the fragment
-    b.goto(&format!("{}/ui/messages/{event}#token={reader}", hookd.base))
-        .await;
+    b.goto(&format!(
+        "{}/ui/messages/{event}#token={reader}",
+        hookd.base
+    ))
+    .await;
     b.wait_for_text("#event-type", "customer.renamed").await;
     let url = b.client.current_url().await.unwrap();
     assert_eq!(url.fragment(), None, "{url}");
@@ -299,7 +320,10 @@ async fn payloads_render_as_text_under_a_strict_csp(pool: PgPool) {
         "{loaded:?}"
     );
     for u in &loaded {
-        assert!(u.starts_with(&hookd.base), "loaded from another origin: {u}");
+        assert!(
+            u.starts_with(&hookd.base),
+            "loaded from another origin: {u}"
+        );
     }
 
     // readable at 375 px: nothing makes the page itself scroll sideways
@@ -311,7 +335,10 @@ async fn payloads_render_as_text_under_a_strict_csp(pool: PgPool) {
         .await;
     let (inner, scroll) = (fits[0].as_i64().unwrap(), fits[1].as_i64().unwrap());
     assert!(inner <= 400, "the window is not phone-sized: {inner}");
-    assert!(scroll <= inner, "the page is {scroll} px wide in a {inner} px window");
+    assert!(
+        scroll <= inner,
+        "the page is {scroll} px wide in a {inner} px window"
+    );
     b.screenshot("console-message-375").await;
 
     // a token that is not valid gets the sign-in form, with a reason
@@ -319,4 +346,111 @@ async fn payloads_render_as_text_under_a_strict_csp(pool: PgPool) {
         .await;
     b.wait_for_text("[role=alert]", "refused").await;
     b.wait_for("input#token[type=password]").await;
+}
+
+/// A customer opens the portal link an operator minted, adds an endpoint, sees its secret
+/// once, sends a test event and sees it delivered (signed with that secret), and reaches
+/// nothing of another customer.
+#[sqlx::test]
+async fn customer_adds_an_endpoint_and_tests_it_in_the_portal(pool: PgPool) {
+    let Some(b) = Browser::start().await else {
+        return;
+    };
+    let rx = RecordingReceiver::start(200).await;
+    let hookd = Hookd::start(&pool, &[]).await;
+    let admin = mint_token(&pool, "team-a", &[Scope::Read, Scope::Manage]).await;
+    let other_url = rx.url("/cust_7");
+    let (status, other) = hookd
+        .call(
+            &admin,
+            Method::POST,
+            "/v1/endpoints",
+            Some(serde_json::json!({"url": other_url, "consumer": "cust_7"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{other}");
+    let other_id = other["id"].as_str().unwrap().to_string();
+    let (status, portal) = hookd
+        .call(
+            &admin,
+            Method::POST,
+            "/v1/consumers/cust_42/portal",
+            Some(serde_json::json!({})),
+        )
+        .await;
+    assert_eq!(status, 201, "{portal}");
+    let link = portal["url"].as_str().unwrap();
+    assert!(link.starts_with("/portal#token="), "{link}");
+
+    b.goto(&format!("{}{link}", hookd.base)).await;
+    b.wait_for_text("#whoami", "cust_42").await;
+    let url = b.client.current_url().await.unwrap();
+    assert_eq!(url.fragment(), None, "{url}");
+    b.wait_for_text("#endpoints", "No endpoints yet").await;
+
+    // add an endpoint: its secret is shown, once
+    let mine = rx.url("/cust_42");
+    b.type_into("#new-url", &mine).await;
+    b.type_into("#new-types", "order.paid, order.refunded")
+        .await;
+    b.click("#add-endpoint button[type=submit]").await;
+    let secret = b.wait_for_text("#secret-value", "whsec_").await;
+    b.wait_for_text("#endpoints .endpoint .url", &mine).await;
+    assert_eq!(
+        b.text("#endpoints .types").await.unwrap(),
+        "order.paid, order.refunded"
+    );
+    b.click("#secret-once button").await;
+    assert_eq!(b.text("#secret-value").await, None, "the secret stays");
+    b.client.refresh().await.unwrap();
+    b.wait_for_text("#endpoints .endpoint .url", &mine).await;
+    let page = b.js("return document.documentElement.outerHTML").await;
+    assert!(
+        !page.as_str().unwrap().contains(&secret),
+        "the secret is shown again"
+    );
+
+    // a test event reaches the receiver, signed with the secret the page showed
+    b.click("#endpoints .endpoint button.test-event").await;
+    let line = b
+        .wait_for_text("#endpoints .endpoint [role=status]", "Test event delivered")
+        .await;
+    assert!(line.contains("HTTP 200"), "{line}");
+    let seen: Vec<_> = rx
+        .seen()
+        .into_iter()
+        .filter(|s| s.path == "/cust_42")
+        .collect();
+    assert_eq!(seen.len(), 1);
+    standardwebhooks::Webhook::new(&secret)
+        .unwrap()
+        .verify(&seen[0].body, &seen[0].headers)
+        .expect("signed with the secret the portal showed");
+    b.wait_for_text("#endpoints .endpoint table", "succeeded")
+        .await;
+    b.click("#endpoints .endpoint button.attempts-toggle").await;
+    b.wait_for_text("#endpoints tr.detail .timeline", "HTTP 200")
+        .await;
+    b.screenshot("portal").await;
+
+    // rotating shows the new secret, once
+    b.click("#endpoints .endpoint button.rotate").await;
+    let rotated = b.wait_for_text("#secret-value", "whsec_").await;
+    assert_ne!(rotated, secret);
+
+    // nothing of cust_7: not listed, and its id answers like an unknown one
+    let text = b.js("return document.body.textContent").await;
+    assert!(!text.as_str().unwrap().contains(&other_url), "{text}");
+    let probe = b
+        .js_async(&format!(
+            "const t = sessionStorage.getItem('hookd.portal.token');
+             const get = p => fetch(p, {{headers: {{authorization: 'Bearer ' + t}}}});
+             Promise.all([get('/v1/endpoints/{other_id}'), get('/v1/endpoints/{other_id}/deliveries'),
+                          get('/v1/endpoints').then(r => r.json())])
+               .then(([one, deliveries, list]) =>
+                 done([one.status, deliveries.status, list.items.map(e => e.consumer)]));"
+        ))
+        .await;
+    assert_eq!(probe, serde_json::json!([404, 404, ["cust_42"]]));
+    b.assert_no_dialog().await;
 }

@@ -2,7 +2,9 @@
 
 mod body;
 mod caller;
+mod consumers;
 mod deliveries;
+mod endpoints;
 pub mod error;
 pub mod limits;
 mod messages;
@@ -59,8 +61,31 @@ pub struct AppState {
     pub rate_limiter: Option<Arc<TenantRateLimiter>>,
     /// request-body bytes in flight, per tenant and per process
     pub ingest_budget: Arc<IngestBudget>,
+    /// what the endpoints API needs beyond the database
+    pub manage: Arc<ManageDeps>,
     /// who may embed the customer portal (`HOOKD_PORTAL_FRAME_ANCESTORS`)
     pub portal_frame_ancestors: crate::ui::FrameAncestors,
+}
+
+/// What the endpoints and consumers API need: the key that seals signing secrets, the
+/// outbound policy URLs are checked against, and the address the portal is reached at.
+pub struct ManageDeps {
+    /// why there is none, when there is none (secrets cannot be stored: 503)
+    pub keyring: Result<crate::crypto::Keyring, String>,
+    pub allow: crate::outbound::AllowList,
+    /// `HOOKD_PUBLIC_URL`: the base of portal links (default: relative links)
+    pub public_url: Option<String>,
+}
+
+impl ManageDeps {
+    /// No encryption key, no allow-list: endpoints can be listed but not created.
+    pub fn unconfigured() -> Self {
+        ManageDeps {
+            keyring: Err("no encryption key was given to this process".into()),
+            allow: crate::outbound::AllowList::default(),
+            public_url: None,
+        }
+    }
 }
 
 impl AppState {
@@ -112,7 +137,14 @@ impl AppState {
             rate_limiter: settings
                 .tenant_rate_limit
                 .map(|r| Arc::new(TenantRateLimiter::new(r))),
+            manage: Arc::new(ManageDeps::unconfigured()),
         }
+    }
+
+    /// Gives the endpoints API its key, allow-list and public address.
+    pub fn with_manage(mut self, manage: ManageDeps) -> Self {
+        self.manage = Arc::new(manage);
+        self
     }
 
     /// Admits `demand` (events per tenant) under the per-tenant rate limit, or 429.
@@ -133,9 +165,31 @@ impl AppState {
 /// Every documented route, with its OpenAPI description, from the same `routes!` calls.
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
-        .routes(routes!(messages::create))
+        .routes(routes!(messages::create, messages::list))
         .routes(routes!(messages::create_batch))
         .routes(routes!(messages::get))
+        .routes(routes!(endpoints::create, endpoints::list))
+        .routes(routes!(
+            endpoints::get,
+            endpoints::update,
+            endpoints::delete
+        ))
+        .routes(routes!(endpoints::rotate_secret))
+        .routes(routes!(endpoints::pause))
+        .routes(routes!(endpoints::resume))
+        .routes(routes!(endpoints::enable))
+        .routes(routes!(endpoints::stats))
+        .routes(routes!(endpoints::send_test))
+        .routes(routes!(endpoints::deliveries))
+        .routes(routes!(consumers::list))
+        .routes(routes!(
+            consumers::upsert,
+            consumers::get,
+            consumers::delete
+        ))
+        .routes(routes!(consumers::create_token))
+        .routes(routes!(consumers::create_portal))
+        .routes(routes!(whoami))
         .routes(routes!(deliveries::get))
         .routes(routes!(deliveries::replay))
         .routes(routes!(deliveries::replay_endpoint))
@@ -193,6 +247,58 @@ impl axum::extract::FromRef<AppState> for PgPool {
     fn from_ref(s: &AppState) -> Self {
         s.pool.clone()
     }
+}
+
+/// Who the credential is: what the web console shows and offers.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WhoAmI {
+    /// null with authentication off (every tenant)
+    tenant: Option<String>,
+    /// set for a consumer token
+    consumer: Option<String>,
+    scopes: Vec<String>,
+    /// `token`, `serviceAccount` or `none` (authentication off)
+    kind: &'static str,
+}
+
+/// GET /v1/whoami
+#[utoipa::path(
+    get,
+    path = "/v1/whoami",
+    tag = "operations",
+    operation_id = "whoami",
+    summary = "The tenant, consumer and scopes of the presented credential",
+    responses(
+        (status = 200, description = "The caller", body = WhoAmI),
+        (status = 401, response = openapi::responses::Unauthorized),
+        (status = 403, response = openapi::responses::Forbidden),
+        (status = 503, response = openapi::responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+async fn whoami(caller: caller::Caller) -> Response {
+    let who = match caller {
+        caller::Caller::Anonymous => WhoAmI {
+            tenant: None,
+            consumer: None,
+            scopes: crate::auth::Scope::ALL
+                .iter()
+                .map(|s| s.as_str().to_owned())
+                .collect(),
+            kind: "none",
+        },
+        caller::Caller::Authenticated(p) => WhoAmI {
+            tenant: Some(p.tenant),
+            consumer: p.consumer,
+            scopes: p.scopes.iter().map(|s| s.as_str().to_owned()).collect(),
+            kind: match p.subject {
+                crate::auth::Subject::Token { .. } => "token",
+                crate::auth::Subject::ServiceAccount { .. } => "serviceAccount",
+            },
+        },
+    };
+    axum::Json(who).into_response()
 }
 
 /// GET /healthz
@@ -337,6 +443,7 @@ pub async fn serve_on(
 pub async fn run(
     pool: PgPool,
     settings: ApiSettings,
+    manage: ManageDeps,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let kube = match settings.auth {
@@ -348,7 +455,7 @@ pub async fn run(
             None
         }
     };
-    let state = AppState::start(pool, &settings, kube, shutdown.clone());
+    let state = AppState::start(pool, &settings, kube, shutdown.clone()).with_manage(manage);
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(listen = %settings.listen, "listening");
     server::serve_api_on(listener, app(state), settings.listener_limits(), shutdown).await?;

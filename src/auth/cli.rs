@@ -17,6 +17,7 @@ pub async fn run(cmd: TokenCommand) -> anyhow::Result<()> {
             let pool = runtime::open_checked(&args.db).await?;
             let req = TokenRequest {
                 tenant: args.tenant,
+                consumer: args.consumer,
                 scopes: args.scopes,
                 name: args.name,
                 expires_at: args.expires_at,
@@ -24,10 +25,14 @@ pub async fn run(cmd: TokenCommand) -> anyhow::Result<()> {
             let created = tokens::create(&pool, &req).await?;
             let scopes: Vec<&str> = req.scopes.iter().map(|s| s.as_str()).collect();
             eprintln!(
-                "token {} ({}…) created for tenant {} with scope(s) {}{}; it is shown once, store it now",
+                "token {} ({}…) created for tenant {}{} with scope(s) {}{}; it is shown once, store it now",
                 created.id,
                 created.prefix,
                 req.tenant,
+                req.consumer
+                    .as_deref()
+                    .map(|c| format!(", consumer {c}"))
+                    .unwrap_or_default(),
                 scopes.join(","),
                 req.expires_at
                     .map(|at| format!(", expiring {}", fmt_time(at)))
@@ -59,7 +64,10 @@ pub async fn run(cmd: TokenCommand) -> anyhow::Result<()> {
                 table.push([
                     t.id.to_string(),
                     format!("{}…", t.prefix),
-                    t.tenant,
+                    match &t.consumer {
+                        Some(c) => format!("{}/{c}", t.tenant),
+                        None => t.tenant,
+                    },
                     t.scopes.join(","),
                     t.name.unwrap_or_else(|| "-".into()),
                     fmt_time(t.created_at),

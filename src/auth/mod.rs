@@ -47,16 +47,20 @@ pub enum Scope {
     Read,
     /// POST /v1/deliveries/{id}/replay and /v1/endpoints/{id}/replay
     Operate,
+    /// the endpoints and consumers API: create, change and delete endpoints and
+    /// consumers, rotate secrets, mint consumer tokens
+    Manage,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 3] = [Scope::Produce, Scope::Read, Scope::Operate];
+    pub const ALL: [Scope; 4] = [Scope::Produce, Scope::Read, Scope::Operate, Scope::Manage];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Scope::Produce => "produce",
             Scope::Read => "read",
             Scope::Operate => "operate",
+            Scope::Manage => "manage",
         }
     }
 
@@ -102,6 +106,8 @@ impl std::fmt::Display for Subject {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
     pub tenant: String,
+    /// a consumer token: confined to this consumer of the tenant
+    pub consumer: Option<String>,
     pub scopes: Vec<Scope>,
     pub subject: Subject,
 }

@@ -110,6 +110,7 @@ impl ServiceAccountPolicy {
         crate::outbox::validate_tenant(&tenant).ok()?;
         Some(Principal {
             tenant,
+            consumer: None,
             scopes: self.scopes.clone(),
             subject: Subject::ServiceAccount {
                 namespace: namespace.to_string(),

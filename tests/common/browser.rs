@@ -42,7 +42,8 @@ impl Drop for TempDir {
 }
 
 /// `hookd dev` (the API and a dispatcher in one process, the same `run` functions as in a
-/// cluster) on the test's database, with no example endpoints and quick retries.
+/// cluster) on the test's database, with quick retries. Its built-in example endpoint is
+/// in tenant `default`, which the tests do not use.
 pub struct Hookd {
     pub base: String,
     child: Child,
@@ -52,8 +53,6 @@ pub struct Hookd {
 impl Hookd {
     pub async fn start(pool: &PgPool, envs: &[(&str, &str)]) -> Hookd {
         let dir = TempDir::new("hookd-ui");
-        let examples = dir.path().join("no-examples");
-        std::fs::create_dir(&examples).unwrap();
         let (api, rx, metrics) = (free_port(), free_port(), free_port());
         let log = std::fs::File::create(dir.path().join("hookd.log")).unwrap();
         let child = Command::new(hookd_bin())
@@ -61,8 +60,6 @@ impl Hookd {
             .args(["--listen", &format!("127.0.0.1:{api}")])
             .args(["--receiver-listen", &format!("127.0.0.1:{rx}")])
             .args(["--dispatch-listen", &format!("127.0.0.1:{metrics}")])
-            .arg("--examples")
-            .arg(&examples)
             .env("DATABASE_URL", database_url(pool))
             .env(TEST_KEY_ENV, TEST_ENCRYPTION_KEY)
             .env("HOOKD_LOG", "warn")
@@ -144,8 +141,25 @@ impl Drop for Hookd {
 /// Headless Chromium under chromedriver, both started by the test and killed with it.
 pub struct Browser {
     pub client: Client,
-    driver: Child,
+    _driver: DriverProcess,
     _profile: TempDir,
+}
+
+/// chromedriver, in a process group of its own that holds the Chromium it launches: on
+/// drop (a test's end or its panic, from the moment it is spawned) the whole group is
+/// killed, so no browser outlives its test.
+struct DriverProcess(Child);
+
+impl Drop for DriverProcess {
+    fn drop(&mut self) {
+        let group = libc::pid_t::try_from(self.0.id()).expect("a pid");
+        // SAFETY: kill(2) with a negative pid signals that process group; this group was
+        // created for this chromedriver (process_group(0)) and holds only what it started.
+        unsafe {
+            libc::kill(-group, libc::SIGKILL);
+        }
+        let _ = self.0.wait();
+    }
 }
 
 fn find_program(env: &str, names: &[&str]) -> Option<PathBuf> {
@@ -184,7 +198,7 @@ impl Browser {
             .unwrap_or_else(|| missing("chromedriver"));
         let profile = TempDir::new("hookd-chromium");
         let port = free_port();
-        let driver = {
+        let driver = DriverProcess({
             use std::os::unix::process::CommandExt;
             Command::new(&chromedriver)
                 .arg(format!("--port={port}"))
@@ -195,8 +209,7 @@ impl Browser {
                 .process_group(0)
                 .spawn()
                 .unwrap_or_else(|e| panic!("cannot start {}: {e}", chromedriver.display()))
-        };
-        let mut browser_driver = Some(driver);
+        });
         let webdriver = format!("http://127.0.0.1:{port}");
         let up = crate::common::wait_until(Duration::from_secs(15), || async {
             reqwest::get(format!("{webdriver}/status"))
@@ -220,6 +233,9 @@ impl Browser {
                     "--disable-sync",
                     "--no-first-run",
                     "--no-default-browser-check",
+                    // crashpad runs outside the process group and writes under $HOME
+                    "--disable-crash-reporter",
+                    "--disable-breakpad",
                     "--window-size=1280,900",
                     format!("--user-data-dir={}", profile.path().display()),
                 ],
@@ -228,16 +244,14 @@ impl Browser {
         let serde_json::Value::Object(caps) = caps else {
             unreachable!()
         };
-        let client = ClientBuilder::new(
-            hyper_util::client::legacy::connect::HttpConnector::new(),
-        )
-        .capabilities(caps)
-        .connect(&webdriver)
-        .await
-        .unwrap_or_else(|e| panic!("chromedriver could not start Chromium: {e}"));
+        let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&webdriver)
+            .await
+            .unwrap_or_else(|e| panic!("chromedriver could not start Chromium: {e}"));
         Some(Browser {
             client,
-            driver: browser_driver.take().unwrap(),
+            _driver: driver,
             _profile: profile,
         })
     }
@@ -267,7 +281,10 @@ impl Browser {
         })
         .await;
         let last = last.into_inner();
-        assert!(found, "{css:?} never contained {needle:?}; last text: {last:?}");
+        assert!(
+            found,
+            "{css:?} never contained {needle:?}; last text: {last:?}"
+        );
         last
     }
 
@@ -331,16 +348,6 @@ impl Browser {
     }
 }
 
-impl Drop for Browser {
-    fn drop(&mut self) {
-        // the whole group: chromedriver and the Chromium it launched
-        let _ = Command::new("kill")
-            .args(["-KILL", &format!("-{}", self.driver.id())])
-            .status();
-        let _ = self.driver.wait();
-    }
-}
-
 /// One request as a receiver saw it: all headers, and the body bytes.
 #[derive(Debug, Clone)]
 pub struct Seen {
@@ -373,7 +380,10 @@ impl RecordingReceiver {
                     });
                     let code = StatusCode::from_u16(st.load(Ordering::SeqCst)).unwrap();
                     // a body a page must show as text, never as markup
-                    (code, "<b>receiver</b> said <script>alert('snippet')</script>")
+                    (
+                        code,
+                        "<b>receiver</b> said <script>alert('snippet')</script>",
+                    )
                 }
             },
         ));

@@ -188,27 +188,27 @@ function endpointCard(ep) {
         else if (a) put(status, `Test event not delivered yet: ${a.statusCode != null ? "HTTP " + a.statusCode : a.errorClass || "no response"}${a.error ? " (" + a.error + ")" : ""}; it will be retried.`);
         else put(status, "Test event queued; no attempt yet.");
         await loadDeliveries(ep.id, deliveries);
-      }),
+      }, "test-event"),
       ep.state === "paused"
         ? act("Resume", async () => {
             await api("POST", `/v1/endpoints/${enc(ep.id)}/resume`);
             await loadEndpoints();
-          })
+          }, "resume")
         : ep.state === "active"
           ? act("Pause", async () => {
               await api("POST", `/v1/endpoints/${enc(ep.id)}/pause`);
               await loadEndpoints();
-            })
+            }, "pause")
           : act("Re-enable", async () => {
               await api("POST", `/v1/endpoints/${enc(ep.id)}/enable`);
               await loadEndpoints();
-            }),
-      act("Edit event types", async () => editTypes(ep, card)),
+            }, "enable"),
+      act("Edit event types", async () => editTypes(ep, card), "edit-types"),
       act("Rotate secret", async () => {
         const r = await api("POST", `/v1/endpoints/${enc(ep.id)}/secret/rotate`, {});
         showSecret(r.secret, ep.url);
-        put(status, "Secret rotated; the previous one keeps signing for a grace period so you can switch over.");
-      }),
+        put(status, `Secret rotated; the previous one keeps signing until ${fmtTime(r.previousValidUntil)} so you can switch over.`);
+      }, "rotate"),
       act(
         "Delete",
         async (b) => {
@@ -238,7 +238,7 @@ function endpointCard(ep) {
           );
           b.blur();
         },
-        "danger",
+        "danger delete",
       ),
     );
   }
@@ -308,7 +308,7 @@ async function loadDeliveries(endpointId, el) {
       "button",
       {
         type: "button",
-        class: "link",
+        class: "link attempts-toggle",
         "aria-expanded": "false",
         on: {
           click: async () => {
