@@ -98,6 +98,18 @@ async fn operator_finds_an_event_by_type_and_replays_its_failed_delivery(pool: P
     );
     b.screenshot("console-messages").await;
 
+    // the dead letter is listed, with a replay offered to this operate token
+    b.click("#nav a[href='/ui/dead-letters']").await;
+    let dead = b.wait_for_text("main table", &event).await;
+    assert!(dead.contains(&endpoint_id.to_string()), "{dead}");
+    assert_eq!(
+        b.js("return document.querySelectorAll('main table button').length")
+            .await,
+        1
+    );
+    b.click("#nav a[href='/ui']").await;
+    b.wait_for("a.event-link").await;
+
     // find it by type
     b.type_into("#f-eventType", "order.failed").await;
     b.click("form.filters button[type=submit]").await;

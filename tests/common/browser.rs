@@ -260,20 +260,21 @@ impl Browser {
         self.client.goto(url).await.unwrap();
     }
 
-    /// The first element matching `css`, waiting up to 15 s for it to appear.
+    /// The first element matching `css`, waiting up to 30 s for it to appear.
     pub async fn wait_for(&self, css: &str) -> fantoccini::elements::Element {
         self.client
             .wait()
-            .at_most(Duration::from_secs(15))
+            .at_most(Duration::from_secs(30))
             .for_element(Locator::Css(css))
             .await
-            .unwrap_or_else(|e| panic!("no {css:?} within 15 s: {e}"))
+            .unwrap_or_else(|e| panic!("no {css:?} within 30 s: {e}"))
     }
 
     /// Waits until the text of the first `css` element contains `needle`; that text.
     pub async fn wait_for_text(&self, css: &str, needle: &str) -> String {
         let last = std::cell::RefCell::new(String::new());
-        let found = crate::common::wait_until(Duration::from_secs(20), || async {
+        // generous: nextest runs these beside the rest of the suite on small CI machines
+        let found = crate::common::wait_until(Duration::from_secs(30), || async {
             let text = self.text(css).await.unwrap_or_default();
             let found = text.contains(needle);
             *last.borrow_mut() = text;
