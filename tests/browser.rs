@@ -191,6 +191,18 @@ async fn operator_finds_an_event_by_type_and_replays_its_failed_delivery(pool: P
         true
     );
     b.screenshot("console-endpoint").await;
+
+    // recover after the outage: the two invoice.created deliveries are still dead
+    b.click("#replay-title + form button[type=submit]").await;
+    b.wait_for_text("#replay-title ~ [role=status]", "Replayed 2 deliveries")
+        .await;
+    assert!(
+        wait_until(Duration::from_secs(20), || async {
+            rx.seen().len() == before + 3
+        })
+        .await,
+        "the replayed deliveries did not arrive"
+    );
 }
 
 /// A payload with markup is shown as text, nothing in it runs; every response carries the
@@ -460,6 +472,20 @@ async fn customer_adds_an_endpoint_and_tests_it_in_the_portal(pool: PgPool) {
     let rotated = b.wait_for_text("#secret-value", "whsec_").await;
     assert_ne!(rotated, secret);
 
+    // edit the event types, pause and resume, then delete
+    b.click("#endpoints .endpoint button.edit-types").await;
+    b.type_into("#endpoints .endpoint .edit input", "order.*")
+        .await;
+    b.click("#endpoints .endpoint .edit button[type=submit]")
+        .await;
+    b.wait_for_text("#endpoints .types", "order.*").await;
+    b.click("#endpoints .endpoint button.pause").await;
+    b.wait_for_text("#endpoints .endpoint .badge", "paused")
+        .await;
+    b.click("#endpoints .endpoint button.resume").await;
+    b.wait_for_text("#endpoints .endpoint .badge", "active")
+        .await;
+
     // nothing of cust_7: not listed, and its id answers like an unknown one
     let text = b.js("return document.body.textContent").await;
     assert!(!text.as_str().unwrap().contains(&other_url), "{text}");
@@ -475,4 +501,9 @@ async fn customer_adds_an_endpoint_and_tests_it_in_the_portal(pool: PgPool) {
         .await;
     assert_eq!(probe, serde_json::json!([404, 404, ["cust_42"]]));
     b.assert_no_dialog().await;
+
+    b.click("#endpoints .endpoint button.delete").await;
+    b.click("#endpoints .endpoint button.danger:not(.delete)")
+        .await;
+    b.wait_for_text("#endpoints", "No endpoints yet").await;
 }
