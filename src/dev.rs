@@ -253,16 +253,16 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         dynamic: Some(secrets),
         ..ReceiverConfig::default()
     })?;
-    tokio::spawn(crate::api::serve_on(
+    tokio::spawn(crate::ops::serve_on(
         receiver_listener,
         receiver.router(),
         shutdown.clone(),
     ));
 
     let metrics = crate::metrics::Metrics::new();
-    tokio::spawn(crate::api::serve_on(
+    tokio::spawn(crate::ops::serve_on(
         dispatch_listener,
-        crate::api::health_app(pool.clone(), metrics.clone()),
+        crate::ops::router(pool.clone(), metrics.clone()),
         shutdown.clone(),
     ));
     let dispatcher = tokio::spawn(crate::dispatch::run_dispatcher(

@@ -85,7 +85,7 @@ pub fn validate_event_types(types: &[String]) -> Result<(), String> {
     }
     for t in types {
         let base = t.strip_suffix(".*").unwrap_or(t);
-        if t != "*" && crate::outbox::validate_event_type(base).is_err() {
+        if t != "*" && crate::domain::validate_event_type(base).is_err() {
             return Err(format!(
                 "eventTypes entry {t:?} must be '*', an event type like 'invoice.paid', or a prefix like 'invoice.*'"
             ));

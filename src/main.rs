@@ -1,9 +1,9 @@
-//! `hookd`: parses the command line and runs the chosen component.
+//! `hookd`: parses the command line and runs the chosen component (see `hookd::cli`).
 
 use clap::Parser;
 
-use hookd::config::{Cli, Command};
-use hookd::{api, apply, db, dispatch, k8s, rekey, retention, runtime};
+use hookd::cli::{Cli, run};
+use hookd::runtime;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -18,77 +18,5 @@ async fn main() -> std::process::ExitCode {
             eprintln!("hookd: error: {}", runtime::error_line(&e));
             std::process::ExitCode::FAILURE
         }
-    }
-}
-
-async fn run(command: Command) -> anyhow::Result<()> {
-    match command {
-        Command::Crd => {
-            print!("{}", k8s::crds_yaml());
-            Ok(())
-        }
-        Command::Migrate(args) => {
-            let pool = db::connect_checked(&args.pool_settings()).await?;
-            db::migrate(&pool).await?;
-            eprintln!("migrations applied");
-            Ok(())
-        }
-        Command::Apply(args) => {
-            let plan = apply::load(&args.files)?;
-            for warning in apply::published_secret_warnings(&plan) {
-                eprintln!("hookd apply: {warning}");
-            }
-            let keyring = args.keys.keyring()?;
-            let pool = runtime::open_checked(&args.db).await?;
-            let results = apply::apply_plan(&pool, &plan, &keyring).await?;
-            for line in apply::describe(&pool, &results).await? {
-                println!("{line}");
-            }
-            Ok(())
-        }
-        Command::Api(args) => {
-            let manage = api::ManageDeps {
-                // without a key the API still serves everything but storing a secret
-                keyring: args.keys.keyring().map_err(|e| {
-                    tracing::warn!(error = %e, "no encryption key: the endpoints API cannot create endpoints or rotate secrets (set HOOKD_ENCRYPTION_KEY)");
-                    e.to_string()
-                }),
-                allow: hookd::outbound::AllowList::parse(&args.manage.allowed_destinations)
-                    .map_err(|e| anyhow::anyhow!("HOOKD_ALLOWED_DESTINATIONS: {e}"))?,
-                public_url: args.manage.public_url,
-            };
-            let pool = runtime::open_checked(&args.db).await?;
-            api::run(pool, args.api, manage, runtime::shutdown_on_signals()).await
-        }
-        Command::Dispatch(args) => {
-            let keyring = args.keys.keyring()?;
-            let pool = runtime::open_checked(&args.db).await?;
-            let shutdown = runtime::shutdown_on_signals();
-            dispatch::run(pool, args.dispatch, keyring, args.retention, shutdown).await
-        }
-        Command::Controller(args) => {
-            let keyring = args.keys.keyring()?;
-            let pool = runtime::open_checked(&args.db).await?;
-            k8s::run(
-                pool,
-                keyring,
-                args.controller,
-                runtime::shutdown_on_signals(),
-            )
-            .await
-        }
-        Command::Dev(args) => hookd::dev::run(args, runtime::shutdown_on_signals()).await,
-        Command::Receiver(args) => hookd::receiver::run(args, runtime::shutdown_on_signals()).await,
-        Command::Rekey(args) => {
-            let keyring = args.keys.keyring()?;
-            let pool = runtime::open_checked(&args.db).await?;
-            Ok(rekey::run(&pool, &keyring, args.batch).await?)
-        }
-        Command::Prune(args) => {
-            let pool = db::connect_lazy(&args.db.pool_settings())?;
-            retention::run_once(&pool, &args.retention).await
-        }
-        Command::Token(cmd) => hookd::auth::cli::run(cmd).await,
-        Command::Bench(args) => hookd::bench::run(args, runtime::shutdown_on_signals()).await,
     }
 }

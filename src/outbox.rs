@@ -74,55 +74,9 @@ impl From<DbError> for EnqueueError {
 
 // ---- validation: shared by the HTTP API and documented in the README ----
 
-/// A consumer uid: the tenant-name alphabet, 1-128 characters.
-pub fn validate_consumer(c: &str) -> Result<(), String> {
-    validate_tenant(c).map_err(|_| {
-        format!("consumer {c:?} must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit")
-    })
-}
-
-/// Tenants are DNS-label-like (they default to a Kubernetes namespace).
-pub fn validate_tenant(t: &str) -> Result<(), String> {
-    let ok = !t.is_empty()
-        && t.len() <= 128
-        && t.as_bytes()[0].is_ascii_alphanumeric()
-        && t.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "tenant {t:?} is invalid: 1-128 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"
-        ))
-    }
-}
-
-/// Event types are dot-separated segments of letters, digits, '_' and '-'
-/// (`invoice.paid`, `user.created-v2`), at most 128 characters. The same rule is in
-/// `hookd.enqueue()` and the CRD's eventTypes patterns.
-pub fn validate_event_type(t: &str) -> Result<(), String> {
-    let segment_ok = |s: &str| {
-        !s.is_empty()
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    };
-    if t.len() <= 128 && t.split('.').all(segment_ok) {
-        Ok(())
-    } else {
-        Err(format!(
-            "eventType {t:?} is invalid: dot-separated segments of letters, digits, '_' or '-', at most 128 characters"
-        ))
-    }
-}
-
-/// Idempotency keys: 1-255 printable ASCII characters.
-pub fn validate_idempotency_key(k: &str) -> Result<(), String> {
-    if !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
-        Ok(())
-    } else {
-        Err("idempotency key must be 1-255 printable ASCII characters without spaces".into())
-    }
-}
+pub use crate::domain::{
+    validate_consumer, validate_event_type, validate_idempotency_key, validate_tenant,
+};
 
 /// What makes two requests with one idempotency key "the same": event type and the
 /// exact payload bytes (the tenant is part of the key itself).

@@ -422,7 +422,7 @@ pub async fn run(args: ReceiverArgs, shutdown: CancellationToken) -> anyhow::Res
         keys.len(),
         args.secret_files.len()
     );
-    crate::api::serve_on(listener, receiver.router(), shutdown).await?;
+    crate::ops::serve_on(listener, receiver.router(), shutdown).await?;
     Ok(())
 }
 

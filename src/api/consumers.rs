@@ -22,7 +22,7 @@ use super::openapi::responses;
 use crate::auth::Scope;
 use crate::auth::tokens::{self, TokenRequest};
 use crate::db;
-use crate::outbox;
+use crate::domain;
 
 const BODY_LIMIT: usize = 64 * 1024;
 
@@ -75,7 +75,7 @@ fn path_uid(raw: Result<Path<String>, PathRejection>) -> Result<String, ApiError
     let Path(uid) = raw.map_err(|_| {
         ApiError::bad_request("invalid_consumer", "the consumer uid is not decodable")
     })?;
-    outbox::validate_consumer(&uid).map_err(|e| ApiError::unprocessable("invalid_consumer", e))?;
+    domain::validate_consumer(&uid).map_err(|e| ApiError::unprocessable("invalid_consumer", e))?;
     Ok(uid)
 }
 
@@ -122,7 +122,7 @@ pub async fn upsert(
     let uid = path_uid(uid)?;
     let input: ConsumerIn = json_or_empty(&headers, body, BODY_LIMIT).await?;
     let tenant = tenant_of(&caller, input.tenant)?;
-    outbox::validate_tenant(&tenant).map_err(|e| ApiError::unprocessable("invalid_tenant", e))?;
+    domain::validate_tenant(&tenant).map_err(|e| ApiError::unprocessable("invalid_tenant", e))?;
     if let Some(n) = &input.name {
         crate::endpoints::validate_text("name", n, 200)
             .map_err(|e| ApiError::unprocessable("invalid_field", e))?;
@@ -369,7 +369,7 @@ async fn mint(
     let uid = path_uid(uid)?;
     let input: ConsumerTokenIn = json_or_empty(headers, body, BODY_LIMIT).await?;
     let tenant = tenant_of(caller, input.tenant)?;
-    outbox::validate_tenant(&tenant).map_err(|e| ApiError::unprocessable("invalid_tenant", e))?;
+    domain::validate_tenant(&tenant).map_err(|e| ApiError::unprocessable("invalid_tenant", e))?;
     let ttl = input.ttl_seconds.unwrap_or(DEFAULT_TOKEN_TTL_SECS);
     if !(60..=MAX_TOKEN_TTL_SECS).contains(&ttl) {
         return Err(ApiError::unprocessable(

@@ -23,7 +23,8 @@ use super::openapi::responses;
 use super::{AppState, path_id};
 use crate::auth::Scope;
 use crate::db::{self, endpoints::ApiState, endpoints::EndpointView, endpoints::PatchRefused};
-use crate::outbox::{self, NewMessage};
+use crate::domain;
+use crate::outbox::NewMessage;
 
 /// Largest request body of these routes.
 const BODY_LIMIT: usize = 64 * 1024;
@@ -234,10 +235,10 @@ pub async fn create(
     let tenant = caller
         .resolve_tenant(input.tenant)?
         .ok_or_else(|| ApiError::unprocessable("missing_field", "tenant is required"))?;
-    outbox::validate_tenant(&tenant).map_err(invalid)?;
+    domain::validate_tenant(&tenant).map_err(invalid)?;
     let consumer = caller.resolve_consumer(input.consumer)?;
     if let Some(c) = &consumer {
-        outbox::validate_consumer(c).map_err(invalid)?;
+        domain::validate_consumer(c).map_err(invalid)?;
     }
     let event_types = input.event_types.unwrap_or_default();
     let hdrs = input.headers.unwrap_or_default();
@@ -336,7 +337,7 @@ pub(super) fn page_limit(limit: Option<i64>) -> Result<i64, ApiError> {
 pub(super) fn check_consumer_filter(c: Option<&str>) -> Result<(), ApiError> {
     match c {
         Some(c) => {
-            outbox::validate_consumer(c).map_err(|e| ApiError::unprocessable("invalid_consumer", e))
+            domain::validate_consumer(c).map_err(|e| ApiError::unprocessable("invalid_consumer", e))
         }
         None => Ok(()),
     }
@@ -926,7 +927,7 @@ pub async fn send_test(
     let id = path_id(id, "endpoint")?;
     let input: TestEventIn = json_or_empty(&headers, body, BODY_LIMIT).await?;
     let event_type = input.event_type.unwrap_or_else(|| "hookd.test".into());
-    outbox::validate_event_type(&event_type).map_err(invalid)?;
+    domain::validate_event_type(&event_type).map_err(invalid)?;
     let payload = match input.payload {
         Some(None) => return Err(invalid("payload must not be null".into())),
         Some(Some(p)) => p.get().to_owned(),

@@ -21,7 +21,8 @@ use super::openapi::{any_json_but_null, responses};
 use super::{AppState, Limits, path_id};
 use crate::auth::{Principal, Scope, Subject};
 use crate::db;
-use crate::outbox::{self, Enqueued, NewMessage};
+use crate::domain;
+use crate::outbox::{Enqueued, NewMessage};
 
 /// One event to enqueue. Unknown fields are refused (422): a misspelt `idempotencyKey`
 /// silently ignored would turn a producer's safe retry into a duplicate event.
@@ -98,12 +99,12 @@ fn validate(
     let tenant = tenant.ok_or_else(|| {
         ApiError::unprocessable("missing_field", format!("{prefix}tenant is required"))
     })?;
-    outbox::validate_tenant(&tenant)
+    domain::validate_tenant(&tenant)
         .map_err(|e| ApiError::unprocessable("invalid_tenant", format!("{prefix}{e}")))?;
     let event_type = m.event_type.ok_or_else(|| {
         ApiError::unprocessable("missing_field", format!("{prefix}eventType is required"))
     })?;
-    outbox::validate_event_type(&event_type)
+    domain::validate_event_type(&event_type)
         .map_err(|e| ApiError::unprocessable("invalid_event_type", format!("{prefix}{e}")))?;
     let payload = m.payload.ok_or_else(|| {
         ApiError::unprocessable(
@@ -133,7 +134,7 @@ fn validate(
         (None, h) => h.map(str::to_owned),
     };
     if let Some(k) = &idempotency_key {
-        outbox::validate_idempotency_key(k).map_err(|e| {
+        domain::validate_idempotency_key(k).map_err(|e| {
             ApiError::unprocessable("invalid_idempotency_key", format!("{prefix}{e}"))
         })?;
     }
@@ -142,7 +143,7 @@ fn validate(
         e
     })?;
     if let Some(c) = &consumer {
-        outbox::validate_consumer(c)
+        domain::validate_consumer(c)
             .map_err(|e| ApiError::unprocessable("invalid_consumer", format!("{prefix}{e}")))?;
     }
     Ok(NewMessage {
@@ -655,7 +656,7 @@ pub async fn list(
     super::endpoints::check_status(p.status.as_deref())?;
     super::endpoints::check_consumer_filter(p.consumer.as_deref())?;
     if let Some(t) = p.event_type.as_deref() {
-        outbox::validate_event_type(t)
+        domain::validate_event_type(t)
             .map_err(|e| ApiError::unprocessable("invalid_event_type", e))?;
     }
     let before = super::endpoints::uuid_cursor(p.cursor.as_deref())?;

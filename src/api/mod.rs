@@ -10,8 +10,8 @@ pub mod limits;
 mod messages;
 pub mod openapi;
 pub mod server;
+mod settings;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,6 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use utoipa::OpenApi;
@@ -224,19 +223,6 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// `/healthz`, `/readyz` and `/metrics` for components other than the API.
-pub fn health_routes<S>() -> Router<S>
-where
-    S: Clone + Send + Sync + 'static,
-    Metrics: axum::extract::FromRef<S>,
-    PgPool: axum::extract::FromRef<S>,
-{
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-}
-
 impl axum::extract::FromRef<AppState> for Metrics {
     fn from_ref(s: &AppState) -> Self {
         s.metrics.clone()
@@ -317,7 +303,7 @@ async fn whoami(caller: caller::Caller) -> Response {
     )
 )]
 async fn healthz() -> &'static str {
-    "ok"
+    crate::ops::healthz().await
 }
 
 /// GET /readyz
@@ -336,11 +322,8 @@ async fn healthz() -> &'static str {
         (status = 503, response = openapi::responses::Unavailable),
     )
 )]
-async fn readyz(State(pool): State<PgPool>) -> Response {
-    match tokio::time::timeout(Duration::from_secs(2), crate::db::ping(&pool)).await {
-        Ok(Ok(())) => "ready".into_response(),
-        _ => ApiError::unavailable().into_response(),
-    }
+async fn readyz(state: State<PgPool>) -> Response {
+    crate::ops::readyz(state).await
 }
 
 /// GET /metrics
@@ -360,21 +343,8 @@ async fn readyz(State(pool): State<PgPool>) -> Response {
         (status = 431, response = openapi::responses::HeadersTooLarge),
     )
 )]
-async fn metrics(State(m): State<Metrics>, headers: axum::http::HeaderMap) -> Response {
-    let authorization = headers.get_all(axum::http::header::AUTHORIZATION);
-    let mut values = authorization.iter();
-    let (first, second) = (values.next(), values.next());
-    if second.is_some() || !m.scrape_allowed(first.map(|v| v.as_bytes())) {
-        return ApiError::from(crate::auth::AuthError::Invalid).into_response();
-    }
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        m.render(),
-    )
-        .into_response()
+async fn metrics(state: State<Metrics>, headers: axum::http::HeaderMap) -> Response {
+    crate::ops::metrics(state, headers).await
 }
 
 async fn count_requests(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -417,28 +387,6 @@ pub(crate) fn path_id(
     raw.parse::<Uuid>().map_err(|_| invalid(&raw))
 }
 
-/// Serves `router` on `listen` until `shutdown` fires, then finishes in-flight requests.
-/// For the health listeners of other components; the API itself uses `server`.
-pub async fn serve(
-    listen: SocketAddr,
-    router: Router,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    tracing::info!(%listen, "listening");
-    serve_on(listener, router, shutdown).await
-}
-
-pub async fn serve_on(
-    listener: tokio::net::TcpListener,
-    router: Router,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-}
-
 /// `hookd api`: the ingest pipeline, authentication and the router, until `shutdown`.
 pub async fn run(
     pool: PgPool,
@@ -460,28 +408,4 @@ pub async fn run(
     tracing::info!(listen = %settings.listen, "listening");
     server::serve_api_on(listener, app(state), settings.listener_limits(), shutdown).await?;
     Ok(())
-}
-
-/// State of the health-only router that non-API components serve.
-#[derive(Clone)]
-struct HealthState {
-    pool: PgPool,
-    metrics: Metrics,
-}
-
-impl axum::extract::FromRef<HealthState> for Metrics {
-    fn from_ref(s: &HealthState) -> Self {
-        s.metrics.clone()
-    }
-}
-
-impl axum::extract::FromRef<HealthState> for PgPool {
-    fn from_ref(s: &HealthState) -> Self {
-        s.pool.clone()
-    }
-}
-
-/// `/healthz`, `/readyz`, `/metrics` for components without the API (the dispatcher).
-pub fn health_app(pool: PgPool, metrics: Metrics) -> Router {
-    health_routes().with_state(HealthState { pool, metrics })
 }

@@ -96,14 +96,14 @@ pub enum CreateTokenError {
 
 /// Mints a token and stores its hash.
 pub async fn create(pool: &PgPool, req: &TokenRequest) -> Result<CreatedToken, CreateTokenError> {
-    crate::outbox::validate_tenant(&req.tenant).map_err(CreateTokenError::Invalid)?;
+    crate::domain::validate_tenant(&req.tenant).map_err(CreateTokenError::Invalid)?;
     if req.scopes.is_empty() {
         return Err(CreateTokenError::Invalid(
             "at least one scope is required (produce, read, operate, manage)".into(),
         ));
     }
     if let Some(c) = &req.consumer {
-        crate::outbox::validate_consumer(c).map_err(CreateTokenError::Invalid)?;
+        crate::domain::validate_consumer(c).map_err(CreateTokenError::Invalid)?;
     }
     if req.name.as_ref().is_some_and(|n| n.len() > 200) {
         return Err(CreateTokenError::Invalid(

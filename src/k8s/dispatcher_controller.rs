@@ -696,7 +696,7 @@ mod tests {
     #[test]
     fn every_variable_the_controller_sets_is_read_by_hookd_dispatch() {
         use clap::CommandFactory;
-        let cli = crate::config::Cli::command();
+        let cli = crate::cli::Cli::command();
         let dispatch = cli
             .find_subcommand("dispatch")
             .expect("a dispatch subcommand");
