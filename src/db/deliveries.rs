@@ -87,7 +87,8 @@ const CLAIM_SQL: &str = r#"
             ORDER BY q.turn_at
             LIMIT $2 + cardinality($4::uuid[]) + 64
         ), quota AS (
-            SELECT du.endpoint_id, du.tenant, du.turn_at,
+            SELECT du.endpoint_id, du.tenant, du.turn_at, e.config_version, e.url, e.headers,
+                   e.timeout_ms, e.max_attempts, e.retry_schedule_secs,
                    e.circuit_state <> 'closed' AS probe,
                    CASE WHEN e.circuit_state <> 'closed'
                         -- a circuit whose cool-down is over gets one probe, and none
@@ -97,7 +98,11 @@ const CLAIM_SQL: &str = r#"
                    END AS own,
                    $11 - coalesce(tb.n, 0) AS tenant_left
             FROM due du
-            JOIN hookd.endpoints e ON e.id = du.endpoint_id
+            -- a primary-key probe per due endpoint (LIMIT 1 keeps the planner from
+            -- turning it into a merge join that walks the endpoints index from its start)
+            CROSS JOIN LATERAL (
+                SELECT * FROM hookd.endpoints e WHERE e.id = du.endpoint_id LIMIT 1
+            ) e
             LEFT JOIN busy b ON b.endpoint_id = du.endpoint_id
             LEFT JOIN tenant_busy tb ON tb.tenant = du.tenant
             WHERE e.state = 'active'
@@ -105,7 +110,8 @@ const CLAIM_SQL: &str = r#"
         ), eligible AS (
             -- A tenant's rows stop at what is left of its share, counting every endpoint
             -- before as taking its full quota: never more rows locked than returned.
-            SELECT endpoint_id, probe, turn_at,
+            SELECT endpoint_id, probe, turn_at, config_version, url, headers, timeout_ms,
+                   max_attempts, retry_schedule_secs,
                    least(own, greatest(0, tenant_left
                        - (sum(greatest(own, 0)) OVER w - greatest(own, 0)))) AS quota
             FROM quota
@@ -115,10 +121,11 @@ const CLAIM_SQL: &str = r#"
             -- endpoint by endpoint in turn order, each one's oldest due rows up to its
             -- quota: a range scan of deliveries_claimable (endpoint_id, visible_at) that
             -- locks only the rows it returns
-            SELECT c.id, el.endpoint_id, el.probe
+            SELECT c.id, c.event_id, el.endpoint_id, el.probe, el.config_version, el.url,
+                   el.headers, el.timeout_ms, el.max_attempts, el.retry_schedule_secs
             FROM (SELECT * FROM eligible WHERE quota > 0 ORDER BY turn_at, endpoint_id) el
             CROSS JOIN LATERAL (
-                SELECT d.id FROM hookd.deliveries d
+                SELECT d.id, d.event_id FROM hookd.deliveries d
                 WHERE d.endpoint_id = el.endpoint_id
                   AND d.status IN ('pending', 'in_progress', 'failed')
                   AND d.visible_at <= (SELECT now FROM clock)
@@ -153,27 +160,33 @@ const CLAIM_SQL: &str = r#"
                 WHERE s.endpoint_id = pe.endpoint_id AND s.ciphertext IS NOT NULL
                   AND (s.not_after IS NULL OR s.not_after > (SELECT now FROM clock))
             ) x
+        ), rows AS (
+            SELECT p.*, ev.event_type, ev.payload, ev.created_at AS event_created_at
+            FROM picked p
+            CROSS JOIN LATERAL (
+                SELECT ev.event_type, ev.payload, ev.created_at FROM hookd.events ev
+                WHERE ev.id = p.event_id LIMIT 1
+            ) ev
         )
         UPDATE hookd.deliveries d
         SET status = 'in_progress',
             -- a lapsed lease re-claimed at the maximum is sent again (its first send's
             -- outcome is unknown) without counting past the maximum
-            attempts = CASE WHEN d.attempts >= coalesce(ep.max_attempts, $8) THEN d.attempts
+            attempts = CASE WHEN d.attempts >= coalesce(r.max_attempts, $8) THEN d.attempts
                             ELSE d.attempts + 1 END,
             attempt_seq = d.attempt_seq + 1,
             claim_token = gen_random_uuid(),
             visible_at = (SELECT now FROM clock) + make_interval(secs => $3),
             locked_by = $1,
             updated_at = (SELECT now FROM clock)
-        FROM picked p, sec, hookd.events ev, hookd.endpoints ep
-        WHERE d.id = p.id AND sec.endpoint_id = p.endpoint_id AND ev.id = d.event_id
-          AND ep.id = d.endpoint_id
-          AND (NOT p.probe OR p.endpoint_id IN (SELECT id FROM probes))
+        FROM rows r, sec
+        WHERE d.id = r.id AND sec.endpoint_id = r.endpoint_id
+          AND (NOT r.probe OR r.endpoint_id IN (SELECT id FROM probes))
         RETURNING d.id, d.event_id, d.endpoint_id, d.tenant, d.attempts,
-                  d.claim_token, d.attempt_seq, ep.config_version,
+                  d.claim_token, d.attempt_seq, r.config_version,
                   d.visible_at AS lease_until,
-                  ev.event_type, ev.payload, ev.created_at AS event_created_at,
-                  ep.url, ep.headers, ep.timeout_ms, ep.max_attempts, ep.retry_schedule_secs,
+                  r.event_type, r.payload, r.event_created_at,
+                  r.url, r.headers, r.timeout_ms, r.max_attempts, r.retry_schedule_secs,
                   sec.secret_ids, sec.secret_key_ids, sec.secret_ciphertexts
         "#;
 
