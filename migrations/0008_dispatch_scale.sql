@@ -77,20 +77,33 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
          END
 $$;
 
--- The locking protocol. A statement computing an endpoint's earliest due row cannot see
--- deliveries another transaction has written but not committed, so a raise based on it
--- could move the entry past them and strand them. Therefore:
---  * whoever makes a delivery claimable, or due earlier (enqueue, retry, release,
---    replay), either finds the entry no later than the row and pins it with FOR KEY SHARE
---    until commit, or lowers (or creates) it;
---  * whoever raises or removes an entry (after a claim or an outcome) first locks it FOR
---    UPDATE SKIP LOCKED, which a pin conflicts with, and only then computes the new value
---    in a statement of its own, whose snapshot sees every delivery committed before the
---    lock was granted. A pinned entry is skipped: it stays a lower bound, which is safe.
--- Pinning is a shared lock, so enqueues to one busy endpoint never wait for each other;
--- only an endpoint going from idle to busy writes its entry.
+-- Work arriving. Whoever makes a delivery claimable, or due earlier (enqueue, retry,
+-- release, replay), must leave the endpoint's entry no later than the row. Doing that by
+-- writing the entry would make enqueues wait for each other, and for a producer's own
+-- open transaction (hookd.enqueue inside a business transaction) holding the new entry
+-- of an idle endpoint: invariant 8 forbids that wait. So:
+--  * when the entry exists and is no later than the row, it is pinned with FOR KEY SHARE
+--    until commit (a shared lock: enqueues never wait for each other or for anyone but a
+--    refresher's short FOR UPDATE, below);
+--  * otherwise a row goes into hookd.endpoint_wakeups (no unique key, so no waiting),
+--    which the dispatcher folds into the entries before each claim. A wake-up becomes
+--    visible exactly when its transaction commits, so nothing can be raised past it.
+-- Work leaving (after a claim or an outcome): the entry is locked FOR UPDATE SKIP LOCKED
+-- (a pin makes it skip) and only then recomputed, in a statement of its own whose snapshot
+-- sees every delivery committed before the lock was granted. A skipped entry stays a
+-- lower bound, which is safe.
 
-CREATE FUNCTION hookd.endpoint_queue_lower(ids uuid[], dues timestamptz[])
+CREATE TABLE hookd.endpoint_wakeups (
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    endpoint_id  uuid NOT NULL,
+    due_at       timestamptz NOT NULL
+) WITH (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0
+);
+
+CREATE FUNCTION hookd.endpoint_queue_wake(ids uuid[], dues timestamptz[])
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -104,16 +117,9 @@ BEGIN
     ORDER BY q.endpoint_id
     FOR KEY SHARE OF q
   ) p;
-  -- FOR SHARE on the endpoint row: a concurrent state change (whose trigger updates only
-  -- entries it can see) waits for this commit, or this reads its result.
-  INSERT INTO hookd.endpoint_queue AS q (endpoint_id, tenant, due_at, hold_until)
-  SELECT e.id, e.tenant, i.due, hookd.endpoint_hold(e.state, e.circuit_state, e.circuit_open_until)
-  FROM unnest(ids, dues) AS i(id, due)
-  JOIN hookd.endpoints e ON e.id = i.id
-  WHERE i.id <> ALL (pinned)
-  ORDER BY e.id
-  FOR SHARE OF e
-  ON CONFLICT (endpoint_id) DO UPDATE SET due_at = least(q.due_at, EXCLUDED.due_at);
+  INSERT INTO hookd.endpoint_wakeups (endpoint_id, due_at)
+  SELECT i.id, i.due FROM unnest(ids, dues) AS i(id, due)
+  WHERE i.id <> ALL (pinned);
 END
 $$;
 
@@ -163,7 +169,7 @@ BEGIN
     GROUP BY n.endpoint_id
   ) x;
   IF ids IS NOT NULL THEN
-    PERFORM hookd.endpoint_queue_lower(ids, dues);
+    PERFORM hookd.endpoint_queue_wake(ids, dues);
   END IF;
   RETURN NULL;
 END
@@ -187,7 +193,7 @@ BEGIN
     GROUP BY n.endpoint_id
   ) x;
   IF ids IS NOT NULL THEN
-    PERFORM hookd.endpoint_queue_lower(ids, dues);
+    PERFORM hookd.endpoint_queue_wake(ids, dues);
   END IF;
   -- rows that left the queue, were claimed, or are due later: the entry may be later now
   SELECT array_agg(DISTINCT o.endpoint_id),

@@ -231,11 +231,47 @@ pub async fn claim_shared(
     req: &ClaimRequest,
     shares: &TenantShares,
 ) -> Result<Vec<ClaimedDelivery>, DbError> {
+    fold_wakeups(pool).await?;
     let rows =
         sqlx::query_as_with::<_, ClaimedDelivery, _>(CLAIM_SQL, claim_arguments(req, shares)?)
             .fetch_all(pool)
             .await?;
     Ok(rows)
+}
+
+/// Folds the wake-ups of endpoints that got work (`hookd.endpoint_wakeups`, migration
+/// 0008) into their queue entries, so the claim that follows sees them. Run before every
+/// claim: a separate statement, because a claim cannot see entries its own statement
+/// writes. Its cost follows the endpoints that got work since the last fold. Commits
+/// asynchronously: lost in a crash, the wake-ups come back with it and are folded again.
+pub async fn fold_wakeups(pool: &PgPool) -> Result<u64, DbError> {
+    let r = sqlx::query(
+        r#"
+        WITH async AS (SELECT set_config('synchronous_commit', 'off', true)),
+        w AS (
+            DELETE FROM hookd.endpoint_wakeups
+            WHERE id IN (SELECT id FROM hookd.endpoint_wakeups ORDER BY id LIMIT 10000
+                         FOR UPDATE SKIP LOCKED)
+              AND (SELECT count(*) FROM async) = 1
+            RETURNING endpoint_id, due_at
+        ), m AS (
+            SELECT endpoint_id, min(due_at) AS due FROM w GROUP BY endpoint_id
+        )
+        -- FOR SHARE on the endpoint: a state change that has not committed yet is waited
+        -- for and then read; one that starts after waits for this entry to commit, so
+        -- its trigger (hookd.endpoints_queue_hold) sees it. Either way the hold is right.
+        INSERT INTO hookd.endpoint_queue AS q (endpoint_id, tenant, due_at, hold_until)
+        SELECT e.id, e.tenant, m.due,
+               hookd.endpoint_hold(e.state, e.circuit_state, e.circuit_open_until)
+        FROM m JOIN hookd.endpoints e ON e.id = m.endpoint_id
+        ORDER BY e.id
+        FOR SHARE OF e
+        ON CONFLICT (endpoint_id) DO UPDATE SET due_at = least(q.due_at, EXCLUDED.due_at)
+        "#,
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected())
 }
 
 /// The claim's parameters, shared by `claim` and `explain_claim` so the plan a test
@@ -265,6 +301,7 @@ fn claim_arguments(req: &ClaimRequest, shares: &TenantShares) -> Result<PgArgume
 /// a transaction that is rolled back (nothing is leased). For tests and benchmarks that
 /// prove the claim is an index range scan whatever the backlog. One line per plan line.
 pub async fn explain_claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<String>, DbError> {
+    fold_wakeups(pool).await?;
     let sql = format!("EXPLAIN (ANALYZE, BUFFERS) {CLAIM_SQL}");
     let mut tx = pool.begin().await?;
     // the only dynamic part is a constant prefix on the constant claim text
