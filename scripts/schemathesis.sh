@@ -26,7 +26,7 @@ die() { printf 'error: schemathesis: %s\n' "$*" >&2; exit 1; }
 # add checks that fail a build no code change caused.
 ST_VERSION=4.32.5
 MAX_EXAMPLES=${HOOKD_SCHEMATHESIS_MAX_EXAMPLES:-25}
-ST_TIMEOUT=${HOOKD_SCHEMATHESIS_TIMEOUT:-150}
+ST_TIMEOUT=${HOOKD_SCHEMATHESIS_TIMEOUT:-300}
 
 [[ -n "${DATABASE_URL:-}" ]] || die "DATABASE_URL is not set (scripts/test.sh provisions one)"
 
@@ -90,7 +90,7 @@ export HOOKD_ENCRYPTION_KEY
 "$HOOKD" migrate >/dev/null
 
 # The last stdout line is the token; stderr names its id (for the revoke on exit).
-TOKEN=$("$HOOKD" token create --tenant st --scope produce --scope read --scope operate \
+TOKEN=$("$HOOKD" token create --tenant st --scope produce --scope read --scope operate --scope manage \
   --name schemathesis 2>"$WORK/token.err" | tail -n 1)
 TOKEN_ID=$(grep -Eo 'token [0-9a-f-]{36}' "$WORK/token.err" | head -n 1 | cut -d' ' -f2 || true)
 [[ "$TOKEN" == hookd_* ]] || die "hookd token create printed no token"

@@ -63,14 +63,6 @@ pub const MAX_FILE_BYTES: usize = 1 << 20;
 /// is refused before it is parsed.
 pub const MAX_NESTING: usize = 32;
 
-/// The Standard Webhooks test-vector secrets: published, so anyone can forge signatures
-/// made with them. Refusing them would break copy-pasted tutorials silently elsewhere;
-/// `hookd apply` warns instead (see [`published_secret_warnings`]).
-const PUBLISHED_SECRETS: [&str; 2] = [
-    "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-    "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD",
-];
-
 /// Fields of `metadata` a YAML document may carry (ObjectMeta, camelCase).
 const OBJECT_META_FIELDS: &[&str] = &[
     "name",
@@ -282,6 +274,9 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
                 if ep.metadata.namespace.is_none() {
                     ep.metadata.namespace = Some("default".into());
                 }
+                // Header values first: the same refusal as the CRD's CEL rule, but naming
+                // the header.
+                header_values(&ep).map_err(|e| invalid(object.clone(), e))?;
                 // The CRD's CEL rules, evaluated locally: the same refusals kubectl would give.
                 ep.validate_cel()
                     .map_err(|e| invalid(object.clone(), e.to_string()))?;
@@ -289,7 +284,6 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
                 // own bounds (minimum/maximum, lengths, item counts) are the API server's
                 // job in a cluster, so check them here too.
                 schema_bounds(&ep).map_err(|e| invalid(object.clone(), e))?;
-                header_values(&ep).map_err(|e| invalid(object.clone(), e))?;
                 docs.push(Document::Endpoint(Box::new(ep)));
             }
             (Some("v1"), Some("Secret")) => {
@@ -416,7 +410,7 @@ pub fn published_secret_warnings(plan: &[sync::DesiredEndpoint]) -> Vec<String> 
         .filter(|d| {
             d.secret
                 .as_ref()
-                .is_some_and(|s| PUBLISHED_SECRETS.contains(&s.value.as_str()))
+                .is_some_and(|s| crate::signing::is_published_test_secret(&s.value))
         })
         .map(|d| {
             format!(

@@ -1,120 +1,21 @@
 //! Typed configuration: one struct per component, from flags with `HOOKD_*` (and
-//! `DATABASE_URL`) environment equivalents. `--help` shows every doc comment here.
+//! `DATABASE_URL`) environment equivalents. `--help` shows every doc comment here. Plain
+//! values only: this module depends on no component (the command line that assembles
+//! them is `cli`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::Args;
 
-use crate::auth::service_account::{NamespaceTenants, ServiceAccountPolicy};
-use crate::auth::{AuthMode, Scope};
 use crate::db::PoolSettings;
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "hookd",
-    version,
-    about = "Kubernetes-native webhook gateway on the transactional outbox pattern"
-)]
-pub struct Cli {
-    /// Log filter (tracing env-filter syntax), e.g. `info` or `hookd=debug,info`
-    #[arg(long, env = "HOOKD_LOG", default_value = "info", global = true)]
-    pub log: String,
-    /// Log format: `text` or `json`
-    #[arg(long, env = "HOOKD_LOG_FORMAT", default_value = "text", global = true)]
-    pub log_format: LogFormat,
-    /// Bearer token that `GET /metrics` of every component requires (default: none, the
-    /// metrics are open to whoever reaches the port)
-    #[arg(
-        long,
-        env = "HOOKD_METRICS_TOKEN",
-        global = true,
-        hide_env_values = true
-    )]
-    pub metrics_token: Option<String>,
-    #[command(subcommand)]
-    pub command: Command,
-}
+use crate::domain::{AuthMode, NamespaceTenants, Scope};
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum LogFormat {
     Text,
     Json,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Apply the database migrations (idempotent)
-    Migrate(DbArgs),
-    /// Serve the ingest and operations API
-    Api(ApiArgs),
-    /// Run a dispatcher: claim due deliveries and send them
-    Dispatch(DispatchArgs),
-    /// Run the Kubernetes controller (WebhookEndpoint and WebhookDispatcher)
-    Controller(ControllerArgs),
-    /// Apply WebhookEndpoint and Secret YAML documents straight to Postgres
-    Apply(ApplyArgs),
-    /// Print the CustomResourceDefinitions as YAML
-    Crd,
-    /// Run everything in one process for a laptop (throwaway Postgres when DATABASE_URL is unset)
-    Dev(DevArgs),
-    /// Run a webhook receiver that verifies signatures and records webhook ids (for testing a setup)
-    Receiver(ReceiverArgs),
-    /// Re-encrypt every signing secret not under the active encryption key (online, idempotent)
-    Rekey(RekeyArgs),
-    /// Delete terminal deliveries, their attempts and dead letters, and events past the retention (one pass)
-    Prune(PruneArgs),
-    /// Manage static API tokens
-    #[command(subcommand)]
-    Token(TokenCommand),
-    /// Measure ingest, dispatch, end-to-end latency and claim cost on this machine (in a dedicated, dropped database)
-    Bench(crate::bench::BenchArgs),
-}
-
-#[derive(Debug, Subcommand)]
-pub enum TokenCommand {
-    /// Create a token; it is printed once, alone on the last line of stdout
-    Create(TokenCreateArgs),
-    /// List tokens (never the tokens themselves: their id, prefix, tenant and scopes)
-    List(TokenListArgs),
-    /// Revoke a token by id; the API stops accepting it within 5 seconds
-    Revoke(TokenRevokeArgs),
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct TokenCreateArgs {
-    #[command(flatten)]
-    pub db: DbArgs,
-    /// Tenant the token acts for
-    #[arg(long)]
-    pub tenant: String,
-    /// What the token may do (repeatable, or comma-separated): produce, read, operate
-    #[arg(long = "scope", required = true, value_delimiter = ',')]
-    pub scopes: Vec<Scope>,
-    /// A note for `hookd token list`, e.g. who holds it
-    #[arg(long)]
-    pub name: Option<String>,
-    /// Expiry as an RFC 3339 time, e.g. 2027-01-01T00:00:00Z (default: none)
-    #[arg(long)]
-    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct TokenListArgs {
-    #[command(flatten)]
-    pub db: DbArgs,
-    /// Only this tenant's tokens
-    #[arg(long)]
-    pub tenant: Option<String>,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct TokenRevokeArgs {
-    #[command(flatten)]
-    pub db: DbArgs,
-    /// Id of the token (from `hookd token create` or `hookd token list`)
-    pub id: uuid::Uuid,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -147,6 +48,22 @@ pub struct ApiArgs {
     pub db: DbArgs,
     #[command(flatten)]
     pub api: ApiSettings,
+    #[command(flatten)]
+    pub manage: ManageSettings,
+    /// The key that seals signing secrets the endpoints API generates or receives (the same key the dispatchers decrypt with)
+    #[command(flatten)]
+    pub keys: KeyArgs,
+}
+
+/// What the endpoints and consumers API needs beyond the database.
+#[derive(Debug, Clone, Args)]
+pub struct ManageSettings {
+    /// Destinations admitted despite being private/loopback/link-local (comma-separated CIDRs); endpoint URLs are checked against it at create time. Give the API the dispatchers' value
+    #[arg(long, env = "HOOKD_ALLOWED_DESTINATIONS", default_value = "")]
+    pub allowed_destinations: String,
+    /// Public base URL of this API (e.g. https://hooks.example.com), for portal links; default: links relative to the API
+    #[arg(long, env = "HOOKD_PUBLIC_URL")]
+    pub public_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -226,51 +143,6 @@ fn parse_rate(s: &str) -> Result<f64, String> {
         _ => Err(format!(
             "{s:?} is not a positive number of events per second"
         )),
-    }
-}
-
-impl ApiSettings {
-    pub fn service_account_policy(&self) -> ServiceAccountPolicy {
-        ServiceAccountPolicy {
-            scopes: self.auth_sa_scopes.clone(),
-            namespace_tenants: self.auth_namespace_tenants.clone(),
-        }
-    }
-
-    pub fn listener_limits(&self) -> crate::api::server::ListenerLimits {
-        crate::api::server::ListenerLimits {
-            header_timeout: Duration::from_secs(self.api_header_timeout_secs.max(1)),
-            max_connections: self.api_max_connections.clamp(1, 1 << 20),
-            // hyper's own cap on a request head, well above ours so that a merely large
-            // head gets our JSON 414/431 and only an absurd one is cut off by hyper
-            max_head_bytes: (self.api_max_header_bytes + self.api_max_url_bytes) * 2 + 8192,
-        }
-    }
-
-    /// (process, tenant) bytes-in-flight bounds of the ingest routes.
-    pub fn ingest_budget(&self) -> (usize, usize) {
-        let process = self.api_max_inflight_bytes.max(1);
-        let tenant = self
-            .api_tenant_inflight_bytes
-            .unwrap_or_else(|| (process / 4).max(self.limits().max_batch_body_bytes));
-        (process, tenant.clamp(1, process))
-    }
-
-    pub fn limits(&self) -> crate::api::Limits {
-        // The envelope around a payload (tenant, type, key, quoting) is small; 16 KiB of
-        // slack keeps the 413 about the payload, with its exact size in the message.
-        let max_body_bytes = self.max_payload_bytes + 16 * 1024;
-        crate::api::Limits {
-            max_payload_bytes: self.max_payload_bytes,
-            max_body_bytes,
-            max_batch: self.max_batch,
-            max_batch_body_bytes: max_body_bytes
-                .saturating_mul(self.max_batch.max(1))
-                .min(64 << 20),
-            request_timeout: Duration::from_secs(self.api_request_timeout_secs.max(1)),
-            max_header_bytes: self.api_max_header_bytes,
-            max_url_bytes: self.api_max_url_bytes,
-        }
     }
 }
 

@@ -238,6 +238,7 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         dispatch.allowed_destinations = "127.0.0.0/8,::1/128".into();
     }
     let cfg = crate::dispatch::DispatchConfig::from_settings(&dispatch)?;
+    let dispatch_allowed = dispatch.allowed_destinations.clone();
 
     // The receiver verifies with every live secret of this database, refreshed.
     let secrets = crate::receiver::DynamicSecrets::default();
@@ -252,16 +253,16 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         dynamic: Some(secrets),
         ..ReceiverConfig::default()
     })?;
-    tokio::spawn(crate::api::serve_on(
+    tokio::spawn(crate::ops::serve_on(
         receiver_listener,
         receiver.router(),
         shutdown.clone(),
     ));
 
     let metrics = crate::metrics::Metrics::new();
-    tokio::spawn(crate::api::serve_on(
+    tokio::spawn(crate::ops::serve_on(
         dispatch_listener,
-        crate::api::health_app(pool.clone(), metrics.clone()),
+        crate::ops::router(pool.clone(), metrics.clone()),
         shutdown.clone(),
     ));
     let dispatcher = tokio::spawn(crate::dispatch::run_dispatcher(
@@ -290,6 +291,7 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
             let token = crate::auth::tokens::create(
                 &pool,
                 &crate::auth::tokens::TokenRequest {
+                    consumer: None,
                     tenant: DEV_TENANT.into(),
                     scopes: Scope::ALL.to_vec(),
                     name: Some("hookd dev".into()),
@@ -299,7 +301,7 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
             .await?
             .token;
             println!(
-                "hookd dev: API token for tenant {DEV_TENANT} (scopes produce, read, operate): {token}"
+                "hookd dev: API token for tenant {DEV_TENANT} (scopes produce, read, operate, manage): {token}"
             );
             println!("hookd dev: send a first event with:");
             println!(
@@ -321,7 +323,13 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
     }
     // api::run binds the address itself; hand it back now that it is known to be free
     drop(api_listener);
-    let api_result = crate::api::run(pool, api, shutdown.clone()).await;
+    let manage = crate::api::ManageDeps {
+        keyring: args.keys.keyring().map_err(|e| e.to_string()),
+        allow: crate::outbound::AllowList::parse(&dispatch_allowed)
+            .map_err(|e| anyhow::anyhow!(e))?,
+        public_url: Some(format!("http://{}", args.listen)),
+    };
+    let api_result = crate::api::run(pool, api, manage, shutdown.clone()).await;
     shutdown.cancel();
     let _ = dispatcher.await;
     if let Some(t) = temp {

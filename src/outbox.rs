@@ -29,6 +29,8 @@ pub struct NewMessage {
     /// the producer's exact payload bytes, already checked to be JSON
     pub payload: String,
     pub idempotency_key: Option<String>,
+    /// the consumer the event is for (`None`: the tenant's endpoints without a consumer)
+    pub consumer: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,56 +74,23 @@ impl From<DbError> for EnqueueError {
 
 // ---- validation: shared by the HTTP API and documented in the README ----
 
-/// Tenants are DNS-label-like (they default to a Kubernetes namespace).
-pub fn validate_tenant(t: &str) -> Result<(), String> {
-    let ok = !t.is_empty()
-        && t.len() <= 128
-        && t.as_bytes()[0].is_ascii_alphanumeric()
-        && t.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "tenant {t:?} is invalid: 1-128 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"
-        ))
-    }
-}
-
-/// Event types are dot-separated segments of letters, digits, '_' and '-'
-/// (`invoice.paid`, `user.created-v2`), at most 128 characters. The same rule is in
-/// `hookd.enqueue()` and the CRD's eventTypes patterns.
-pub fn validate_event_type(t: &str) -> Result<(), String> {
-    let segment_ok = |s: &str| {
-        !s.is_empty()
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    };
-    if t.len() <= 128 && t.split('.').all(segment_ok) {
-        Ok(())
-    } else {
-        Err(format!(
-            "eventType {t:?} is invalid: dot-separated segments of letters, digits, '_' or '-', at most 128 characters"
-        ))
-    }
-}
-
-/// Idempotency keys: 1-255 printable ASCII characters.
-pub fn validate_idempotency_key(k: &str) -> Result<(), String> {
-    if !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
-        Ok(())
-    } else {
-        Err("idempotency key must be 1-255 printable ASCII characters without spaces".into())
-    }
-}
+pub use crate::domain::{
+    validate_consumer, validate_event_type, validate_idempotency_key, validate_tenant,
+};
 
 /// What makes two requests with one idempotency key "the same": event type and the
 /// exact payload bytes (the tenant is part of the key itself).
-fn request_hash(event_type: &str, payload: &str) -> Vec<u8> {
+fn request_hash(event_type: &str, payload: &str, consumer: Option<&str>) -> Vec<u8> {
     let mut h = Sha256::new();
     h.update(event_type.as_bytes());
     h.update(b"\n");
     h.update(payload.as_bytes());
+    // the consumer is part of what a key stands for; without one the hash is the one
+    // stored before consumers existed
+    if let Some(c) = consumer {
+        h.update(b"\n");
+        h.update(c.as_bytes());
+    }
     h.finalize().to_vec()
 }
 
@@ -524,7 +493,8 @@ async fn insert_messages(
             event_type: m.event_type.clone(),
             payload: m.payload.clone(),
             idempotency_key: m.idempotency_key.clone(),
-            request_hash: request_hash(&m.event_type, &m.payload),
+            request_hash: request_hash(&m.event_type, &m.payload, m.consumer.as_deref()),
+            consumer: m.consumer.clone(),
         })
         .collect();
     if rows.is_empty() {
@@ -647,9 +617,10 @@ mod tests {
 
     #[test]
     fn request_hash_depends_on_type_and_exact_bytes() {
-        let a = request_hash("t", r#"{"a":1}"#);
-        assert_eq!(a, request_hash("t", r#"{"a":1}"#));
-        assert_ne!(a, request_hash("t", r#"{"a": 1}"#));
-        assert_ne!(a, request_hash("u", r#"{"a":1}"#));
+        let a = request_hash("t", r#"{"a":1}"#, None);
+        assert_eq!(a, request_hash("t", r#"{"a":1}"#, None));
+        assert_ne!(a, request_hash("t", r#"{"a": 1}"#, None));
+        assert_ne!(a, request_hash("u", r#"{"a":1}"#, None));
+        assert_ne!(a, request_hash("t", r#"{"a":1}"#, Some("c")));
     }
 }

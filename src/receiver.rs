@@ -422,23 +422,26 @@ pub async fn run(args: ReceiverArgs, shutdown: CancellationToken) -> anyhow::Res
         keys.len(),
         args.secret_files.len()
     );
-    crate::api::serve_on(listener, receiver.router(), shutdown).await?;
+    crate::ops::serve_on(listener, receiver.router(), shutdown).await?;
     Ok(())
 }
 
+/// Longer than `hookd dev`'s secret refresh period (1 s).
+const DYNAMIC_SETTLE: std::time::Duration = std::time::Duration::from_millis(1500);
+
 async fn deliver(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     let _in_flight = InFlight::enter(&shared);
-    let keys = shared.current_keys().await;
     let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
     let (id, event_type, signature) = (
         h("webhook-id"),
         h("hookd-event-type"),
         h("webhook-signature"),
     );
-    let now = chrono::Utc::now().timestamp();
-    let verdict: Result<&Key, String> = if keys.is_empty() {
-        Err("no signing secret configured".into())
-    } else {
+    let verify = |keys: &[Key]| -> Result<String, String> {
+        if keys.is_empty() {
+            return Err("no signing secret configured".into());
+        }
+        let now = chrono::Utc::now().timestamp();
         // Header and timestamp errors do not depend on the key; the first error is the reason.
         let mut first_error = None;
         keys.iter()
@@ -453,8 +456,16 @@ async fn deliver(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
                 );
                 checked.map_err(|e| first_error.get_or_insert(e)).is_ok()
             })
+            .map(|k| k.label.clone())
             .ok_or_else(|| first_error.map(|e| e.to_string()).unwrap_or_default())
     };
+    let mut verdict = verify(&shared.current_keys().await);
+    if verdict.is_err() && shared.dynamic.is_some() {
+        // `hookd dev`: an endpoint made through the API a moment ago may be signing with a
+        // secret the next refresh brings; wait for it once instead of refusing the first send
+        tokio::time::sleep(DYNAMIC_SETTLE).await;
+        verdict = verify(&shared.current_keys().await);
+    }
     let signatures = signature.map_or(0, |s| {
         s.split_ascii_whitespace()
             .filter(|e| e.starts_with("v1,"))
@@ -490,7 +501,7 @@ async fn deliver(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
             match &verdict {
                 Ok(key) => {
                     rec.verified += 1;
-                    rec.key = Some(key.label.clone());
+                    rec.key = Some(key.clone());
                 }
                 Err(_) => {
                     rec.invalid += 1;

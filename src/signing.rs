@@ -50,6 +50,19 @@ pub enum SecretError {
     BadLength(usize),
 }
 
+/// The Standard Webhooks test-vector secrets: published, so anyone can forge signatures
+/// made with them. Refusing them would break copy-pasted tutorials silently elsewhere;
+/// `hookd apply` and the controller warn instead.
+const PUBLISHED_SECRETS: [&str; 2] = [
+    "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD",
+];
+
+/// Whether `secret` is one of the published test-vector secrets.
+pub fn is_published_test_secret(secret: &str) -> bool {
+    PUBLISHED_SECRETS.contains(&secret.trim())
+}
+
 impl SigningSecret {
     /// Parses `whsec_<base64>`. Surrounding whitespace is ignored because secrets stored
     /// with `echo` or in env files routinely carry a trailing newline.

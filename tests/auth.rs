@@ -611,6 +611,7 @@ async fn token_cli_create_list_revoke(pool: PgPool) {
     let expiring = hookd::auth::tokens::create(
         &pool,
         &hookd::auth::tokens::TokenRequest {
+            consumer: None,
             tenant: "team-a".into(),
             scopes: vec![Scope::Read],
             name: None,

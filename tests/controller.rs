@@ -22,7 +22,10 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use common::{SECRET_A, SECRET_B};
+/// Signing secrets of the fixtures: generated, not the published test vectors (which the
+/// controller warns about with an Event, see `published_test_secret_is_warned_about`).
+const SECRET_A: &str = "whsec_lqXZgHVWuKr3RFBqm5Ls8VXsx0znleJz";
+const SECRET_B: &str = "whsec_ZtlEx88nJEUInbSXVR2losYZJkSiqIxq";
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
@@ -328,6 +331,40 @@ async fn new_endpoint_gets_the_finalizer_first(pool: PgPool) {
 /// With the finalizer in place: GET the Secret, write the row, server-side-apply the
 /// status, publish `Created`. A second pass over the object as the API server now holds it
 /// writes nothing: no status patch, no Event (the loop a real API server would expose).
+/// An endpoint signing with a published Standard Webhooks test-vector secret is synced,
+/// with a Warning Event that names no secret.
+#[sqlx::test]
+async fn published_test_secret_is_warned_about(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let ep = endpoint_object("pub", true, json!({}));
+    let run = tokio::spawn(endpoint_controller::reconcile(
+        Arc::new(ep.clone()),
+        ctx.clone(),
+    ));
+    api.expect("GET", &secret_path("pub"), |_| {
+        (200, secret_object("pub-secret", common::SECRET_A))
+    })
+    .await;
+    api.expect(
+        "PATCH",
+        &format!("{}/status", ep_path("pub")),
+        with_status(&ep),
+    )
+    .await;
+    let created = api.expect("POST", EVENTS_PATH, echo(201)).await;
+    assert_eq!(created.body["reason"], "Created");
+    let warning = api.expect("POST", EVENTS_PATH, echo(201)).await;
+    assert_eq!(warning.body["reason"], "PublishedSigningSecret");
+    assert_eq!(warning.body["type"], "Warning");
+    assert!(!warning.body.to_string().contains(common::SECRET_A));
+    run.await.unwrap().unwrap();
+    api.expect_no_more().await;
+    assert!(
+        endpoint_row(&pool, "pub").await.is_some(),
+        "synced all the same"
+    );
+}
+
 #[sqlx::test]
 async fn endpoint_is_synced_and_status_applied_once(pool: PgPool) {
     let (ctx, mut api) = context(&pool);

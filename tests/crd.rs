@@ -72,12 +72,14 @@ fn cel_rules_refuse_bad_specs() {
         serde_json::json!({"retrySchedule": [0]}),
         serde_json::json!({"headers": {"webhook-id": "x"}}),
         serde_json::json!({"headers": {"Content-Type": "x"}}),
+        serde_json::json!({"headers": {"X-A": "a\r\nX-Injected: 1"}}),
+        serde_json::json!({"headers": {"X-A": "a\u{1}"}}),
     ] {
         assert!(check(bad.clone()).is_err(), "should be refused: {bad}");
     }
     assert!(
         check(
-            serde_json::json!({"eventTypes": ["*"], "headers": {"X-Team": "a"}, "tenant": "team.a"})
+            serde_json::json!({"eventTypes": ["*"], "headers": {"X-Team": "a b\tc ü"}, "tenant": "team.a"})
         )
         .is_ok()
     );
@@ -325,6 +327,12 @@ mod cel_cost {
                             return (args[0].0.saturating_add(branch), ty);
                         }
                         "@in" => (size(&args[1].1), Ty::Scalar),
+                        // indexing a map or list: one step, yielding a value of its type
+                        "_[_]" => match &args[0].1 {
+                            Ty::Map(_, v, _) => (1, (**v).clone()),
+                            Ty::List(el, _) => (1, (**el).clone()),
+                            other => panic!("index into {other:?}"),
+                        },
                         "matches" => {
                             let s = size(tt.as_ref().expect("member matches"));
                             let r = size(&args[0].1);

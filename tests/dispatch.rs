@@ -550,7 +550,10 @@ async fn http_500_schedules_a_retry_and_logs_the_attempt(pool: PgPool) {
     .await;
     let (_, ids) = api.enqueue("retry", "a.b", "{}").await;
     assert!(wait_status(&pool, ids[0], "failed", Duration::from_secs(10)).await);
-    let row = deliveries::get(&pool, ids[0], None).await.unwrap().unwrap();
+    let row = deliveries::get(&pool, ids[0], hookd::db::Audience::default())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(row.attempts, 1);
     assert_eq!(row.last_status_code, Some(500));
     let log = attempt_rows(&pool, ids[0]).await;
@@ -599,7 +602,10 @@ async fn retry_after_is_honoured_within_bounds(pool: PgPool) {
     .await;
     for (id, expected) in ids.iter().zip([120.0, 600.0, 30.0]) {
         assert!(wait_status(&pool, *id, "failed", Duration::from_secs(10)).await);
-        let row = deliveries::get(&pool, *id, None).await.unwrap().unwrap();
+        let row = deliveries::get(&pool, *id, hookd::db::Audience::default())
+            .await
+            .unwrap()
+            .unwrap();
         let a = &attempt_rows(&pool, *id).await[0];
         assert_eq!(a.status_code, Some(503));
         let delay = (row.visible_at - a.started_at).as_seconds_f64();
@@ -826,7 +832,10 @@ async fn replay_of_dead_and_succeeded_deliveries_resends_the_same_id(pool: PgPoo
     assert_eq!(s, StatusCode::ACCEPTED, "{v}");
     assert_eq!(v["deliveryId"], json!(id.to_string()));
     assert_eq!(v["status"], json!("pending"));
-    let row = deliveries::get(&pool, id, None).await.unwrap().unwrap();
+    let row = deliveries::get(&pool, id, hookd::db::Audience::default())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((row.status.as_str(), row.attempts), ("pending", 0));
     assert!(row.visible_at <= Utc::now());
     assert!(row.completed_at.is_none());

@@ -158,7 +158,9 @@ async fn replay_cannot_reopen_the_fence(pool: PgPool) {
     .await
     .unwrap();
     assert_eq!(
-        deliveries::replay(&pool, id, None).await.unwrap(),
+        deliveries::replay(&pool, id, hookd::db::Audience::default())
+            .await
+            .unwrap(),
         ReplayOutcome::Replayed
     );
     let current = deliveries::claim(&pool, &req).await.unwrap();

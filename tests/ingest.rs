@@ -1177,15 +1177,24 @@ async fn sql_enqueue_idempotency_and_validation(pool: PgPool) {
     assert!(db.message().contains("invalid event type"), "{db}");
     assert_eq!(counts(&pool).await, (1, 1));
 
-    // one function, no overloads
-    let overloads: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-         WHERE n.nspname = 'hookd' AND p.proname = 'enqueue'",
+    // exactly the two documented forms, no stale overload: the 4-argument one (whose
+    // grants producers already hold) and the 5-argument one with a consumer (issue 15);
+    // neither has defaults that make a call ambiguous
+    let overloads: Vec<String> = sqlx::query_scalar(
+        "SELECT pg_get_function_identity_arguments(p.oid) FROM pg_proc p
+         JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'hookd' AND p.proname = 'enqueue' ORDER BY p.pronargs",
     )
-    .fetch_one(&pool)
+    .fetch_all(&pool)
     .await
     .unwrap();
-    assert_eq!(overloads, 1);
+    assert_eq!(
+        overloads,
+        [
+            "tenant text, event_type text, payload text, idempotency_key text",
+            "tenant text, event_type text, payload text, idempotency_key text, consumer text"
+        ]
+    );
 
     // the HTTP API sees the same key space: the SQL event is its original
     let api = TestApi::start(&pool).await;

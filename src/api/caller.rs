@@ -35,6 +35,54 @@ impl Caller {
         }
     }
 
+    /// Whose rows this caller may read: its tenant, and its consumer for a consumer token.
+    pub fn audience(&self) -> crate::db::Audience<'_> {
+        match self {
+            Caller::Anonymous => crate::db::Audience::default(),
+            Caller::Authenticated(p) => crate::db::Audience {
+                tenant: Some(&p.tenant),
+                consumer: p.consumer.as_deref(),
+            },
+        }
+    }
+
+    /// The consumer a consumer token is confined to.
+    pub fn consumer_scope(&self) -> Option<&str> {
+        match self {
+            Caller::Anonymous => None,
+            Caller::Authenticated(p) => p.consumer.as_deref(),
+        }
+    }
+
+    /// 403 for a consumer token: routes that act on the whole tenant (consumers, minting
+    /// tokens) are never a consumer's.
+    pub fn require_tenant_wide(&self) -> Result<(), ApiError> {
+        match self.consumer_scope() {
+            Some(c) => Err(ApiError::new(
+                axum::http::StatusCode::FORBIDDEN,
+                "consumer_token",
+                format!(
+                    "this credential is confined to consumer {c:?}; this route needs a tenant credential"
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The consumer a write is for: a consumer token's own, which the request may repeat
+    /// but not change (403); otherwise the one named (or none).
+    pub fn resolve_consumer(&self, named: Option<String>) -> Result<Option<String>, ApiError> {
+        match (self.consumer_scope(), named) {
+            (Some(own), Some(n)) if n != own => Err(ApiError::new(
+                axum::http::StatusCode::FORBIDDEN,
+                "consumer_mismatch",
+                format!("this credential acts for consumer {own:?}, not {n:?}; omit consumer"),
+            )),
+            (Some(own), _) => Ok(Some(own.to_owned())),
+            (None, named) => Ok(named),
+        }
+    }
+
     /// The tenant a write or query acts for: the credential's, which a tenant named in the
     /// request may repeat but not change (403). Without authentication, the named one.
     pub fn resolve_tenant(&self, named: Option<String>) -> Result<Option<String>, ApiError> {

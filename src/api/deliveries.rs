@@ -111,7 +111,7 @@ pub async fn get(
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Read)?;
     let id = path_id(id, "delivery")?;
-    let d = db::deliveries::get(&state.pool, id, caller.tenant_scope())
+    let d = db::deliveries::get(&state.pool, id, caller.audience())
         .await?
         .ok_or_else(|| ApiError::not_found("delivery"))?;
     let (attempts, attempts_omitted) =
@@ -201,7 +201,7 @@ pub async fn replay(
     if let Some(tenant) = caller.tenant_scope() {
         state.admit(&[(tenant, 1)])?;
     }
-    match db::deliveries::replay(&state.pool, id, caller.tenant_scope()).await? {
+    match db::deliveries::replay(&state.pool, id, caller.audience()).await? {
         ReplayOutcome::Replayed => {
             state.notifier.wake();
             Ok((
@@ -327,7 +327,7 @@ pub async fn replay_endpoint(
         ));
     }
 
-    if db::endpoints::get(&state.pool, id, caller.tenant_scope())
+    if db::endpoints::get_visible(&state.pool, id, caller.audience())
         .await?
         .is_none()
     {
@@ -478,6 +478,7 @@ pub async fn dead_letters(
         &state.pool,
         &db::dead_letters::DeadLetterQuery {
             tenant,
+            consumer: caller.consumer_scope().map(str::to_owned),
             endpoint_id: p.endpoint_id,
             after,
             limit,

@@ -93,6 +93,7 @@ impl ApiError {
                 Scope::Produce => r#"Bearer error="insufficient_scope", scope="produce""#,
                 Scope::Read => r#"Bearer error="insufficient_scope", scope="read""#,
                 Scope::Operate => r#"Bearer error="insufficient_scope", scope="operate""#,
+                Scope::Manage => r#"Bearer error="insufficient_scope", scope="manage""#,
             }),
         )
     }

@@ -21,7 +21,8 @@ use super::openapi::{any_json_but_null, responses};
 use super::{AppState, Limits, path_id};
 use crate::auth::{Principal, Scope, Subject};
 use crate::db;
-use crate::outbox::{self, Enqueued, NewMessage};
+use crate::domain;
+use crate::outbox::{Enqueued, NewMessage};
 
 /// One event to enqueue. Unknown fields are refused (422): a misspelt `idempotencyKey`
 /// silently ignored would turn a producer's safe retry into a duplicate event.
@@ -45,6 +46,11 @@ pub struct MessageIn {
     /// A repeat with the same key returns the original ids and writes nothing
     #[schema(pattern = r"^[!-~]{1,255}$")]
     idempotency_key: Option<String>,
+    /// The consumer (customer) the event is for: it reaches only that consumer's
+    /// endpoints subscribed to its type. Without it, only the tenant's endpoints without a
+    /// consumer. An unknown consumer reaches nobody (201 with no deliveries).
+    #[schema(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+    consumer: Option<String>,
 }
 
 /// Several events, committed in one transaction (all or none).
@@ -93,12 +99,12 @@ fn validate(
     let tenant = tenant.ok_or_else(|| {
         ApiError::unprocessable("missing_field", format!("{prefix}tenant is required"))
     })?;
-    outbox::validate_tenant(&tenant)
+    domain::validate_tenant(&tenant)
         .map_err(|e| ApiError::unprocessable("invalid_tenant", format!("{prefix}{e}")))?;
     let event_type = m.event_type.ok_or_else(|| {
         ApiError::unprocessable("missing_field", format!("{prefix}eventType is required"))
     })?;
-    outbox::validate_event_type(&event_type)
+    domain::validate_event_type(&event_type)
         .map_err(|e| ApiError::unprocessable("invalid_event_type", format!("{prefix}{e}")))?;
     let payload = m.payload.ok_or_else(|| {
         ApiError::unprocessable(
@@ -128,9 +134,17 @@ fn validate(
         (None, h) => h.map(str::to_owned),
     };
     if let Some(k) = &idempotency_key {
-        outbox::validate_idempotency_key(k).map_err(|e| {
+        domain::validate_idempotency_key(k).map_err(|e| {
             ApiError::unprocessable("invalid_idempotency_key", format!("{prefix}{e}"))
         })?;
+    }
+    let consumer = caller.resolve_consumer(m.consumer).map_err(|mut e| {
+        e.message = format!("{prefix}{}", e.message);
+        e
+    })?;
+    if let Some(c) = &consumer {
+        domain::validate_consumer(c)
+            .map_err(|e| ApiError::unprocessable("invalid_consumer", format!("{prefix}{e}")))?;
     }
     Ok(NewMessage {
         tenant,
@@ -138,6 +152,7 @@ fn validate(
         // RawValue holds the producer's exact text: stored and signed byte for byte
         payload: payload.to_owned(),
         idempotency_key,
+        consumer,
     })
 }
 
@@ -219,6 +234,7 @@ pub fn parse_ingest_body(
         None => Caller::Anonymous,
         Some(t) => Caller::Authenticated(Principal {
             tenant: t.to_owned(),
+            consumer: None,
             scopes: vec![Scope::Produce],
             subject: Subject::Token { id: Uuid::nil() },
         }),
@@ -481,6 +497,8 @@ pub struct MessageOut {
     #[schema(schema_with = any_json_but_null)]
     payload: Box<RawValue>,
     idempotency_key: Option<String>,
+    /// the consumer the event was addressed to, if any
+    consumer: Option<String>,
     created_at: DateTime<Utc>,
     deliveries: Vec<DeliverySummary>,
 }
@@ -517,7 +535,7 @@ pub async fn get(
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Read)?;
     let id = path_id(id, "message")?;
-    let event = db::events::get(&state.pool, id, caller.tenant_scope())
+    let event = db::events::get(&state.pool, id, caller.audience())
         .await?
         .ok_or_else(|| ApiError::not_found("message"))?;
     let deliveries = db::deliveries::for_event(&state.pool, id).await?;
@@ -537,8 +555,153 @@ pub async fn get(
         event_type: event.event_type,
         payload,
         idempotency_key: event.idempotency_key,
+        consumer: event.consumer,
         created_at: event.created_at,
         deliveries: deliveries.into_iter().map(Into::into).collect(),
+    })
+    .into_response())
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct MessageListParams {
+    /// With authentication off: only this tenant's messages
+    tenant: Option<String>,
+    /// only messages addressed to this consumer
+    #[param(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+    consumer: Option<String>,
+    /// only this event type (exact)
+    #[param(pattern = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$", max_length = 128)]
+    event_type: Option<String>,
+    /// only messages with at least one delivery in this status
+    #[param(value_type = Option<DeliveryStatus>)]
+    status: Option<String>,
+    /// created at or after
+    since: Option<DateTime<Utc>>,
+    /// created before
+    until: Option<DateTime<Utc>>,
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<i64>,
+    /// `nextCursor` of the previous page
+    cursor: Option<String>,
+}
+
+/// Deliveries of one message by status.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryCounts {
+    total: i64,
+    succeeded: i64,
+    /// waiting or being sent
+    pending: i64,
+    /// failed, waiting for a retry
+    failed: i64,
+    dead: i64,
+    cancelled: i64,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageSummaryOut {
+    id: Uuid,
+    /// the same as `id`, under the name the other message routes use
+    event_id: Uuid,
+    tenant: String,
+    event_type: String,
+    consumer: Option<String>,
+    created_at: DateTime<Utc>,
+    deliveries: DeliveryCounts,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MessagePage {
+    items: Vec<MessageSummaryOut>,
+    /// pass as `cursor` for the next page; null on the last page
+    next_cursor: Option<String>,
+}
+
+/// GET /v1/messages
+#[utoipa::path(
+    get,
+    path = "/v1/messages",
+    tag = "messages",
+    operation_id = "listMessages",
+    summary = "The caller's messages, newest first, keyset-paginated (scope: read)",
+    params(MessageListParams),
+    responses(
+        (status = 200, description = "A page of messages", body = MessagePage),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, response = responses::Unprocessable),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list(
+    caller: Caller,
+    State(state): State<AppState>,
+    params: Result<
+        axum::extract::Query<MessageListParams>,
+        axum::extract::rejection::QueryRejection,
+    >,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Read)?;
+    let p = super::endpoints::query(params)?;
+    let tenant = caller.resolve_tenant(p.tenant)?;
+    let limit = super::endpoints::page_limit(p.limit)?;
+    super::endpoints::check_status(p.status.as_deref())?;
+    super::endpoints::check_consumer_filter(p.consumer.as_deref())?;
+    if let Some(t) = p.event_type.as_deref() {
+        domain::validate_event_type(t)
+            .map_err(|e| ApiError::unprocessable("invalid_event_type", e))?;
+    }
+    let before = super::endpoints::uuid_cursor(p.cursor.as_deref())?;
+    let audience = caller.audience();
+    let rows = db::events::list(
+        &state.pool,
+        &db::events::EventQuery {
+            audience: db::Audience {
+                tenant: tenant.as_deref(),
+                consumer: audience.consumer,
+            },
+            consumer: p.consumer.as_deref(),
+            event_type: p.event_type.as_deref(),
+            status: p.status.as_deref(),
+            before,
+            since: p.since,
+            until: p.until,
+            limit,
+        },
+    )
+    .await?;
+    let next_cursor = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|r| r.id.to_string()))
+        .flatten();
+    Ok(Json(MessagePage {
+        items: rows
+            .into_iter()
+            .map(|r| MessageSummaryOut {
+                id: r.id,
+                event_id: r.id,
+                tenant: r.tenant,
+                event_type: r.event_type,
+                consumer: r.consumer,
+                created_at: r.created_at,
+                deliveries: DeliveryCounts {
+                    total: r.total,
+                    succeeded: r.succeeded,
+                    pending: r.pending,
+                    failed: r.failed,
+                    dead: r.dead,
+                    cancelled: r.cancelled,
+                },
+            })
+            .collect(),
+        next_cursor,
     })
     .into_response())
 }

@@ -2,14 +2,16 @@
 
 mod body;
 mod caller;
+mod consumers;
 mod deliveries;
+mod endpoints;
 pub mod error;
 pub mod limits;
 mod messages;
 pub mod openapi;
 pub mod server;
+mod settings;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,7 +20,6 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use utoipa::OpenApi;
@@ -59,6 +60,29 @@ pub struct AppState {
     pub rate_limiter: Option<Arc<TenantRateLimiter>>,
     /// request-body bytes in flight, per tenant and per process
     pub ingest_budget: Arc<IngestBudget>,
+    /// what the endpoints API needs beyond the database
+    pub manage: Arc<ManageDeps>,
+}
+
+/// What the endpoints and consumers API need: the key that seals signing secrets, the
+/// outbound policy URLs are checked against, and the address the portal is reached at.
+pub struct ManageDeps {
+    /// why there is none, when there is none (secrets cannot be stored: 503)
+    pub keyring: Result<crate::crypto::Keyring, String>,
+    pub allow: crate::outbound::AllowList,
+    /// `HOOKD_PUBLIC_URL`: the base of portal links (default: relative links)
+    pub public_url: Option<String>,
+}
+
+impl ManageDeps {
+    /// No encryption key, no allow-list: endpoints can be listed but not created.
+    pub fn unconfigured() -> Self {
+        ManageDeps {
+            keyring: Err("no encryption key was given to this process".into()),
+            allow: crate::outbound::AllowList::default(),
+            public_url: None,
+        }
+    }
 }
 
 impl AppState {
@@ -109,7 +133,14 @@ impl AppState {
             rate_limiter: settings
                 .tenant_rate_limit
                 .map(|r| Arc::new(TenantRateLimiter::new(r))),
+            manage: Arc::new(ManageDeps::unconfigured()),
         }
+    }
+
+    /// Gives the endpoints API its key, allow-list and public address.
+    pub fn with_manage(mut self, manage: ManageDeps) -> Self {
+        self.manage = Arc::new(manage);
+        self
     }
 
     /// Admits `demand` (events per tenant) under the per-tenant rate limit, or 429.
@@ -130,9 +161,31 @@ impl AppState {
 /// Every documented route, with its OpenAPI description, from the same `routes!` calls.
 pub(crate) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
-        .routes(routes!(messages::create))
+        .routes(routes!(messages::create, messages::list))
         .routes(routes!(messages::create_batch))
         .routes(routes!(messages::get))
+        .routes(routes!(endpoints::create, endpoints::list))
+        .routes(routes!(
+            endpoints::get,
+            endpoints::update,
+            endpoints::delete
+        ))
+        .routes(routes!(endpoints::rotate_secret))
+        .routes(routes!(endpoints::pause))
+        .routes(routes!(endpoints::resume))
+        .routes(routes!(endpoints::enable))
+        .routes(routes!(endpoints::stats))
+        .routes(routes!(endpoints::send_test))
+        .routes(routes!(endpoints::deliveries))
+        .routes(routes!(consumers::list))
+        .routes(routes!(
+            consumers::upsert,
+            consumers::get,
+            consumers::delete
+        ))
+        .routes(routes!(consumers::create_token))
+        .routes(routes!(consumers::create_portal))
+        .routes(routes!(whoami))
         .routes(routes!(deliveries::get))
         .routes(routes!(deliveries::replay))
         .routes(routes!(deliveries::replay_endpoint))
@@ -166,19 +219,6 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// `/healthz`, `/readyz` and `/metrics` for components other than the API.
-pub fn health_routes<S>() -> Router<S>
-where
-    S: Clone + Send + Sync + 'static,
-    Metrics: axum::extract::FromRef<S>,
-    PgPool: axum::extract::FromRef<S>,
-{
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-}
-
 impl axum::extract::FromRef<AppState> for Metrics {
     fn from_ref(s: &AppState) -> Self {
         s.metrics.clone()
@@ -189,6 +229,58 @@ impl axum::extract::FromRef<AppState> for PgPool {
     fn from_ref(s: &AppState) -> Self {
         s.pool.clone()
     }
+}
+
+/// Who the credential is: what the web console shows and offers.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WhoAmI {
+    /// null with authentication off (every tenant)
+    tenant: Option<String>,
+    /// set for a consumer token
+    consumer: Option<String>,
+    scopes: Vec<String>,
+    /// `token`, `serviceAccount` or `none` (authentication off)
+    kind: &'static str,
+}
+
+/// GET /v1/whoami
+#[utoipa::path(
+    get,
+    path = "/v1/whoami",
+    tag = "operations",
+    operation_id = "whoami",
+    summary = "The tenant, consumer and scopes of the presented credential",
+    responses(
+        (status = 200, description = "The caller", body = WhoAmI),
+        (status = 401, response = openapi::responses::Unauthorized),
+        (status = 403, response = openapi::responses::Forbidden),
+        (status = 503, response = openapi::responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+async fn whoami(caller: caller::Caller) -> Response {
+    let who = match caller {
+        caller::Caller::Anonymous => WhoAmI {
+            tenant: None,
+            consumer: None,
+            scopes: crate::auth::Scope::ALL
+                .iter()
+                .map(|s| s.as_str().to_owned())
+                .collect(),
+            kind: "none",
+        },
+        caller::Caller::Authenticated(p) => WhoAmI {
+            tenant: Some(p.tenant),
+            consumer: p.consumer,
+            scopes: p.scopes.iter().map(|s| s.as_str().to_owned()).collect(),
+            kind: match p.subject {
+                crate::auth::Subject::Token { .. } => "token",
+                crate::auth::Subject::ServiceAccount { .. } => "serviceAccount",
+            },
+        },
+    };
+    axum::Json(who).into_response()
 }
 
 /// GET /healthz
@@ -207,7 +299,7 @@ impl axum::extract::FromRef<AppState> for PgPool {
     )
 )]
 async fn healthz() -> &'static str {
-    "ok"
+    crate::ops::healthz().await
 }
 
 /// GET /readyz
@@ -226,11 +318,8 @@ async fn healthz() -> &'static str {
         (status = 503, response = openapi::responses::Unavailable),
     )
 )]
-async fn readyz(State(pool): State<PgPool>) -> Response {
-    match tokio::time::timeout(Duration::from_secs(2), crate::db::ping(&pool)).await {
-        Ok(Ok(())) => "ready".into_response(),
-        _ => ApiError::unavailable().into_response(),
-    }
+async fn readyz(state: State<PgPool>) -> Response {
+    crate::ops::readyz(state).await
 }
 
 /// GET /metrics
@@ -250,21 +339,8 @@ async fn readyz(State(pool): State<PgPool>) -> Response {
         (status = 431, response = openapi::responses::HeadersTooLarge),
     )
 )]
-async fn metrics(State(m): State<Metrics>, headers: axum::http::HeaderMap) -> Response {
-    let authorization = headers.get_all(axum::http::header::AUTHORIZATION);
-    let mut values = authorization.iter();
-    let (first, second) = (values.next(), values.next());
-    if second.is_some() || !m.scrape_allowed(first.map(|v| v.as_bytes())) {
-        return ApiError::from(crate::auth::AuthError::Invalid).into_response();
-    }
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        m.render(),
-    )
-        .into_response()
+async fn metrics(state: State<Metrics>, headers: axum::http::HeaderMap) -> Response {
+    crate::ops::metrics(state, headers).await
 }
 
 async fn count_requests(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -307,32 +383,11 @@ pub(crate) fn path_id(
     raw.parse::<Uuid>().map_err(|_| invalid(&raw))
 }
 
-/// Serves `router` on `listen` until `shutdown` fires, then finishes in-flight requests.
-/// For the health listeners of other components; the API itself uses `server`.
-pub async fn serve(
-    listen: SocketAddr,
-    router: Router,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    tracing::info!(%listen, "listening");
-    serve_on(listener, router, shutdown).await
-}
-
-pub async fn serve_on(
-    listener: tokio::net::TcpListener,
-    router: Router,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-}
-
 /// `hookd api`: the ingest pipeline, authentication and the router, until `shutdown`.
 pub async fn run(
     pool: PgPool,
     settings: ApiSettings,
+    manage: ManageDeps,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let kube = match settings.auth {
@@ -344,33 +399,9 @@ pub async fn run(
             None
         }
     };
-    let state = AppState::start(pool, &settings, kube, shutdown.clone());
+    let state = AppState::start(pool, &settings, kube, shutdown.clone()).with_manage(manage);
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(listen = %settings.listen, "listening");
     server::serve_api_on(listener, app(state), settings.listener_limits(), shutdown).await?;
     Ok(())
-}
-
-/// State of the health-only router that non-API components serve.
-#[derive(Clone)]
-struct HealthState {
-    pool: PgPool,
-    metrics: Metrics,
-}
-
-impl axum::extract::FromRef<HealthState> for Metrics {
-    fn from_ref(s: &HealthState) -> Self {
-        s.metrics.clone()
-    }
-}
-
-impl axum::extract::FromRef<HealthState> for PgPool {
-    fn from_ref(s: &HealthState) -> Self {
-        s.pool.clone()
-    }
-}
-
-/// `/healthz`, `/readyz`, `/metrics` for components without the API (the dispatcher).
-pub fn health_app(pool: PgPool, metrics: Metrics) -> Router {
-    health_routes().with_state(HealthState { pool, metrics })
 }

@@ -12,7 +12,6 @@
 //! name ever appear.
 
 mod cache;
-pub mod cli;
 pub mod service_account;
 pub mod tokens;
 
@@ -25,60 +24,7 @@ use uuid::Uuid;
 pub use service_account::ServiceAccounts;
 pub use tokens::StaticTokens;
 
-/// What a credential may do. Each route needs exactly one.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Scope {
-    /// POST /v1/messages and /v1/messages/batch
-    Produce,
-    /// GET /v1/messages/{id}, /v1/deliveries/{id}, /v1/dead-letters
-    Read,
-    /// POST /v1/deliveries/{id}/replay and /v1/endpoints/{id}/replay
-    Operate,
-}
-
-impl Scope {
-    pub const ALL: [Scope; 3] = [Scope::Produce, Scope::Read, Scope::Operate];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Scope::Produce => "produce",
-            Scope::Read => "read",
-            Scope::Operate => "operate",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Scope> {
-        Scope::ALL.into_iter().find(|x| x.as_str() == s)
-    }
-}
-
-impl std::fmt::Display for Scope {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Whether `/v1` requests need a credential (`HOOKD_AUTH`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum AuthMode {
-    /// Every /v1 request needs a credential; the tenant comes from it.
-    On,
-    /// No authentication: the tenant comes from the request body. Local runs only.
-    None,
-}
+pub use crate::domain::{AuthMode, Scope};
 
 /// Who a valid credential belongs to (never the credential itself).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,6 +48,8 @@ impl std::fmt::Display for Subject {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
     pub tenant: String,
+    /// a consumer token: confined to this consumer of the tenant
+    pub consumer: Option<String>,
     pub scopes: Vec<Scope>,
     pub subject: Subject,
 }

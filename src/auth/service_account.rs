@@ -8,8 +8,6 @@
 //! read access to namespaces, and in many multi-tenant clusters the tenants themselves
 //! can edit their namespace's metadata, which would let them claim another tenant.
 
-use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -51,44 +49,7 @@ pub const MAX_REVIEWS_PER_SEC: f64 = 20.0;
 pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 const CACHE_MAX_ENTRIES: usize = 10_000;
 
-/// `namespace=tenant` overrides of the default mapping (`HOOKD_AUTH_NAMESPACE_TENANTS`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NamespaceTenants(pub HashMap<String, String>);
-
-impl FromStr for NamespaceTenants {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut map = HashMap::new();
-        for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (ns, tenant) = pair
-                .split_once('=')
-                .ok_or_else(|| format!("{pair:?} is not namespace=tenant"))?;
-            let (ns, tenant) = (ns.trim(), tenant.trim());
-            if ns.is_empty() {
-                return Err(format!("{pair:?} has an empty namespace"));
-            }
-            crate::outbox::validate_tenant(tenant)?;
-            if map.insert(ns.to_string(), tenant.to_string()).is_some() {
-                return Err(format!("namespace {ns:?} is mapped twice"));
-            }
-        }
-        Ok(NamespaceTenants(map))
-    }
-}
-
-impl NamespaceTenants {
-    /// The tenant a namespace acts for: its override, else the namespace itself. The API
-    /// maps ServiceAccount callers with it and the controller checks WebhookEndpoints
-    /// against it, so a namespace can neither produce for nor subscribe to another
-    /// tenant's events.
-    pub fn tenant_of(&self, namespace: &str) -> String {
-        self.0
-            .get(namespace)
-            .cloned()
-            .unwrap_or_else(|| namespace.to_string())
-    }
-}
+pub use crate::domain::NamespaceTenants;
 
 /// What ServiceAccount callers are allowed.
 #[derive(Debug, Clone)]
@@ -107,9 +68,10 @@ impl ServiceAccountPolicy {
             return None;
         }
         let tenant = self.namespace_tenants.tenant_of(namespace);
-        crate::outbox::validate_tenant(&tenant).ok()?;
+        crate::domain::validate_tenant(&tenant).ok()?;
         Some(Principal {
             tenant,
+            consumer: None,
             scopes: self.scopes.clone(),
             subject: Subject::ServiceAccount {
                 namespace: namespace.to_string(),

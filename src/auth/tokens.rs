@@ -62,6 +62,8 @@ pub fn generate() -> String {
 #[derive(Debug, Clone)]
 pub struct TokenRequest {
     pub tenant: String,
+    /// confine the token to this consumer of the tenant
+    pub consumer: Option<String>,
     pub scopes: Vec<Scope>,
     pub name: Option<String>,
     pub expires_at: Option<DateTime<Utc>>,
@@ -94,11 +96,14 @@ pub enum CreateTokenError {
 
 /// Mints a token and stores its hash.
 pub async fn create(pool: &PgPool, req: &TokenRequest) -> Result<CreatedToken, CreateTokenError> {
-    crate::outbox::validate_tenant(&req.tenant).map_err(CreateTokenError::Invalid)?;
+    crate::domain::validate_tenant(&req.tenant).map_err(CreateTokenError::Invalid)?;
     if req.scopes.is_empty() {
         return Err(CreateTokenError::Invalid(
-            "at least one scope is required (produce, read, operate)".into(),
+            "at least one scope is required (produce, read, operate, manage)".into(),
         ));
+    }
+    if let Some(c) = &req.consumer {
+        crate::domain::validate_consumer(c).map_err(CreateTokenError::Invalid)?;
     }
     if req.name.as_ref().is_some_and(|n| n.len() > 200) {
         return Err(CreateTokenError::Invalid(
@@ -123,6 +128,7 @@ pub async fn create(pool: &PgPool, req: &TokenRequest) -> Result<CreatedToken, C
             token_hash: hash(&token).to_vec(),
             prefix: prefix.clone(),
             tenant: req.tenant.clone(),
+            consumer: req.consumer.clone(),
             scopes: scopes.iter().map(|s| s.as_str().to_string()).collect(),
             name: req.name.clone(),
             expires_at: req.expires_at,
@@ -168,6 +174,7 @@ impl StaticTokens {
             }
             Principal {
                 tenant: t.tenant,
+                consumer: t.consumer,
                 scopes: t.scopes.iter().filter_map(|s| Scope::parse(s)).collect(),
                 subject: Subject::Token { id: t.id },
             }

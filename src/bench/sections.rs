@@ -268,6 +268,7 @@ pub(crate) async fn ingest(ctx: &Ctx, report: &mut Report) -> Result<(), BenchEr
                     let token = crate::auth::tokens::create(
                         &ctx.pool,
                         &crate::auth::tokens::TokenRequest {
+                            consumer: None,
                             tenant: tenant.clone(),
                             scopes: vec![Scope::Produce],
                             name: Some("hookd bench".into()),

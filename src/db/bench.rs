@@ -251,7 +251,7 @@ pub async fn fill(
 pub async fn delete_endpoints(pool: &PgPool) -> Result<(), DbError> {
     // every referencing table named, so Postgres has no cascade to announce
     sqlx::query(
-        "TRUNCATE hookd.endpoints, hookd.endpoint_secrets, hookd.events, hookd.deliveries,
+        "TRUNCATE hookd.endpoints, hookd.subscriptions, hookd.endpoint_secrets, hookd.events, hookd.deliveries,
                   hookd.delivery_attempts, hookd.dead_letters, hookd.endpoint_queue",
     )
     .execute(pool)

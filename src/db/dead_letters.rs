@@ -23,6 +23,8 @@ pub struct DeadLetterRow {
 #[derive(Debug, Clone, Default)]
 pub struct DeadLetterQuery {
     pub tenant: Option<String>,
+    /// only this consumer's (a consumer token)
+    pub consumer: Option<String>,
     pub endpoint_id: Option<Uuid>,
     pub after: Option<(DateTime<Utc>, Uuid)>,
     pub limit: i64,
@@ -37,6 +39,7 @@ pub async fn list(pool: &PgPool, q: &DeadLetterQuery) -> Result<Vec<DeadLetterRo
         WHERE ($1::text IS NULL OR dl.tenant = $1)
           AND ($2::uuid IS NULL OR dl.endpoint_id = $2)
           AND ($3::timestamptz IS NULL OR (dl.dead_at, dl.delivery_id) > ($3, $4))
+          AND ($6::text IS NULL OR d.consumer = $6)
         ORDER BY dl.dead_at, dl.delivery_id
         LIMIT $5
         "#,
@@ -46,6 +49,7 @@ pub async fn list(pool: &PgPool, q: &DeadLetterQuery) -> Result<Vec<DeadLetterRo
     .bind(after_at)
     .bind(after_id)
     .bind(q.limit)
+    .bind(&q.consumer)
     .fetch_all(pool)
     .await?)
 }

@@ -600,18 +600,18 @@ pub enum ReplayOutcome {
 
 /// Makes a delivery due now with its attempts reset and the same id, and removes its
 /// dead-letter row. Refused while a worker holds an unexpired lease, so a replay never
-/// races a send in progress. `tenant` scopes the lookup when set.
+/// races a send in progress. `audience` scopes the lookup.
 pub async fn replay(
     pool: &PgPool,
     id: Uuid,
-    tenant: Option<&str>,
+    audience: super::Audience<'_>,
 ) -> Result<ReplayOutcome, DbError> {
     let row: Option<(bool,)> = sqlx::query_as(
         r#"
         WITH target AS (
             SELECT id, status = 'in_progress' AND visible_at > now() AS leased
             FROM hookd.deliveries
-            WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
+            WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)
             FOR UPDATE
         ), upd AS (
             UPDATE hookd.deliveries d
@@ -626,7 +626,8 @@ pub async fn replay(
         "#,
     )
     .bind(id)
-    .bind(tenant)
+    .bind(audience.tenant)
+    .bind(audience.consumer)
     .fetch_optional(pool)
     .await?;
     Ok(match row {
@@ -702,19 +703,21 @@ pub struct DeliveryRow {
     pub completed_at: Option<DateTime<Utc>>,
 }
 
-/// The delivery with this id; with `tenant` set, only if it is that tenant's.
+/// The delivery with this id, if `audience` may see it.
 pub async fn get(
     pool: &PgPool,
     id: Uuid,
-    tenant: Option<&str>,
+    audience: super::Audience<'_>,
 ) -> Result<Option<DeliveryRow>, DbError> {
     Ok(sqlx::query_as::<_, DeliveryRow>(
         "SELECT id, event_id, endpoint_id, tenant, status, attempts, visible_at, last_status_code,
                 last_error, created_at, updated_at, completed_at
-         FROM hookd.deliveries WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)",
+         FROM hookd.deliveries
+         WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)",
     )
     .bind(id)
-    .bind(tenant)
+    .bind(audience.tenant)
+    .bind(audience.consumer)
     .fetch_optional(pool)
     .await?)
 }
@@ -780,4 +783,58 @@ pub async fn dispatch_backlog(pool: &PgPool, cap: i64) -> Result<i64, DbError> {
     .fetch_one(pool)
     .await?;
     Ok(count.min(cap))
+}
+
+/// Filters of one endpoint's delivery listing (newest first, keyset on the UUIDv7 id).
+#[derive(Debug, Clone, Default)]
+pub struct EndpointDeliveryQuery<'a> {
+    pub endpoint_id: Uuid,
+    pub status: Option<&'a str>,
+    pub before: Option<Uuid>,
+    pub since: Option<DateTime<Utc>>,
+    pub until: Option<DateTime<Utc>>,
+    pub limit: i64,
+}
+
+/// A delivery with its event type, for listings.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DeliveryListRow {
+    #[sqlx(flatten)]
+    pub row: DeliveryRow,
+    pub event_type: String,
+}
+
+/// One page of an endpoint's deliveries: a backward range scan of
+/// `deliveries_endpoint_page` (endpoint_id, id) from the cursor, the time range being a
+/// range of the UUIDv7 ids.
+pub async fn list_for_endpoint(
+    pool: &PgPool,
+    q: &EndpointDeliveryQuery<'_>,
+) -> Result<Vec<DeliveryListRow>, DbError> {
+    let lower = q.since.map(super::events::uuid_floor);
+    let upper = match (q.before, q.until.map(super::events::uuid_floor)) {
+        (Some(b), Some(u)) => Some(b.min(u)),
+        (b, u) => b.or(u),
+    };
+    Ok(sqlx::query_as::<_, DeliveryListRow>(
+        r#"
+        SELECT d.id, d.event_id, d.endpoint_id, d.tenant, d.status, d.attempts, d.visible_at,
+               d.last_status_code, d.last_error, d.created_at, d.updated_at, d.completed_at,
+               ev.event_type
+        FROM hookd.deliveries d JOIN hookd.events ev ON ev.id = d.event_id
+        WHERE d.endpoint_id = $1
+          AND ($2::text IS NULL OR d.status = $2)
+          AND ($3::uuid IS NULL OR d.id < $3)
+          AND ($4::uuid IS NULL OR d.id >= $4)
+        ORDER BY d.id DESC
+        LIMIT $5
+        "#,
+    )
+    .bind(q.endpoint_id)
+    .bind(q.status)
+    .bind(upper)
+    .bind(lower)
+    .bind(q.limit)
+    .fetch_all(pool)
+    .await?)
 }

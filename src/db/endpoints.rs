@@ -13,6 +13,8 @@ pub struct EndpointUpsert {
     pub name: String,
     pub uid: Option<String>,
     pub tenant: String,
+    /// the consumer the endpoint belongs to (`spec.consumer`)
+    pub consumer: Option<String>,
     pub url: String,
     pub event_types: Vec<String>,
     /// `active` or `paused`
@@ -50,13 +52,24 @@ pub async fn upsert(conn: &mut PgConnection, e: &EndpointUpsert) -> Result<Upser
     // one transaction (a savepoint inside the caller's): never a retired row without its
     // successor
     let mut tx = conn.begin().await?;
-    retire_if_owner_changed(&mut tx, &e.namespace, &e.name, &e.tenant).await?;
+    retire_if_owner_changed(
+        &mut tx,
+        &e.namespace,
+        &e.name,
+        &e.tenant,
+        e.consumer.as_deref(),
+    )
+    .await?;
+    if let Some(c) = &e.consumer {
+        super::consumers::ensure(&mut tx, &e.tenant, c).await?;
+    }
     let result = upsert_row(&mut tx, e).await?;
     tx.commit().await?;
     Ok(result)
 }
 
-/// When the endpoint declared as namespace/name belongs to a tenant other than `tenant`,
+/// When the endpoint declared as namespace/name belongs to another owner (a tenant other
+/// than `tenant`, or another consumer),
 /// moves it aside for good: renamed out of the declaration's way (`name/retired/id`, which
 /// no Kubernetes name can be), disabled, its open deliveries cancelled. Its deliveries and
 /// dead letters stay with it, under their tenant: a replay by the old tenant sets them due
@@ -67,15 +80,18 @@ pub async fn retire_if_owner_changed(
     namespace: &str,
     name: &str,
     tenant: &str,
+    consumer: Option<&str>,
 ) -> Result<Option<(Uuid, i64)>, DbError> {
     Ok(sqlx::query_as(
         r#"
         WITH ep AS (
             UPDATE hookd.endpoints
             SET k8s_name = k8s_name || '/retired/' || id, state = 'disabled',
-                state_reason = 'retired: the declaration now names tenant ' || $3,
+                state_reason = 'retired: the declaration now names tenant ' || $3
+                               || coalesce(' and consumer ' || $4, ' without a consumer'),
                 spec_fingerprint = NULL, updated_at = now()
-            WHERE k8s_namespace = $1 AND k8s_name = $2 AND tenant <> $3
+            WHERE k8s_namespace = $1 AND k8s_name = $2
+              AND (tenant <> $3 OR consumer IS DISTINCT FROM $4::text)
             RETURNING id
         ), cancelled AS (
             UPDATE hookd.deliveries d
@@ -91,6 +107,7 @@ pub async fn retire_if_owner_changed(
     .bind(namespace)
     .bind(name)
     .bind(tenant)
+    .bind(consumer)
     .fetch_optional(conn)
     .await?)
 }
@@ -105,8 +122,8 @@ async fn upsert_row(conn: &mut PgConnection, e: &EndpointUpsert) -> Result<Upser
             INSERT INTO hookd.endpoints AS t (
                 id, k8s_namespace, k8s_name, k8s_uid, tenant, url, event_types, state, state_reason,
                 timeout_ms, max_attempts, retry_schedule_secs, max_in_flight,
-                headers, secret_grace_secs, spec_fingerprint)
-            VALUES (hookd.uuid_v7(), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+                headers, secret_grace_secs, spec_fingerprint, consumer)
+            VALUES (hookd.uuid_v7(), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
             ON CONFLICT (k8s_namespace, k8s_name) DO UPDATE SET
                 k8s_uid = EXCLUDED.k8s_uid,
                 url = EXCLUDED.url,
@@ -158,6 +175,7 @@ async fn upsert_row(conn: &mut PgConnection, e: &EndpointUpsert) -> Result<Upser
     .bind(&e.headers)
     .bind(e.secret_grace_secs)
     .bind(&e.spec_fingerprint)
+    .bind(&e.consumer)
     .fetch_one(conn)
     .await?;
     Ok(UpsertResult {
@@ -371,6 +389,7 @@ pub async fn record_circuit_transitions(
 pub struct EndpointRow {
     pub id: Uuid,
     pub tenant: String,
+    /// empty for endpoints made through the endpoints API
     pub k8s_namespace: String,
     pub k8s_name: String,
     pub url: String,
@@ -390,7 +409,8 @@ pub async fn get(
     tenant: Option<&str>,
 ) -> Result<Option<EndpointRow>, DbError> {
     Ok(sqlx::query_as::<_, EndpointRow>(
-        "SELECT id, tenant, k8s_namespace, k8s_name, url, event_types, state, state_reason, circuit_state, circuit_failures, circuit_open_until
+        "SELECT id, tenant, coalesce(k8s_namespace, '') AS k8s_namespace,
+                coalesce(k8s_name, '') AS k8s_name, url, event_types, state, state_reason, circuit_state, circuit_failures, circuit_open_until
          FROM hookd.endpoints WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)",
     )
     .bind(id)
@@ -405,7 +425,8 @@ pub async fn get_declared(
     name: &str,
 ) -> Result<Option<EndpointRow>, DbError> {
     Ok(sqlx::query_as::<_, EndpointRow>(
-        "SELECT id, tenant, k8s_namespace, k8s_name, url, event_types, state, state_reason, circuit_state, circuit_failures, circuit_open_until
+        "SELECT id, tenant, coalesce(k8s_namespace, '') AS k8s_namespace,
+                coalesce(k8s_name, '') AS k8s_name, url, event_types, state, state_reason, circuit_state, circuit_failures, circuit_open_until
          FROM hookd.endpoints WHERE k8s_namespace = $1 AND k8s_name = $2",
     )
     .bind(namespace)
@@ -452,6 +473,322 @@ pub async fn stats(pool: &PgPool, id: Uuid, cap: i64) -> Result<Option<EndpointS
     )
     .bind(id)
     .bind(cap)
+    .fetch_optional(pool)
+    .await?)
+}
+
+// ---- the endpoints API ----
+
+/// An endpoint as the endpoints API shows it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EndpointView {
+    pub id: Uuid,
+    pub tenant: String,
+    pub consumer: Option<String>,
+    pub url: String,
+    pub event_types: Vec<String>,
+    pub description: Option<String>,
+    pub headers: sqlx::types::Json<serde_json::Value>,
+    pub state: String,
+    pub state_reason: Option<String>,
+    pub managed_by: String,
+    pub k8s_namespace: Option<String>,
+    pub k8s_name: Option<String>,
+    pub circuit_state: String,
+    pub circuit_open_until: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+const VIEW_COLUMNS: &str =
+    "e.id, e.tenant, e.consumer, e.url, e.event_types, e.description, e.headers,
+    e.state, e.state_reason, e.managed_by, e.k8s_namespace, e.k8s_name, e.circuit_state,
+    e.circuit_open_until, e.created_at, e.updated_at";
+
+/// The endpoint with this id if `audience` may see it and it was not deleted.
+pub async fn get_visible(
+    pool: &PgPool,
+    id: Uuid,
+    audience: super::Audience<'_>,
+) -> Result<Option<EndpointView>, DbError> {
+    Ok(
+        sqlx::query_as::<_, EndpointView>(sqlx::AssertSqlSafe(format!(
+            "SELECT {VIEW_COLUMNS} FROM hookd.endpoints e
+         WHERE e.id = $1 AND e.removed_at IS NULL
+           AND ($2::text IS NULL OR e.tenant = $2) AND ($3::text IS NULL OR e.consumer = $3)"
+        )))
+        .bind(id)
+        .bind(audience.tenant)
+        .bind(audience.consumer)
+        .fetch_optional(pool)
+        .await?,
+    )
+}
+
+/// One keyset page by id (`endpoints_tenant_page` / `endpoints_consumer_page`).
+pub async fn list(
+    pool: &PgPool,
+    audience: super::Audience<'_>,
+    consumer: Option<&str>,
+    after: Option<Uuid>,
+    limit: i64,
+) -> Result<Vec<EndpointView>, DbError> {
+    Ok(
+        sqlx::query_as::<_, EndpointView>(sqlx::AssertSqlSafe(format!(
+            "SELECT {VIEW_COLUMNS} FROM hookd.endpoints e
+         WHERE e.removed_at IS NULL
+           AND ($1::text IS NULL OR e.tenant = $1)
+           AND ($2::text IS NULL OR e.consumer = $2)
+           AND ($3::text IS NULL OR e.consumer = $3)
+           AND ($4::uuid IS NULL OR e.id > $4)
+         ORDER BY e.id LIMIT $5"
+        )))
+        .bind(audience.tenant)
+        .bind(audience.consumer)
+        .bind(consumer)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?,
+    )
+}
+
+/// A new endpoint from the endpoints API.
+#[derive(Debug, Clone)]
+pub struct NewApiEndpoint {
+    pub id: Uuid,
+    pub tenant: String,
+    pub consumer: Option<String>,
+    pub url: String,
+    pub event_types: Vec<String>,
+    pub description: Option<String>,
+    pub headers: serde_json::Value,
+    pub paused: bool,
+}
+
+pub async fn insert_api(conn: &mut PgConnection, e: &NewApiEndpoint) -> Result<(), DbError> {
+    sqlx::query(
+        r#"
+        INSERT INTO hookd.endpoints (id, tenant, consumer, managed_by, url, event_types,
+                                     description, headers, state, state_reason)
+        VALUES ($1, $2, $3, 'api', $4, $5, $6, $7,
+                CASE WHEN $8 THEN 'paused' ELSE 'active' END,
+                CASE WHEN $8 THEN 'paused through the API' END)
+        "#,
+    )
+    .bind(e.id)
+    .bind(&e.tenant)
+    .bind(&e.consumer)
+    .bind(&e.url)
+    .bind(&e.event_types)
+    .bind(&e.description)
+    .bind(&e.headers)
+    .bind(e.paused)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A change through the endpoints API; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct EndpointPatch {
+    pub url: Option<String>,
+    pub event_types: Option<Vec<String>>,
+    /// `Some(None)` clears it
+    pub description: Option<Option<String>>,
+    pub headers: Option<serde_json::Value>,
+    pub state: Option<ApiState>,
+}
+
+/// The states the API may set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiState {
+    /// resume a paused endpoint, or re-enable one a receiver's 410 disabled
+    Active,
+    Paused,
+}
+
+/// Why a change through the API was not made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PatchRefused {
+    NotFound,
+    /// declared by a WebhookEndpoint object: Kubernetes owns it
+    ManagedByKubernetes,
+}
+
+/// Locks the endpoint for a change through the API: it must be visible to `audience`, not
+/// deleted, and made through the API (Kubernetes owns the others).
+async fn lock_api_endpoint(
+    conn: &mut PgConnection,
+    id: Uuid,
+    audience: super::Audience<'_>,
+) -> Result<Result<(), PatchRefused>, DbError> {
+    let managed: Option<String> = sqlx::query_scalar(
+        "SELECT managed_by FROM hookd.endpoints
+         WHERE id = $1 AND removed_at IS NULL
+           AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)
+         FOR UPDATE",
+    )
+    .bind(id)
+    .bind(audience.tenant)
+    .bind(audience.consumer)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(match managed.as_deref() {
+        None => Err(PatchRefused::NotFound),
+        Some("api") => Ok(()),
+        Some(_) => Err(PatchRefused::ManagedByKubernetes),
+    })
+}
+
+/// Applies `patch` to an API-managed endpoint `audience` may see. A new URL closes the
+/// circuit and bumps `config_version` (outcomes of sends to the old URL no longer count);
+/// activating clears a 410's `disabled`.
+pub async fn patch_api(
+    conn: &mut PgConnection,
+    id: Uuid,
+    audience: super::Audience<'_>,
+    patch: &EndpointPatch,
+) -> Result<Result<EndpointView, PatchRefused>, DbError> {
+    if let Err(refused) = lock_api_endpoint(conn, id, audience).await? {
+        return Ok(Err(refused));
+    }
+    let state = patch.state.map(|s| match s {
+        ApiState::Active => "active",
+        ApiState::Paused => "paused",
+    });
+    let view = sqlx::query_as::<_, EndpointView>(sqlx::AssertSqlSafe(format!(
+        r#"
+        UPDATE hookd.endpoints e SET
+            url = coalesce($2::text, e.url),
+            event_types = coalesce($3::text[], e.event_types),
+            description = CASE WHEN $4::bool THEN $5::text ELSE e.description END,
+            headers = coalesce($6::jsonb, e.headers),
+            state = coalesce($7::text, e.state),
+            state_reason = CASE WHEN $7 IS NULL THEN e.state_reason
+                                WHEN $7 = 'paused' THEN 'paused through the API'
+                                ELSE NULL END,
+            circuit_state = CASE WHEN $2 IS NOT NULL AND $2 <> e.url THEN 'closed' ELSE e.circuit_state END,
+            circuit_failures = CASE WHEN $2 IS NOT NULL AND $2 <> e.url THEN 0 ELSE e.circuit_failures END,
+            circuit_open_until = CASE WHEN $2 IS NOT NULL AND $2 <> e.url THEN NULL ELSE e.circuit_open_until END,
+            config_version = e.config_version + ($2 IS NOT NULL AND $2 <> e.url)::int,
+            updated_at = now()
+        WHERE e.id = $1
+        RETURNING {VIEW_COLUMNS}
+        "#
+    )))
+    .bind(id)
+    .bind(&patch.url)
+    .bind(&patch.event_types)
+    .bind(patch.description.is_some())
+    .bind(patch.description.clone().flatten())
+    .bind(&patch.headers)
+    .bind(state)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(Ok(view))
+}
+
+/// Deletes an API-managed endpoint: it stops receiving (removed, disabled), its open
+/// deliveries are cancelled with a reason, its history stays until retention prunes it.
+pub async fn delete_api(
+    conn: &mut PgConnection,
+    id: Uuid,
+    audience: super::Audience<'_>,
+) -> Result<Result<i64, PatchRefused>, DbError> {
+    if let Err(refused) = lock_api_endpoint(conn, id, audience).await? {
+        return Ok(Err(refused));
+    }
+    let cancelled: i64 = sqlx::query_scalar(
+        r#"
+        WITH ep AS (
+            UPDATE hookd.endpoints SET state = 'disabled', state_reason = 'deleted through the API',
+                   removed_at = now(), updated_at = now()
+            WHERE id = $1 RETURNING id
+        ), cancelled AS (
+            UPDATE hookd.deliveries d
+            SET status = 'cancelled', locked_by = NULL, claim_token = NULL, completed_at = now(),
+                updated_at = now(), last_error = 'cancelled: the endpoint was deleted'
+            FROM ep
+            WHERE d.endpoint_id = ep.id AND d.status IN ('pending', 'in_progress', 'failed')
+            RETURNING d.id
+        )
+        SELECT count(*) FROM cancelled
+        "#,
+    )
+    .bind(id)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(Ok(cancelled))
+}
+
+/// Recent outcomes of one endpoint, for its stats page.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct HourlyOutcomes {
+    pub hour: DateTime<Utc>,
+    pub succeeded: i64,
+    pub failed: i64,
+}
+
+/// Deliveries of the last 24 hours by the hour they were created in and how they ended
+/// (succeeded; dead, or failed and waiting for a retry). A range of
+/// `deliveries_endpoint_created`, capped at `cap` rows so a busy endpoint's page stays
+/// cheap (the counts are then a sample of the newest).
+pub async fn hourly_outcomes(
+    pool: &PgPool,
+    id: Uuid,
+    cap: i64,
+) -> Result<Vec<HourlyOutcomes>, DbError> {
+    Ok(sqlx::query_as::<_, HourlyOutcomes>(
+        r#"
+        SELECT h.hour,
+               count(*) FILTER (WHERE x.status = 'succeeded') AS succeeded,
+               count(*) FILTER (WHERE x.status IN ('failed', 'dead')) AS failed
+        FROM generate_series(date_trunc('hour', now()) - interval '23 hours',
+                             date_trunc('hour', now()), interval '1 hour') AS h(hour)
+        LEFT JOIN (
+            SELECT d.created_at, d.status FROM hookd.deliveries d
+            WHERE d.endpoint_id = $1 AND d.created_at >= date_trunc('hour', now()) - interval '23 hours'
+            ORDER BY d.created_at DESC
+            LIMIT $2
+        ) x ON date_trunc('hour', x.created_at) = h.hour
+        GROUP BY h.hour ORDER BY h.hour
+        "#,
+    )
+    .bind(id)
+    .bind(cap)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The latest succeeded and failed attempt of an endpoint's recent deliveries.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct LastAttempt {
+    pub started_at: DateTime<Utc>,
+    pub status_code: Option<i32>,
+    pub error: Option<String>,
+}
+
+/// The newest attempt with `succeeded` = whether it was a 2xx, among the endpoint's newest
+/// 1,000 deliveries.
+pub async fn last_attempt(
+    pool: &PgPool,
+    id: Uuid,
+    succeeded: bool,
+) -> Result<Option<LastAttempt>, DbError> {
+    Ok(sqlx::query_as::<_, LastAttempt>(
+        r#"
+        SELECT a.started_at, a.status_code, a.error
+        FROM (SELECT d.id FROM hookd.deliveries d WHERE d.endpoint_id = $1
+              ORDER BY d.id DESC LIMIT 1000) d
+        JOIN hookd.delivery_attempts a ON a.delivery_id = d.id
+        WHERE (a.status_code BETWEEN 200 AND 299) = $2
+           OR (NOT $2 AND a.status_code IS NULL)
+        ORDER BY a.started_at DESC LIMIT 1
+        "#,
+    )
+    .bind(id)
+    .bind(succeeded)
     .fetch_optional(pool)
     .await?)
 }

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::DbError;
+use super::{Audience, DbError};
 
 /// One event to insert. `id` is minted by the caller (UUIDv7) so that inserted rows can
 /// be matched back to requests without relying on result order.
@@ -16,6 +16,8 @@ pub struct NewEvent {
     pub payload: String,
     pub idempotency_key: Option<String>,
     pub request_hash: Vec<u8>,
+    /// the consumer the event is for; `None`: the tenant's endpoints without a consumer
+    pub consumer: Option<String>,
 }
 
 /// An event as stored, with its delivery ids (an existing event found by idempotency key).
@@ -34,8 +36,10 @@ pub struct ExistingByKey {
     pub delivery_ids: Vec<Uuid>,
 }
 
-/// Inserts events and fans each out to its tenant's non-disabled endpoints whose
-/// event-type filter matches, in one statement. Events whose idempotency key already
+/// Inserts events and fans each out, in one statement: an event for a consumer to that
+/// consumer's live endpoints whose event-type filter matches, an event without one to the
+/// tenant's live endpoints without a consumer. The match is a few probes of the
+/// `subscriptions` index (see migration 0007), never a scan of the tenant's endpoints. Events whose idempotency key already
 /// exists are skipped (ON CONFLICT DO NOTHING, which also waits for a concurrent
 /// inserter of the same key to finish, so concurrent duplicates end as one event).
 /// Returns the inserted events only.
@@ -49,6 +53,7 @@ pub async fn insert_with_fanout(
     let mut payloads = Vec::with_capacity(events.len());
     let mut keys = Vec::with_capacity(events.len());
     let mut hashes = Vec::with_capacity(events.len());
+    let mut consumers = Vec::with_capacity(events.len());
     for e in events {
         ids.push(e.id);
         tenants.push(e.tenant.as_str());
@@ -56,25 +61,27 @@ pub async fn insert_with_fanout(
         payloads.push(e.payload.as_str());
         keys.push(e.idempotency_key.as_deref());
         hashes.push(e.request_hash.as_slice());
+        consumers.push(e.consumer.as_deref());
     }
     let rows = sqlx::query_as::<_, EventIds>(
         r#"
         WITH input AS (
-            SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[])
-                AS i(id, tenant, event_type, payload, idempotency_key, request_hash)
+            SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[])
+                AS i(id, tenant, event_type, payload, idempotency_key, request_hash, consumer)
         ), ev AS (
-            INSERT INTO hookd.events (id, tenant, event_type, payload, idempotency_key, request_hash)
+            INSERT INTO hookd.events (id, tenant, event_type, payload, idempotency_key, request_hash, consumer)
             -- a stable key order keeps two concurrent groups sharing keys from deadlocking
-            SELECT id, tenant, event_type, payload, idempotency_key, request_hash
+            SELECT id, tenant, event_type, payload, idempotency_key, request_hash, consumer
             FROM input ORDER BY tenant, idempotency_key NULLS LAST
             ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-            RETURNING id, tenant, event_type
+            RETURNING id, tenant, event_type, consumer
         ), dl AS (
-            INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant)
-            SELECT hookd.uuid_v7(), ev.id, e.id, ev.tenant
-            FROM ev JOIN hookd.endpoints e
-              ON e.tenant = ev.tenant AND e.state <> 'disabled'
-             AND hookd.event_type_matches(e.event_types, ev.event_type)
+            INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, consumer)
+            SELECT hookd.uuid_v7(), ev.id, s.endpoint_id, ev.tenant, ev.consumer
+            FROM ev CROSS JOIN LATERAL (
+                SELECT DISTINCT s.endpoint_id FROM hookd.subscriptions s
+                WHERE s.tenant = ev.tenant AND s.consumer = coalesce(ev.consumer, '')
+                  AND s.pattern = ANY (hookd.event_type_keys(ev.event_type))) s
             RETURNING id, event_id
         )
         SELECT ev.id AS event_id,
@@ -89,6 +96,7 @@ pub async fn insert_with_fanout(
     .bind(&payloads)
     .bind(&keys)
     .bind(&hashes)
+    .bind(&consumers)
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -262,21 +270,152 @@ pub struct EventRow {
     pub event_type: String,
     pub payload: String,
     pub idempotency_key: Option<String>,
+    pub consumer: Option<String>,
     pub created_at: DateTime<Utc>,
 }
 
-/// The event with this id; with `tenant` set, only if it is that tenant's.
+/// The event with this id, if `audience` may see it (another tenant's or consumer's event
+/// is as absent as an unknown id).
 pub async fn get(
     pool: &PgPool,
     id: Uuid,
-    tenant: Option<&str>,
+    audience: Audience<'_>,
 ) -> Result<Option<EventRow>, DbError> {
     Ok(sqlx::query_as::<_, EventRow>(
-        "SELECT id, tenant, event_type, payload, idempotency_key, created_at FROM hookd.events
-         WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)",
+        "SELECT id, tenant, event_type, payload, idempotency_key, consumer, created_at FROM hookd.events
+         WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)",
     )
     .bind(id)
-    .bind(tenant)
+    .bind(audience.tenant)
+    .bind(audience.consumer)
     .fetch_optional(pool)
     .await?)
+}
+
+/// One message of a listing page, with its deliveries counted by status.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EventSummary {
+    pub id: Uuid,
+    pub tenant: String,
+    pub event_type: String,
+    pub consumer: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub total: i64,
+    pub succeeded: i64,
+    pub pending: i64,
+    pub failed: i64,
+    pub dead: i64,
+    pub cancelled: i64,
+}
+
+/// Filters of a message listing. `since`/`until` bound the UUIDv7 ids (their time prefix),
+/// so the time range is part of the same index range as the keyset cursor.
+#[derive(Debug, Clone, Default)]
+pub struct EventQuery<'a> {
+    pub audience: Audience<'a>,
+    pub consumer: Option<&'a str>,
+    pub event_type: Option<&'a str>,
+    /// messages with at least one delivery in this status
+    pub status: Option<&'a str>,
+    /// ids below this one (the previous page's last id)
+    pub before: Option<Uuid>,
+    pub since: Option<DateTime<Utc>>,
+    pub until: Option<DateTime<Utc>>,
+    pub limit: i64,
+}
+
+/// Messages newest first, one keyset page. With a tenant, each filter combination walks
+/// one of the `events_*_page` indexes backwards from the cursor.
+pub async fn list(pool: &PgPool, q: &EventQuery<'_>) -> Result<Vec<EventSummary>, DbError> {
+    let lower = q.since.map(uuid_floor);
+    let upper = match (q.before, q.until.map(uuid_floor)) {
+        (Some(b), Some(u)) => Some(b.min(u)),
+        (b, u) => b.or(u),
+    };
+    Ok(sqlx::query_as::<_, EventSummary>(
+        r#"
+        SELECT e.id, e.tenant, e.event_type, e.consumer, e.created_at,
+               coalesce(c.total, 0) AS total, coalesce(c.succeeded, 0) AS succeeded,
+               coalesce(c.pending, 0) AS pending, coalesce(c.failed, 0) AS failed,
+               coalesce(c.dead, 0) AS dead, coalesce(c.cancelled, 0) AS cancelled
+        FROM (
+            SELECT ev.id, ev.tenant, ev.event_type, ev.consumer, ev.created_at
+            FROM hookd.events ev
+            WHERE ($1::text IS NULL OR ev.tenant = $1)
+              AND ($2::text IS NULL OR ev.consumer = $2)
+              AND ($3::text IS NULL OR ev.consumer = $3)
+              AND ($4::text IS NULL OR ev.event_type = $4)
+              AND ($5::uuid IS NULL OR ev.id < $5)
+              AND ($6::uuid IS NULL OR ev.id >= $6)
+              AND ($7::text IS NULL OR EXISTS (
+                    SELECT 1 FROM hookd.deliveries d WHERE d.event_id = ev.id AND d.status = $7))
+            ORDER BY ev.id DESC
+            LIMIT $8
+        ) e
+        LEFT JOIN LATERAL (
+            SELECT count(*) AS total,
+                   count(*) FILTER (WHERE d.status = 'succeeded') AS succeeded,
+                   count(*) FILTER (WHERE d.status IN ('pending', 'in_progress')) AS pending,
+                   count(*) FILTER (WHERE d.status = 'failed') AS failed,
+                   count(*) FILTER (WHERE d.status = 'dead') AS dead,
+                   count(*) FILTER (WHERE d.status = 'cancelled') AS cancelled
+            FROM hookd.deliveries d WHERE d.event_id = e.id
+        ) c ON true
+        ORDER BY e.id DESC
+        "#,
+    )
+    .bind(q.audience.tenant)
+    .bind(q.audience.consumer)
+    .bind(q.consumer)
+    .bind(q.event_type)
+    .bind(upper)
+    .bind(lower)
+    .bind(q.status)
+    .bind(q.limit)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The smallest UUIDv7 minted at `t` or later: its 48-bit millisecond prefix, zeros after.
+pub fn uuid_floor(t: DateTime<Utc>) -> Uuid {
+    let ms = t.timestamp_millis().max(0) as u64;
+    let mut b = [0u8; 16];
+    b[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+    Uuid::from_bytes(b)
+}
+
+/// Inserts one event with a single delivery to `endpoint_id` (a test event, whatever the
+/// endpoint's filter), committed synchronously like every enqueue.
+pub async fn insert_for_endpoint(
+    pool: &PgPool,
+    e: &NewEvent,
+    endpoint_id: Uuid,
+) -> Result<(Uuid, Uuid), DbError> {
+    let mut tx = pool.begin().await?;
+    let row: (Uuid, Uuid) = sqlx::query_as(
+        r#"
+        WITH s AS (SELECT set_config('synchronous_commit', 'on', true)),
+        ev AS (
+            INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash, consumer)
+            SELECT $1, $2, $3, $4, sha256(convert_to($3 || E'\n' || $4, 'UTF8')), $5 FROM s
+            RETURNING id
+        )
+        INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, consumer)
+        SELECT hookd.uuid_v7(), ev.id, $6, $2, $5 FROM ev
+        RETURNING event_id, id
+        "#,
+    )
+    .bind(e.id)
+    .bind(&e.tenant)
+    .bind(&e.event_type)
+    .bind(&e.payload)
+    .bind(&e.consumer)
+    .bind(endpoint_id)
+    .fetch_one(&mut *tx)
+    .await?;
+    sqlx::query("SELECT pg_notify('hookd_deliveries', '')")
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(row)
 }

@@ -3,6 +3,7 @@
 
 pub mod attempts;
 pub mod bench;
+pub mod consumers;
 pub mod dead_letters;
 pub mod deliveries;
 pub mod endpoints;
@@ -19,6 +20,25 @@ use sqlx::{ConnectOptions, PgPool};
 
 /// The migrations compiled into this binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!();
+
+/// Whose rows a read may return: a tenant, and within it possibly one consumer. `None`
+/// leaves that level open (a tenant credential sees every consumer of its tenant; with
+/// authentication off every tenant is open). Another audience's rows are as absent as
+/// unknown ids.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Audience<'a> {
+    pub tenant: Option<&'a str>,
+    pub consumer: Option<&'a str>,
+}
+
+impl<'a> Audience<'a> {
+    pub fn tenant(tenant: Option<&'a str>) -> Self {
+        Audience {
+            tenant,
+            consumer: None,
+        }
+    }
+}
 
 /// Errors of the storage layer, classified for the layers above: an outage must be told
 /// apart from a bug, because the API answers the first with 503 and the dispatcher

@@ -14,6 +14,7 @@ pub struct NewToken {
     pub token_hash: Vec<u8>,
     pub prefix: String,
     pub tenant: String,
+    pub consumer: Option<String>,
     pub scopes: Vec<String>,
     pub name: Option<String>,
     pub expires_at: Option<DateTime<Utc>>,
@@ -24,6 +25,7 @@ pub struct NewToken {
 pub struct ValidToken {
     pub id: Uuid,
     pub tenant: String,
+    pub consumer: Option<String>,
     pub scopes: Vec<String>,
     pub expires_at: Option<DateTime<Utc>>,
 }
@@ -34,6 +36,7 @@ pub struct TokenRow {
     pub id: Uuid,
     pub prefix: String,
     pub tenant: String,
+    pub consumer: Option<String>,
     pub scopes: Vec<String>,
     pub name: Option<String>,
     pub created_at: DateTime<Utc>,
@@ -43,8 +46,8 @@ pub struct TokenRow {
 
 pub async fn insert(pool: &PgPool, t: &NewToken) -> Result<(), DbError> {
     sqlx::query(
-        "INSERT INTO hookd.api_tokens (id, token_hash, prefix, tenant, scopes, name, expires_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO hookd.api_tokens (id, token_hash, prefix, tenant, scopes, name, expires_at, consumer)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(t.id)
     .bind(&t.token_hash)
@@ -53,6 +56,7 @@ pub async fn insert(pool: &PgPool, t: &NewToken) -> Result<(), DbError> {
     .bind(&t.scopes)
     .bind(&t.name)
     .bind(t.expires_at)
+    .bind(&t.consumer)
     .execute(pool)
     .await?;
     Ok(())
@@ -61,7 +65,7 @@ pub async fn insert(pool: &PgPool, t: &NewToken) -> Result<(), DbError> {
 /// The unrevoked, unexpired token with this hash, if any.
 pub async fn find_valid(pool: &PgPool, token_hash: &[u8]) -> Result<Option<ValidToken>, DbError> {
     Ok(sqlx::query_as::<_, ValidToken>(
-        "SELECT id, tenant, scopes, expires_at FROM hookd.api_tokens
+        "SELECT id, tenant, consumer, scopes, expires_at FROM hookd.api_tokens
          WHERE token_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())",
     )
     .bind(token_hash)
@@ -72,7 +76,7 @@ pub async fn find_valid(pool: &PgPool, token_hash: &[u8]) -> Result<Option<Valid
 /// Every token (optionally of one tenant), newest first.
 pub async fn list(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<TokenRow>, DbError> {
     Ok(sqlx::query_as::<_, TokenRow>(
-        "SELECT id, prefix, tenant, scopes, name, created_at, expires_at, revoked_at
+        "SELECT id, prefix, tenant, consumer, scopes, name, created_at, expires_at, revoked_at
          FROM hookd.api_tokens WHERE ($1::text IS NULL OR tenant = $1)
          ORDER BY created_at DESC, id DESC",
     )

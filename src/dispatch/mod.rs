@@ -162,10 +162,10 @@ pub async fn run(
     // before the health listener: a dispatcher that reports ready has left no
     // plaintext secret behind
     encrypt_legacy_secrets(&pool, &keyring).await;
-    let health = crate::api::health_app(pool.clone(), metrics.clone());
+    let health = crate::ops::router(pool.clone(), metrics.clone());
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(listen = %settings.listen, worker = %cfg.worker_id, key_id = keyring.active_key_id(), "dispatcher starting");
-    let server = tokio::spawn(crate::api::serve_on(listener, health, shutdown.clone()));
+    let server = tokio::spawn(crate::ops::serve_on(listener, health, shutdown.clone()));
     let keyring = Arc::new(keyring);
     if retention.prune_interval_secs > 0 {
         crate::retention::spawn_pruner(

@@ -25,9 +25,13 @@ pub const EVENT_TYPE_PATTERN_RULE: &str = r"self.all(t, size(t) <= 128 && t.matc
     status = "WebhookEndpointStatus",
     cel,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    // why it is not ready (EndpointDisabled after a 410, Paused, SecretNotFound, …), so
+    // `kubectl get` says it without a describe; the message is in `-o wide`
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Circuit","type":"string","jsonPath":".status.circuit"}"#,
     printcolumn = r#"{"name":"Backlog","type":"integer","jsonPath":".status.backlog"}"#,
     printcolumn = r#"{"name":"URL","type":"string","jsonPath":".spec.url","priority":1}"#,
+    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].message","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -56,6 +60,13 @@ pub struct WebhookEndpointSpec {
     #[schemars(length(min = 1, max = 128))]
     pub tenant: Option<String>,
 
+    /// The consumer (customer) this endpoint belongs to: it then receives only events
+    /// addressed to that consumer. Absent: events without a consumer (tenant-wide).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(r"self.matches('^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$')").message("consumer must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"))]
+    #[schemars(length(min = 1, max = 128))]
+    pub consumer: Option<String>,
+
     /// Hold deliveries (they are still created, and sent once unpaused).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
@@ -83,10 +94,13 @@ pub struct WebhookEndpointSpec {
 
     /// Extra headers sent with every delivery (cannot override webhook-* or content headers).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    // a value with CR, LF or another control character cannot be sent (the HTTP client
+    // drops it): refused at `kubectl apply` as `hookd apply` refuses it
+    #[x_kube(validation = Rule::new(r"self.all(k, !self[k].matches('[\\x00-\\x08\\x0a-\\x1f\\x7f]'))").message("headers values must be one line of visible text (no CR, LF or other control characters)"))]
     #[x_kube(validation = Rule::new(r"self.all(k, k.matches('^[A-Za-z0-9-]{1,64}$') && !k.lowerAscii().startsWith('webhook-') && !(k.lowerAscii() in ['content-type', 'content-length', 'host', 'idempotency-key', 'user-agent', 'transfer-encoding', 'connection']))").message("headers keys must be header names (letters, digits, '-') and must not set webhook-*, content-type, content-length, host, idempotency-key, user-agent, transfer-encoding or connection"))]
     // A map without maxProperties is assumed to hold 393,215 entries by the CEL cost
     // estimate (this rule: ~12 M, over the 10 M limit).
-    #[schemars(extend("maxProperties" = 32), inner(length(max = 4096)))]
+    #[schemars(extend("maxProperties" = 32, "additionalProperties" = {"type": "string", "maxLength": 4096}))]
     pub headers: BTreeMap<String, String>,
 
     /// After the Secret changes, how long the previous secret keeps signing (seconds).

@@ -132,7 +132,19 @@ async fn apply(ep: &WebhookEndpoint, ctx: &Context) -> Result<Action, Error> {
         }
     };
     let status = desired_status(ep, problem.as_ref(), &outcome, &stats, &now);
-    let events = status_events(ep.status.as_ref(), &status, &outcome);
+    let mut events = status_events(ep.status.as_ref(), &status, &outcome);
+    // said when the secret is stored (a new endpoint or a rotation), not on every resync
+    if (outcome.created || outcome.secret_rotated)
+        && desired
+            .secret
+            .as_ref()
+            .is_some_and(|s| crate::signing::is_published_test_secret(&s.value))
+    {
+        events.push(ObjectEvent::warning(
+            "PublishedSigningSecret",
+            "the signing secret is a published Standard Webhooks test-vector secret: anyone can forge its signatures. Put a generated one in the Secret: whsec_ followed by base64 of 32 random bytes".into(),
+        ));
+    }
     if ep.status.as_ref() != Some(&status) {
         patch_status(ctx, ep, &status).await?;
     }

@@ -18,10 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use axum::routing::get;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
@@ -33,10 +30,10 @@ use kube::{Api, Client, CustomResourceExt, Resource};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::service_account::NamespaceTenants;
 use crate::config::ControllerSettings;
 use crate::crypto::Keyring;
 use crate::db::DbError;
+use crate::domain::NamespaceTenants;
 use crate::metrics::{ControllerLabel, Metrics, ReconcileResult};
 
 pub use crd::{
@@ -383,7 +380,7 @@ pub async fn run(
     let health = Arc::new(Health::default());
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(listen = %settings.listen, "controller health and metrics listening");
-    let server = tokio::spawn(crate::api::serve_on(
+    let server = tokio::spawn(crate::ops::serve_on(
         listener,
         health_router(health.clone(), metrics.clone()),
         shutdown.clone(),
@@ -618,35 +615,16 @@ fn dispatcher_controller_stream(
 /// `/healthz` (the process is up), `/readyz` (the leader's watches have synced; a standby
 /// replica is ready to take over, so it answers ready too) and `/metrics`.
 fn health_router(health: Arc<Health>, metrics: Metrics) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(
-                |State((health, _)): State<(Arc<Health>, Metrics)>| async move {
-                    if !health.leading.load(Ordering::SeqCst) {
-                        (StatusCode::OK, "standby").into_response()
-                    } else if health.synced.load(Ordering::SeqCst) {
-                        (StatusCode::OK, "ready").into_response()
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "watches not synced yet").into_response()
-                    }
-                },
-            ),
-        )
-        .route(
-            "/metrics",
-            get(
-                |State((_, metrics)): State<(Arc<Health>, Metrics)>| async move {
-                    (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        metrics.render(),
-                    )
-                },
-            ),
-        )
-        .with_state((health, metrics))
+    crate::ops::router_with_readiness(
+        move || {
+            if !health.leading.load(Ordering::SeqCst) {
+                (StatusCode::OK, "standby")
+            } else if health.synced.load(Ordering::SeqCst) {
+                (StatusCode::OK, "ready")
+            } else {
+                (StatusCode::SERVICE_UNAVAILABLE, "watches not synced yet")
+            }
+        },
+        metrics,
+    )
 }

@@ -150,6 +150,7 @@ pub fn desired_endpoint(
         name: ep.name_any(),
         uid: ep.uid(),
         tenant,
+        consumer: spec.consumer.clone(),
         url: spec.url.clone(),
         event_types: spec.event_types.clone(),
         state,
@@ -211,20 +212,11 @@ pub async fn apply_endpoint(
     let up = db::endpoints::upsert(conn, &desired.row).await?;
     let (rotated, active) = match &desired.secret {
         Some(s) => {
-            let sealed = keyring.encrypt(up.id, &s.value);
-            let known = keyring.fingerprints(up.id, &s.value);
-            // rows from before encryption at rest carry a bare SHA-256 fingerprint
-            let legacy = Sha256::digest(s.value.as_bytes()).to_vec();
-            let r = db::secrets::set_current(
+            let r = crate::endpoints::store_secret(
                 conn,
+                keyring,
                 up.id,
-                &db::secrets::NewSecret {
-                    key_id: &sealed.key_id,
-                    ciphertext: &sealed.ciphertext,
-                    fingerprint: &known[0].1,
-                    known: &known,
-                    legacy_fingerprint: &legacy,
-                },
+                &s.value,
                 desired.row.secret_grace_secs,
             )
             .await?;

@@ -118,6 +118,7 @@ pub struct EndpointOpts {
     pub namespace: String,
     pub name: String,
     pub tenant: Option<String>,
+    pub consumer: Option<String>,
     pub url: String,
     pub event_types: Vec<String>,
     pub secret: String,
@@ -135,6 +136,7 @@ impl Default for EndpointOpts {
             namespace: "team-a".into(),
             name: format!("ep-{}", Uuid::now_v7().simple()),
             tenant: None,
+            consumer: None,
             url: "http://127.0.0.1:9/unused".into(),
             event_types: vec![],
             secret: SECRET_A.into(),
@@ -159,6 +161,7 @@ pub fn webhook_endpoint(o: &EndpointOpts) -> WebhookEndpoint {
                 key: "secret".into(),
             },
             tenant: o.tenant.clone(),
+            consumer: o.consumer.clone(),
             paused: o.paused,
             timeout_seconds: o.timeout_seconds,
             max_attempts: o.max_attempts,
@@ -242,6 +245,7 @@ pub async fn mint_token(pool: &PgPool, tenant: &str, scopes: &[Scope]) -> String
     hookd::auth::tokens::create(
         pool,
         &hookd::auth::tokens::TokenRequest {
+            consumer: None,
             tenant: tenant.into(),
             scopes: scopes.to_vec(),
             name: Some("test".into()),
@@ -289,7 +293,15 @@ impl TestApi {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
-        let state = hookd::api::AppState::start(pool.clone(), &settings, kube, shutdown.clone());
+        // the endpoints API seals secrets with the key the tests' dispatchers use, and
+        // admits loopback receivers as the tests' dispatchers do
+        let manage = hookd::api::ManageDeps {
+            keyring: Ok(keyring(TEST_ENCRYPTION_KEY, "")),
+            allow: hookd::outbound::AllowList::parse("127.0.0.0/8,::1/128").unwrap(),
+            public_url: None,
+        };
+        let state = hookd::api::AppState::start(pool.clone(), &settings, kube, shutdown.clone())
+            .with_manage(manage);
         tokio::spawn(hookd::api::server::serve_api_on(
             listener,
             hookd::api::app(state),

@@ -1,4 +1,4 @@
-//! `hookd token create|list|revoke`.
+//! `hookd token create|list|revoke`: its arguments and what it does.
 //!
 //! `create` prints the token alone on the last line of stdout, so that
 //! `TOKEN=$(hookd token create …)` captures exactly the token; everything else goes to
@@ -7,8 +7,11 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::auth::tokens::{self, TokenRequest};
-use crate::config::TokenCommand;
+use clap::{Args, Subcommand};
+
+use crate::config::DbArgs;
 use crate::db;
+use crate::domain::Scope;
 use crate::runtime;
 
 pub async fn run(cmd: TokenCommand) -> anyhow::Result<()> {
@@ -17,6 +20,7 @@ pub async fn run(cmd: TokenCommand) -> anyhow::Result<()> {
             let pool = runtime::open_checked(&args.db).await?;
             let req = TokenRequest {
                 tenant: args.tenant,
+                consumer: args.consumer,
                 scopes: args.scopes,
                 name: args.name,
                 expires_at: args.expires_at,
@@ -24,10 +28,14 @@ pub async fn run(cmd: TokenCommand) -> anyhow::Result<()> {
             let created = tokens::create(&pool, &req).await?;
             let scopes: Vec<&str> = req.scopes.iter().map(|s| s.as_str()).collect();
             eprintln!(
-                "token {} ({}…) created for tenant {} with scope(s) {}{}; it is shown once, store it now",
+                "token {} ({}…) created for tenant {}{} with scope(s) {}{}; it is shown once, store it now",
                 created.id,
                 created.prefix,
                 req.tenant,
+                req.consumer
+                    .as_deref()
+                    .map(|c| format!(", consumer {c}"))
+                    .unwrap_or_default(),
                 scopes.join(","),
                 req.expires_at
                     .map(|at| format!(", expiring {}", fmt_time(at)))
@@ -59,7 +67,10 @@ pub async fn run(cmd: TokenCommand) -> anyhow::Result<()> {
                 table.push([
                     t.id.to_string(),
                     format!("{}…", t.prefix),
-                    t.tenant,
+                    match &t.consumer {
+                        Some(c) => format!("{}/{c}", t.tenant),
+                        None => t.tenant,
+                    },
                     t.scopes.join(","),
                     t.name.unwrap_or_else(|| "-".into()),
                     fmt_time(t.created_at),
@@ -111,4 +122,52 @@ fn render<const N: usize>(rows: &[[String; N]]) -> String {
         out.push('\n');
     }
     out
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token; it is printed once, alone on the last line of stdout
+    Create(TokenCreateArgs),
+    /// List tokens (never the tokens themselves: their id, prefix, tenant and scopes)
+    List(TokenListArgs),
+    /// Revoke a token by id; the API stops accepting it within 5 seconds
+    Revoke(TokenRevokeArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TokenCreateArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Tenant the token acts for
+    #[arg(long)]
+    pub tenant: String,
+    /// Confine the token to this consumer of the tenant: it sees and manages only that consumer's endpoints, messages and deliveries
+    #[arg(long)]
+    pub consumer: Option<String>,
+    /// What the token may do (repeatable, or comma-separated): produce, read, operate, manage
+    #[arg(long = "scope", required = true, value_delimiter = ',')]
+    pub scopes: Vec<Scope>,
+    /// A note for `hookd token list`, e.g. who holds it
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Expiry as an RFC 3339 time, e.g. 2027-01-01T00:00:00Z (default: none)
+    #[arg(long)]
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TokenListArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Only this tenant's tokens
+    #[arg(long)]
+    pub tenant: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TokenRevokeArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Id of the token (from `hookd token create` or `hookd token list`)
+    pub id: uuid::Uuid,
 }

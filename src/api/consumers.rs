@@ -1,0 +1,489 @@
+//! `/v1/consumers`: the parties a tenant's webhooks are for, and the short-lived tokens
+//! a customer-facing page uses to manage one consumer's endpoints.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::AppState;
+use super::body::json_or_empty;
+use super::caller::Caller;
+use super::endpoints::{page_limit, query};
+use super::error::ApiError;
+use super::openapi::responses;
+use crate::auth::Scope;
+use crate::auth::tokens::{self, TokenRequest};
+use crate::db;
+use crate::domain;
+
+const BODY_LIMIT: usize = 64 * 1024;
+
+/// Longest and default lifetime of a token minted for a consumer.
+const MAX_TOKEN_TTL_SECS: i64 = 7 * 86_400;
+const DEFAULT_TOKEN_TTL_SECS: i64 = 3_600;
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsumerOut {
+    uid: String,
+    tenant: String,
+    name: Option<String>,
+    #[schema(value_type = Object)]
+    metadata: serde_json::Value,
+    /// live endpoints (counted up to 10,000)
+    endpoint_count: i64,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl From<db::consumers::ConsumerRow> for ConsumerOut {
+    fn from(c: db::consumers::ConsumerRow) -> Self {
+        ConsumerOut {
+            uid: c.uid,
+            tenant: c.tenant,
+            name: c.name,
+            metadata: c.metadata.0,
+            endpoint_count: c.endpoint_count,
+            created_at: c.created_at,
+            updated_at: c.updated_at,
+        }
+    }
+}
+
+#[derive(Deserialize, ToSchema, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConsumerIn {
+    #[schema(max_length = 200)]
+    name: Option<String>,
+    /// any JSON object, at most 16 KiB
+    #[schema(value_type = Option<Object>)]
+    metadata: Option<serde_json::Value>,
+    /// With authentication on, the credential's tenant; required when it is off
+    tenant: Option<String>,
+}
+
+/// The consumer uid of a path, or 422 naming what is wrong with it.
+fn path_uid(raw: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    let Path(uid) = raw.map_err(|_| {
+        ApiError::bad_request("invalid_consumer", "the consumer uid is not decodable")
+    })?;
+    domain::validate_consumer(&uid).map_err(|e| ApiError::unprocessable("invalid_consumer", e))?;
+    Ok(uid)
+}
+
+/// The tenant a consumer route acts in, for a tenant credential (a consumer token may
+/// only read its own consumer).
+fn tenant_of(caller: &Caller, named: Option<String>) -> Result<String, ApiError> {
+    caller
+        .resolve_tenant(named)?
+        .ok_or_else(|| ApiError::unprocessable("missing_field", "tenant is required"))
+}
+
+/// PUT /v1/consumers/{uid}
+#[utoipa::path(
+    put,
+    path = "/v1/consumers/{uid}",
+    tag = "consumers",
+    operation_id = "upsertConsumer",
+    summary = "Create or update a consumer (scope: manage)",
+    params(("uid" = String, Path, description = "The consumer's uid, chosen by you (e.g. cust_42)")),
+    request_body(content = Option<ConsumerIn>, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Updated", body = ConsumerOut),
+        (status = 201, description = "Created", body = ConsumerOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, response = responses::Unprocessable),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn upsert(
+    caller: Caller,
+    State(state): State<AppState>,
+    uid: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Manage)?;
+    caller.require_tenant_wide()?;
+    let uid = path_uid(uid)?;
+    let input: ConsumerIn = json_or_empty(&headers, body, BODY_LIMIT).await?;
+    let tenant = tenant_of(&caller, input.tenant)?;
+    domain::validate_tenant(&tenant).map_err(|e| ApiError::unprocessable("invalid_tenant", e))?;
+    if let Some(n) = &input.name {
+        crate::endpoints::validate_text("name", n, 200)
+            .map_err(|e| ApiError::unprocessable("invalid_field", e))?;
+    }
+    let metadata = input
+        .metadata
+        .unwrap_or_else(|| serde_json::Value::Object(Default::default()));
+    if !metadata.is_object() {
+        return Err(ApiError::unprocessable(
+            "invalid_field",
+            "metadata must be a JSON object",
+        ));
+    }
+    crate::endpoints::validate_json_text("metadata", &metadata)
+        .map_err(|e| ApiError::unprocessable("invalid_field", e))?;
+    if metadata.to_string().len() > 16 * 1024 {
+        return Err(ApiError::unprocessable(
+            "invalid_field",
+            "metadata is larger than 16 KiB",
+        ));
+    }
+    let (row, created) =
+        db::consumers::upsert(&state.pool, &tenant, &uid, input.name.as_deref(), &metadata).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(ConsumerOut::from(row))).into_response())
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct TenantParam {
+    /// With authentication off: the tenant (required); otherwise the credential's
+    tenant: Option<String>,
+}
+
+/// GET /v1/consumers/{uid}
+#[utoipa::path(
+    get,
+    path = "/v1/consumers/{uid}",
+    tag = "consumers",
+    operation_id = "getConsumer",
+    summary = "A consumer (scope: read)",
+    params(("uid" = String, Path, description = "The consumer's uid"), TenantParam),
+    responses(
+        (status = 200, description = "The consumer", body = ConsumerOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 422, response = responses::Unprocessable),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get(
+    caller: Caller,
+    State(state): State<AppState>,
+    uid: Result<Path<String>, PathRejection>,
+    params: Result<Query<TenantParam>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Read)?;
+    let uid = path_uid(uid)?;
+    let p = query(params)?;
+    let tenant = tenant_of(&caller, p.tenant)?;
+    if caller.consumer_scope().is_some_and(|own| own != uid) {
+        return Err(ApiError::not_found("consumer"));
+    }
+    let row = db::consumers::get(&state.pool, &tenant, &uid)
+        .await?
+        .ok_or_else(|| ApiError::not_found("consumer"))?;
+    Ok(Json(ConsumerOut::from(row)).into_response())
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct ConsumerListParams {
+    /// With authentication off: only this tenant's
+    tenant: Option<String>,
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<i64>,
+    cursor: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsumerPage {
+    items: Vec<ConsumerOut>,
+    next_cursor: Option<String>,
+}
+
+/// GET /v1/consumers
+#[utoipa::path(
+    get,
+    path = "/v1/consumers",
+    tag = "consumers",
+    operation_id = "listConsumers",
+    summary = "The tenant's consumers by uid, keyset-paginated (scope: read)",
+    params(ConsumerListParams),
+    responses(
+        (status = 200, description = "A page of consumers", body = ConsumerPage),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, response = responses::Unprocessable),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list(
+    caller: Caller,
+    State(state): State<AppState>,
+    params: Result<Query<ConsumerListParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Read)?;
+    caller.require_tenant_wide()?;
+    let p = query(params)?;
+    let tenant = caller.resolve_tenant(p.tenant)?;
+    let limit = page_limit(p.limit)?;
+    let after = match p.cursor.as_deref() {
+        None => None,
+        Some(c) => Some(
+            URL_SAFE_NO_PAD
+                .decode(c)
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .and_then(|s| {
+                    s.split_once('\n')
+                        .map(|(t, u)| (t.to_owned(), u.to_owned()))
+                })
+                .ok_or_else(|| ApiError::unprocessable("invalid_cursor", "cursor is not valid"))?,
+        ),
+    };
+    let rows = db::consumers::list(
+        &state.pool,
+        tenant.as_deref(),
+        after.as_ref().map(|(t, u)| (t.as_str(), u.as_str())),
+        limit,
+    )
+    .await?;
+    let next_cursor = (rows.len() as i64 == limit)
+        .then(|| {
+            rows.last()
+                .map(|r| URL_SAFE_NO_PAD.encode(format!("{}\n{}", r.tenant, r.uid)))
+        })
+        .flatten();
+    Ok(Json(ConsumerPage {
+        items: rows.into_iter().map(Into::into).collect(),
+        next_cursor,
+    })
+    .into_response())
+}
+
+/// DELETE /v1/consumers/{uid}
+#[utoipa::path(
+    delete,
+    path = "/v1/consumers/{uid}",
+    tag = "consumers",
+    operation_id = "deleteConsumer",
+    summary = "Delete a consumer (scope: manage)",
+    description = "Its endpoints are disabled (reason: consumer deleted), their pending \
+        deliveries cancelled with that reason, and its tokens revoked. History stays.",
+    params(("uid" = String, Path, description = "The consumer's uid"), TenantParam),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 422, response = responses::Unprocessable),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn delete(
+    caller: Caller,
+    State(state): State<AppState>,
+    uid: Result<Path<String>, PathRejection>,
+    params: Result<Query<TenantParam>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Manage)?;
+    caller.require_tenant_wide()?;
+    let uid = path_uid(uid)?;
+    let p = query(params)?;
+    let tenant = tenant_of(&caller, p.tenant)?;
+    let done = db::consumers::delete(&state.pool, &tenant, &uid)
+        .await?
+        .ok_or_else(|| ApiError::not_found("consumer"))?;
+    tracing::info!(
+        tenant = %tenant, consumer = %uid,
+        endpoints_disabled = done.endpoints_disabled,
+        deliveries_cancelled = done.deliveries_cancelled,
+        tokens_revoked = done.tokens_revoked,
+        "consumer deleted"
+    );
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Deserialize, ToSchema, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConsumerTokenIn {
+    /// lifetime in seconds, 60 to 604800 (default 3600)
+    #[schema(minimum = 60, maximum = 604800)]
+    ttl_seconds: Option<i64>,
+    /// With authentication off: the tenant (required)
+    tenant: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsumerTokenOut {
+    /// a `hookd_` token with scopes read, operate and manage, confined to this consumer
+    token: String,
+    expires_at: DateTime<Utc>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PortalOut {
+    /// the customer portal, signed in with a fresh consumer token in the URL fragment
+    /// (which browsers never send to a server)
+    url: String,
+    token: String,
+    expires_at: DateTime<Utc>,
+}
+
+/// Mints a consumer token; the consumer is created if it does not exist yet.
+async fn mint(
+    caller: &Caller,
+    state: &AppState,
+    uid: Result<Path<String>, PathRejection>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(String, DateTime<Utc>, String), ApiError> {
+    caller.require(Scope::Manage)?;
+    caller.require_tenant_wide()?;
+    let uid = path_uid(uid)?;
+    let input: ConsumerTokenIn = json_or_empty(headers, body, BODY_LIMIT).await?;
+    let tenant = tenant_of(caller, input.tenant)?;
+    domain::validate_tenant(&tenant).map_err(|e| ApiError::unprocessable("invalid_tenant", e))?;
+    let ttl = input.ttl_seconds.unwrap_or(DEFAULT_TOKEN_TTL_SECS);
+    if !(60..=MAX_TOKEN_TTL_SECS).contains(&ttl) {
+        return Err(ApiError::unprocessable(
+            "invalid_field",
+            format!("ttlSeconds must be between 60 and {MAX_TOKEN_TTL_SECS}"),
+        ));
+    }
+    let mut conn = state.pool.acquire().await.map_err(db::DbError::from)?;
+    db::consumers::ensure(&mut conn, &tenant, &uid).await?;
+    drop(conn);
+    let expires_at = Utc::now() + chrono::Duration::seconds(ttl);
+    let created = tokens::create(
+        &state.pool,
+        &TokenRequest {
+            tenant: tenant.clone(),
+            consumer: Some(uid.clone()),
+            scopes: vec![Scope::Read, Scope::Operate, Scope::Manage],
+            name: Some(format!("consumer {uid} (minted through the API)")),
+            expires_at: Some(expires_at),
+        },
+    )
+    .await
+    .map_err(|e| match e {
+        tokens::CreateTokenError::Invalid(m) => ApiError::unprocessable("invalid_field", m),
+        tokens::CreateTokenError::Db(e) => e.into(),
+    })?;
+    tracing::info!(tenant = %tenant, consumer = %uid, token = %created.id, ttl_seconds = ttl, "consumer token minted");
+    Ok((created.token, expires_at, uid))
+}
+
+/// POST /v1/consumers/{uid}/tokens
+#[utoipa::path(
+    post,
+    path = "/v1/consumers/{uid}/tokens",
+    tag = "consumers",
+    operation_id = "createConsumerToken",
+    summary = "Mint a short-lived token for one consumer (scope: manage)",
+    description = "For a customer-facing page: the token sees and manages only this consumer's \
+        endpoints, messages, deliveries and replays. Revoked when the consumer is deleted.",
+    params(("uid" = String, Path, description = "The consumer's uid")),
+    request_body(content = Option<ConsumerTokenIn>, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The token, shown once", body = ConsumerTokenOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, response = responses::Unprocessable),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create_token(
+    caller: Caller,
+    State(state): State<AppState>,
+    uid: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (token, expires_at, _) = mint(&caller, &state, uid, &headers, body).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(ConsumerTokenOut { token, expires_at }),
+    )
+        .into_response())
+}
+
+/// POST /v1/consumers/{uid}/portal
+#[utoipa::path(
+    post,
+    path = "/v1/consumers/{uid}/portal",
+    tag = "consumers",
+    operation_id = "createPortalLink",
+    summary = "A customer portal link for one consumer (scope: manage)",
+    description = "The URL carries a fresh consumer token in its fragment. It is relative to \
+        the API unless HOOKD_PUBLIC_URL is set.",
+    params(("uid" = String, Path, description = "The consumer's uid")),
+    request_body(content = Option<ConsumerTokenIn>, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The link, shown once", body = PortalOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, response = responses::Unprocessable),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create_portal(
+    caller: Caller,
+    State(state): State<AppState>,
+    uid: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (token, expires_at, _) = mint(&caller, &state, uid, &headers, body).await?;
+    let base = state
+        .manage
+        .public_url
+        .as_deref()
+        .unwrap_or("")
+        .trim_end_matches('/');
+    Ok((
+        StatusCode::CREATED,
+        Json(PortalOut {
+            url: format!("{base}/portal#token={token}"),
+            token,
+            expires_at,
+        }),
+    )
+        .into_response())
+}

@@ -1,0 +1,1090 @@
+//! `/v1/endpoints`: the endpoints API (scope `manage` to change, `read` to look), for
+//! per-customer endpoints that do not belong in a cluster. Endpoints declared by
+//! WebhookEndpoint objects are listed too, read-only.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use super::body::{json, json_or_empty, nullable};
+use super::caller::Caller;
+use super::error::ApiError;
+use super::messages::{DeliveryStatus, DeliverySummary};
+use super::openapi::responses;
+use super::{AppState, path_id};
+use crate::auth::Scope;
+use crate::db::{self, endpoints::ApiState, endpoints::EndpointView, endpoints::PatchRefused};
+use crate::domain;
+use crate::outbox::NewMessage;
+
+/// Largest request body of these routes.
+const BODY_LIMIT: usize = 64 * 1024;
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CircuitOut {
+    /// `closed`, `open` or `half_open`
+    state: String,
+    /// while open: when one probe delivery is tried
+    open_until: Option<DateTime<Utc>>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubernetesRef {
+    namespace: String,
+    name: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointOut {
+    id: Uuid,
+    tenant: String,
+    consumer: Option<String>,
+    url: String,
+    /// empty: every event type
+    event_types: Vec<String>,
+    description: Option<String>,
+    #[schema(value_type = BTreeMap<String, String>)]
+    headers: serde_json::Value,
+    /// `active`, `paused` or `disabled`
+    state: String,
+    /// why it is paused or disabled (a receiver's 410, a deleted consumer, …)
+    state_reason: Option<String>,
+    /// why it is disabled, when it is
+    disabled_reason: Option<String>,
+    /// `api` (this API may change it) or `kubernetes` (a WebhookEndpoint object owns it)
+    managed_by: String,
+    /// the declaring object, for `managedBy: kubernetes`
+    kubernetes: Option<KubernetesRef>,
+    circuit: CircuitOut,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl From<EndpointView> for EndpointOut {
+    fn from(e: EndpointView) -> Self {
+        EndpointOut {
+            disabled_reason: (e.state == "disabled")
+                .then(|| e.state_reason.clone())
+                .flatten(),
+            kubernetes: match (e.k8s_namespace, e.k8s_name) {
+                (Some(namespace), Some(name)) => Some(KubernetesRef { namespace, name }),
+                _ => None,
+            },
+            id: e.id,
+            tenant: e.tenant,
+            consumer: e.consumer,
+            url: e.url,
+            event_types: e.event_types,
+            description: e.description,
+            headers: e.headers.0,
+            state: e.state,
+            state_reason: e.state_reason,
+            managed_by: e.managed_by,
+            circuit: CircuitOut {
+                state: e.circuit_state,
+                open_until: e.circuit_open_until,
+            },
+            created_at: e.created_at,
+            updated_at: e.updated_at,
+        }
+    }
+}
+
+/// A new endpoint. Unknown fields are refused (422).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct EndpointIn {
+    /// An absolute http(s) URL; private, loopback, link-local and metadata addresses are
+    /// refused unless the operator allows them (HOOKD_ALLOWED_DESTINATIONS)
+    #[schema(max_length = 2048)]
+    url: String,
+    /// The consumer (customer) the endpoint is for; it then receives only events
+    /// addressed to that consumer. Created if unknown. A consumer token's own consumer.
+    #[schema(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+    consumer: Option<String>,
+    /// `*`, exact types (`invoice.paid`) or prefixes (`invoice.*`); empty or absent: all
+    #[schema(max_items = 64)]
+    event_types: Option<Vec<String>>,
+    /// `whsec_` + base64 of 24-64 bytes; generated when absent
+    secret: Option<String>,
+    #[schema(max_length = 1000)]
+    description: Option<String>,
+    /// extra headers sent with every delivery
+    headers: Option<BTreeMap<String, String>>,
+    /// create it paused (deliveries are created and held)
+    paused: Option<bool>,
+    /// With authentication on, the credential's tenant (another is a 403); required when
+    /// authentication is off
+    tenant: Option<String>,
+}
+
+/// The endpoint and its signing secret, shown this once.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatedEndpointOut {
+    #[serde(flatten)]
+    endpoint: EndpointOut,
+    /// the signing secret: store it now, it is never shown again
+    secret: String,
+}
+
+/// A change; absent fields stay as they are.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct EndpointPatchIn {
+    #[schema(max_length = 2048)]
+    url: Option<String>,
+    event_types: Option<Vec<String>>,
+    /// `null` clears it
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<String>)]
+    description: Option<Option<String>>,
+    headers: Option<BTreeMap<String, String>>,
+    /// true pauses; false resumes (and re-enables an endpoint a receiver's 410 disabled)
+    paused: Option<bool>,
+}
+
+/// 422 `invalid_field`; the message names the field.
+fn invalid(e: String) -> ApiError {
+    ApiError::unprocessable("invalid_field", e)
+}
+
+/// Checks the fields every source of endpoints shares (see `crate::endpoints`).
+async fn check_fields(
+    state: &AppState,
+    url: Option<&str>,
+    event_types: Option<&[String]>,
+    headers: Option<&BTreeMap<String, String>>,
+    description: Option<&str>,
+) -> Result<(), ApiError> {
+    if let Some(url) = url {
+        let allow = &state.manage.allow;
+        crate::endpoints::validate_url(url, allow).map_err(invalid)?;
+        crate::endpoints::check_destination(url, allow)
+            .await
+            .map_err(invalid)?;
+    }
+    if let Some(t) = event_types {
+        crate::endpoints::validate_event_types(t).map_err(invalid)?;
+    }
+    if let Some(h) = headers {
+        crate::endpoints::validate_headers(h).map_err(invalid)?;
+    }
+    if let Some(d) = description {
+        crate::endpoints::validate_text("description", d, 1000).map_err(invalid)?;
+    }
+    Ok(())
+}
+
+fn keyring(state: &AppState) -> Result<&crate::crypto::Keyring, ApiError> {
+    state.manage.keyring.as_ref().map_err(|reason| {
+        tracing::warn!(%reason, "a signing secret cannot be stored");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "encryption_unavailable",
+            "this API process has no encryption key for signing secrets (HOOKD_ENCRYPTION_KEY); nothing was written",
+        )
+    })
+}
+
+/// POST /v1/endpoints
+#[utoipa::path(
+    post,
+    path = "/v1/endpoints",
+    tag = "endpoints",
+    operation_id = "createEndpoint",
+    summary = "Create an endpoint (scope: manage)",
+    description = "hookd generates the signing secret unless one is given, and returns it in \
+        this answer only; it is stored encrypted. Deliveries start with the next event.",
+    request_body(content = EndpointIn, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created", body = CreatedEndpointOut, links(
+            ("getEndpoint" = (operation_id = "getEndpoint", parameters(("id" = "$response.body#/id")), description = "The endpoint")),
+        )),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, response = responses::Unprocessable),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create(
+    caller: Caller,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Manage)?;
+    let input: EndpointIn = json(&headers, body, BODY_LIMIT).await?;
+    let tenant = caller
+        .resolve_tenant(input.tenant)?
+        .ok_or_else(|| ApiError::unprocessable("missing_field", "tenant is required"))?;
+    domain::validate_tenant(&tenant).map_err(invalid)?;
+    let consumer = caller.resolve_consumer(input.consumer)?;
+    if let Some(c) = &consumer {
+        domain::validate_consumer(c).map_err(invalid)?;
+    }
+    let event_types = input.event_types.unwrap_or_default();
+    let hdrs = input.headers.unwrap_or_default();
+    check_fields(
+        &state,
+        Some(&input.url),
+        Some(&event_types),
+        Some(&hdrs),
+        input.description.as_deref(),
+    )
+    .await?;
+    let secret = match input.secret {
+        Some(s) => {
+            crate::signing::SigningSecret::parse(&s).map_err(|e| {
+                // never echo the value
+                invalid(format!(
+                    "secret must be whsec_ followed by base64 of 24-64 bytes ({})",
+                    e.to_string().replace(&s, "…")
+                ))
+            })?;
+            s
+        }
+        None => crate::endpoints::generate_secret(),
+    };
+    let keyring = keyring(&state)?;
+    let id = Uuid::now_v7();
+    let mut tx = state.pool.begin().await.map_err(db::DbError::from)?;
+    if let Some(c) = &consumer {
+        db::consumers::ensure(&mut tx, &tenant, c).await?;
+    }
+    db::endpoints::insert_api(
+        &mut tx,
+        &db::endpoints::NewApiEndpoint {
+            id,
+            tenant: tenant.clone(),
+            consumer: consumer.clone(),
+            url: input.url,
+            event_types,
+            description: input.description,
+            headers: serde_json::to_value(&hdrs).unwrap_or_default(),
+            paused: input.paused.unwrap_or(false),
+        },
+    )
+    .await?;
+    crate::endpoints::store_secret(&mut tx, keyring, id, &secret, 0).await?;
+    tx.commit().await.map_err(db::DbError::from)?;
+    let view = db::endpoints::get_visible(&state.pool, id, caller.audience())
+        .await?
+        .ok_or_else(ApiError::internal)?;
+    tracing::info!(endpoint = %id, tenant = %tenant, consumer = ?consumer, "endpoint created through the API");
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedEndpointOut {
+            endpoint: view.into(),
+            secret,
+        }),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct ListParams {
+    /// only this consumer's endpoints
+    #[param(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+    consumer: Option<String>,
+    /// page size, 1 to 1000 (default 100)
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<i64>,
+    /// `nextCursor` of the previous page
+    cursor: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointPage {
+    items: Vec<EndpointOut>,
+    /// pass as `cursor` for the next page; null on the last page
+    next_cursor: Option<String>,
+}
+
+pub(super) fn page_limit(limit: Option<i64>) -> Result<i64, ApiError> {
+    let limit = limit.unwrap_or(100);
+    if (1..=1000).contains(&limit) {
+        Ok(limit)
+    } else {
+        Err(ApiError::unprocessable(
+            "invalid_limit",
+            "limit must be between 1 and 1000",
+        ))
+    }
+}
+
+/// A `consumer` filter of a listing: 422 unless it is a valid uid.
+pub(super) fn check_consumer_filter(c: Option<&str>) -> Result<(), ApiError> {
+    match c {
+        Some(c) => {
+            domain::validate_consumer(c).map_err(|e| ApiError::unprocessable("invalid_consumer", e))
+        }
+        None => Ok(()),
+    }
+}
+
+pub(super) fn uuid_cursor(cursor: Option<&str>) -> Result<Option<Uuid>, ApiError> {
+    cursor
+        .map(|c| {
+            c.parse::<Uuid>()
+                .map_err(|_| ApiError::unprocessable("invalid_cursor", "cursor is not valid"))
+        })
+        .transpose()
+}
+
+pub(super) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    q.map(|Query(t)| t)
+        .map_err(|e| ApiError::unprocessable("invalid_query", e.body_text()))
+}
+
+/// GET /v1/endpoints
+#[utoipa::path(
+    get,
+    path = "/v1/endpoints",
+    tag = "endpoints",
+    operation_id = "listEndpoints",
+    summary = "The caller's endpoints, keyset-paginated (scope: read)",
+    params(ListParams),
+    responses(
+        (status = 200, description = "A page of endpoints", body = EndpointPage),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, response = responses::Unprocessable),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list(
+    caller: Caller,
+    State(state): State<AppState>,
+    params: Result<Query<ListParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Read)?;
+    let p = query(params)?;
+    let limit = page_limit(p.limit)?;
+    check_consumer_filter(p.consumer.as_deref())?;
+    let after = uuid_cursor(p.cursor.as_deref())?;
+    let rows = db::endpoints::list(
+        &state.pool,
+        caller.audience(),
+        p.consumer.as_deref(),
+        after,
+        limit,
+    )
+    .await?;
+    let next_cursor = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|r| r.id.to_string()))
+        .flatten();
+    Ok(Json(EndpointPage {
+        items: rows.into_iter().map(Into::into).collect(),
+        next_cursor,
+    })
+    .into_response())
+}
+
+/// GET /v1/endpoints/{id}
+#[utoipa::path(
+    get,
+    path = "/v1/endpoints/{id}",
+    tag = "endpoints",
+    operation_id = "getEndpoint",
+    summary = "An endpoint (scope: read)",
+    params(("id" = Uuid, Path, description = "The endpoint id")),
+    responses(
+        (status = 200, description = "The endpoint", body = EndpointOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get(
+    caller: Caller,
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Read)?;
+    let id = path_id(id, "endpoint")?;
+    let e = visible(&state, &caller, id).await?;
+    Ok(Json(EndpointOut::from(e)).into_response())
+}
+
+async fn visible(state: &AppState, caller: &Caller, id: Uuid) -> Result<EndpointView, ApiError> {
+    db::endpoints::get_visible(&state.pool, id, caller.audience())
+        .await?
+        .ok_or_else(|| ApiError::not_found("endpoint"))
+}
+
+fn refused(r: PatchRefused) -> ApiError {
+    match r {
+        PatchRefused::NotFound => ApiError::not_found("endpoint"),
+        PatchRefused::ManagedByKubernetes => ApiError::new(
+            StatusCode::CONFLICT,
+            "managed_by_kubernetes",
+            "this endpoint is declared by a WebhookEndpoint object; change that object (kubectl) instead",
+        ),
+    }
+}
+
+async fn patch_and_answer(
+    state: &AppState,
+    caller: &Caller,
+    id: Uuid,
+    patch: db::endpoints::EndpointPatch,
+) -> Result<Response, ApiError> {
+    let mut tx = state.pool.begin().await.map_err(db::DbError::from)?;
+    let view = db::endpoints::patch_api(&mut tx, id, caller.audience(), &patch)
+        .await?
+        .map_err(refused)?;
+    tx.commit().await.map_err(db::DbError::from)?;
+    if patch.state == Some(ApiState::Active) {
+        // held deliveries may be due now
+        state.notifier.wake();
+    }
+    Ok(Json(EndpointOut::from(view)).into_response())
+}
+
+/// PATCH /v1/endpoints/{id}
+#[utoipa::path(
+    patch,
+    path = "/v1/endpoints/{id}",
+    tag = "endpoints",
+    operation_id = "updateEndpoint",
+    summary = "Change an endpoint (scope: manage)",
+    description = "A new URL closes the circuit: the failures belonged to the old destination. \
+        Endpoints declared by WebhookEndpoint objects answer 409 managed_by_kubernetes.",
+    params(("id" = Uuid, Path, description = "The endpoint id")),
+    request_body(content = EndpointPatchIn, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The endpoint as changed", body = EndpointOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 409, response = responses::Conflict),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, response = responses::Unprocessable),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn update(
+    caller: Caller,
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Manage)?;
+    let id = path_id(id, "endpoint")?;
+    let input: EndpointPatchIn = json(&headers, body, BODY_LIMIT).await?;
+    check_fields(
+        &state,
+        input.url.as_deref(),
+        input.event_types.as_deref(),
+        input.headers.as_ref(),
+        input.description.as_ref().and_then(|d| d.as_deref()),
+    )
+    .await?;
+    let patch = db::endpoints::EndpointPatch {
+        url: input.url,
+        event_types: input.event_types,
+        description: input.description,
+        headers: input
+            .headers
+            .map(|h| serde_json::to_value(h).unwrap_or_default()),
+        state: input.paused.map(|p| {
+            if p {
+                ApiState::Paused
+            } else {
+                ApiState::Active
+            }
+        }),
+    };
+    patch_and_answer(&state, &caller, id, patch).await
+}
+
+/// DELETE /v1/endpoints/{id}
+#[utoipa::path(
+    delete,
+    path = "/v1/endpoints/{id}",
+    tag = "endpoints",
+    operation_id = "deleteEndpoint",
+    summary = "Delete an endpoint (scope: manage)",
+    description = "It stops receiving at once; its pending deliveries are cancelled (visible as \
+        `cancelled` with a reason); its history is kept until retention removes it.",
+    params(("id" = Uuid, Path, description = "The endpoint id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 409, response = responses::Conflict),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn delete(
+    caller: Caller,
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Manage)?;
+    let id = path_id(id, "endpoint")?;
+    let mut tx = state.pool.begin().await.map_err(db::DbError::from)?;
+    let cancelled = db::endpoints::delete_api(&mut tx, id, caller.audience())
+        .await?
+        .map_err(refused)?;
+    tx.commit().await.map_err(db::DbError::from)?;
+    tracing::info!(endpoint = %id, cancelled, "endpoint deleted through the API");
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Pause, resume, re-enable: the same change as PATCH `paused`.
+async fn set_state(
+    caller: Caller,
+    state: AppState,
+    id: Result<Path<String>, PathRejection>,
+    to: ApiState,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Manage)?;
+    let id = path_id(id, "endpoint")?;
+    let patch = db::endpoints::EndpointPatch {
+        state: Some(to),
+        ..Default::default()
+    };
+    patch_and_answer(&state, &caller, id, patch).await
+}
+
+/// POST /v1/endpoints/{id}/pause
+#[utoipa::path(
+    post,
+    path = "/v1/endpoints/{id}/pause",
+    tag = "endpoints",
+    operation_id = "pauseEndpoint",
+    summary = "Hold an endpoint's deliveries (scope: manage)",
+    description = "Deliveries are still created and wait; resume sends them.",
+    params(("id" = Uuid, Path, description = "The endpoint id")),
+    responses(
+        (status = 200, description = "The endpoint", body = EndpointOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 409, response = responses::Conflict),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn pause(
+    caller: Caller,
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    set_state(caller, state, id, ApiState::Paused).await
+}
+
+/// POST /v1/endpoints/{id}/resume
+#[utoipa::path(
+    post,
+    path = "/v1/endpoints/{id}/resume",
+    tag = "endpoints",
+    operation_id = "resumeEndpoint",
+    summary = "Send an endpoint's deliveries again (scope: manage)",
+    params(("id" = Uuid, Path, description = "The endpoint id")),
+    responses(
+        (status = 200, description = "The endpoint", body = EndpointOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 409, response = responses::Conflict),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn resume(
+    caller: Caller,
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    set_state(caller, state, id, ApiState::Active).await
+}
+
+/// POST /v1/endpoints/{id}/enable
+#[utoipa::path(
+    post,
+    path = "/v1/endpoints/{id}/enable",
+    tag = "endpoints",
+    operation_id = "enableEndpoint",
+    summary = "Re-enable an endpoint a receiver's 410 disabled (scope: manage)",
+    description = "Events sent while it was disabled reached it not; replay them from the \
+        event if needed.",
+    params(("id" = Uuid, Path, description = "The endpoint id")),
+    responses(
+        (status = 200, description = "The endpoint", body = EndpointOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 409, response = responses::Conflict),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn enable(
+    caller: Caller,
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    set_state(caller, state, id, ApiState::Active).await
+}
+
+#[derive(Deserialize, ToSchema, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RotateIn {
+    /// the new secret; generated when absent
+    secret: Option<String>,
+    /// how long the previous secret keeps signing, in seconds (default 86400, at most 604800)
+    #[schema(minimum = 0, maximum = 604800)]
+    grace_seconds: Option<i64>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretOut {
+    /// the new signing secret: store it now, it is never shown again
+    secret: String,
+    /// until when the previous secret still signs
+    previous_valid_until: DateTime<Utc>,
+}
+
+/// POST /v1/endpoints/{id}/secret/rotate
+#[utoipa::path(
+    post,
+    path = "/v1/endpoints/{id}/secret/rotate",
+    tag = "endpoints",
+    operation_id = "rotateEndpointSecret",
+    summary = "Rotate an endpoint's signing secret (scope: manage)",
+    description = "Deliveries are signed with the new and the previous secret until the grace \
+        period ends, so receivers can switch without losing a webhook.",
+    params(("id" = Uuid, Path, description = "The endpoint id")),
+    request_body(content = Option<RotateIn>, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The new secret", body = SecretOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 409, response = responses::Conflict),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, response = responses::Unprocessable),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn rotate_secret(
+    caller: Caller,
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Manage)?;
+    let id = path_id(id, "endpoint")?;
+    let input: RotateIn = json_or_empty(&headers, body, BODY_LIMIT).await?;
+    let grace = input.grace_seconds.unwrap_or(86_400);
+    if !(0..=604_800).contains(&grace) {
+        return Err(invalid("graceSeconds must be between 0 and 604800".into()));
+    }
+    let secret = match input.secret {
+        Some(s) => {
+            crate::signing::SigningSecret::parse(&s).map_err(|_| {
+                invalid("secret must be whsec_ followed by base64 of 24-64 bytes".into())
+            })?;
+            s
+        }
+        None => crate::endpoints::generate_secret(),
+    };
+    let keyring = keyring(&state)?;
+    let e = visible(&state, &caller, id).await?;
+    if e.managed_by != "api" {
+        return Err(refused(PatchRefused::ManagedByKubernetes));
+    }
+    let mut tx = state.pool.begin().await.map_err(db::DbError::from)?;
+    crate::endpoints::store_secret(&mut tx, keyring, id, &secret, grace as i32).await?;
+    tx.commit().await.map_err(db::DbError::from)?;
+    tracing::info!(endpoint = %id, grace_seconds = grace, "signing secret rotated through the API");
+    Ok((
+        StatusCode::CREATED,
+        Json(SecretOut {
+            secret,
+            previous_valid_until: Utc::now() + chrono::Duration::seconds(grace),
+        }),
+    )
+        .into_response())
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Outcomes {
+    succeeded: i64,
+    failed: i64,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HourOut {
+    hour: DateTime<Utc>,
+    succeeded: i64,
+    failed: i64,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastAttemptOut {
+    at: DateTime<Utc>,
+    status_code: Option<i32>,
+    error: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointStatsOut {
+    endpoint_id: Uuid,
+    state: String,
+    state_reason: Option<String>,
+    circuit: CircuitOut,
+    /// deliveries waiting or in flight (counted up to 100,000)
+    backlog: i64,
+    /// dead letters not replayed (counted up to 100,000)
+    dead_letters: i64,
+    /// deliveries created in the last hour, by how they ended so far
+    last_hour: Outcomes,
+    last_day: Outcomes,
+    /// the last 24 hours, oldest first (deliveries by creation hour; a sample of the
+    /// newest 50,000 on a busy endpoint)
+    hourly: Vec<HourOut>,
+    last_success: Option<LastAttemptOut>,
+    last_failure: Option<LastAttemptOut>,
+}
+
+/// GET /v1/endpoints/{id}/stats
+#[utoipa::path(
+    get,
+    path = "/v1/endpoints/{id}/stats",
+    tag = "endpoints",
+    operation_id = "getEndpointStats",
+    summary = "Recent outcomes, circuit and backlog of an endpoint (scope: read)",
+    params(("id" = Uuid, Path, description = "The endpoint id")),
+    responses(
+        (status = 200, description = "The figures", body = EndpointStatsOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn stats(
+    caller: Caller,
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Read)?;
+    let id = path_id(id, "endpoint")?;
+    visible(&state, &caller, id).await?;
+    let s = db::endpoints::stats(&state.pool, id, 100_000)
+        .await?
+        .ok_or_else(|| ApiError::not_found("endpoint"))?;
+    let hourly = db::endpoints::hourly_outcomes(&state.pool, id, 50_000).await?;
+    let last_success = db::endpoints::last_attempt(&state.pool, id, true).await?;
+    let last_failure = db::endpoints::last_attempt(&state.pool, id, false).await?;
+    let sum = |from: usize| Outcomes {
+        succeeded: hourly.iter().skip(from).map(|h| h.succeeded).sum(),
+        failed: hourly.iter().skip(from).map(|h| h.failed).sum(),
+    };
+    let last = |a: db::endpoints::LastAttempt| LastAttemptOut {
+        at: a.started_at,
+        status_code: a.status_code,
+        error: a.error,
+    };
+    Ok(Json(EndpointStatsOut {
+        endpoint_id: id,
+        state: s.state,
+        state_reason: s.state_reason,
+        circuit: CircuitOut {
+            state: s.circuit_state,
+            open_until: s.circuit_open_until,
+        },
+        backlog: s.backlog,
+        dead_letters: s.dead_letters,
+        last_hour: sum(hourly.len().saturating_sub(1)),
+        last_day: sum(0),
+        hourly: hourly
+            .iter()
+            .map(|h| HourOut {
+                hour: h.hour,
+                succeeded: h.succeeded,
+                failed: h.failed,
+            })
+            .collect(),
+        last_success: last_success.map(last),
+        last_failure: last_failure.map(last),
+    })
+    .into_response())
+}
+
+#[derive(Deserialize, ToSchema, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TestEventIn {
+    /// default `hookd.test`
+    event_type: Option<String>,
+    /// any JSON value but null; default `{"test": true, "endpointId": …}`
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(schema_with = super::openapi::any_json_but_null)]
+    payload: Option<Option<Box<serde_json::value::RawValue>>>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TestEventOut {
+    event_id: Uuid,
+    delivery_id: Uuid,
+}
+
+/// POST /v1/endpoints/{id}/test
+#[utoipa::path(
+    post,
+    path = "/v1/endpoints/{id}/test",
+    tag = "endpoints",
+    operation_id = "sendTestEvent",
+    summary = "Send a test event to this endpoint only (scope: manage)",
+    description = "A real event and delivery, signed like every other, addressed to this \
+        endpoint alone whatever its event-type filter.",
+    params(("id" = Uuid, Path, description = "The endpoint id")),
+    request_body(content = Option<TestEventIn>, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Enqueued", body = TestEventOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 409, response = responses::Conflict),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, response = responses::Unprocessable),
+        (status = 429, response = responses::TooManyRequests),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn send_test(
+    caller: Caller,
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Manage)?;
+    let id = path_id(id, "endpoint")?;
+    let input: TestEventIn = json_or_empty(&headers, body, BODY_LIMIT).await?;
+    let event_type = input.event_type.unwrap_or_else(|| "hookd.test".into());
+    domain::validate_event_type(&event_type).map_err(invalid)?;
+    let payload = match input.payload {
+        Some(None) => return Err(invalid("payload must not be null".into())),
+        Some(Some(p)) => p.get().to_owned(),
+        None => format!(r#"{{"test":true,"endpointId":"{id}"}}"#),
+    };
+    let e = visible(&state, &caller, id).await?;
+    if e.state == "disabled" {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "endpoint_disabled",
+            format!(
+                "the endpoint is disabled ({}); enable it first",
+                e.state_reason.as_deref().unwrap_or("no reason recorded")
+            ),
+        ));
+    }
+    state.admit(&[(e.tenant.as_str(), 1)])?;
+    let msg = NewMessage {
+        tenant: e.tenant.clone(),
+        event_type,
+        payload,
+        idempotency_key: None,
+        consumer: e.consumer.clone(),
+    };
+    let (event_id, delivery_id) =
+        db::events::insert_for_endpoint(&state.pool, &msg_row(&msg), id).await?;
+    state.notifier.wake();
+    Ok((
+        StatusCode::CREATED,
+        Json(TestEventOut {
+            event_id,
+            delivery_id,
+        }),
+    )
+        .into_response())
+}
+
+fn msg_row(m: &NewMessage) -> db::events::NewEvent {
+    db::events::NewEvent {
+        id: Uuid::now_v7(),
+        tenant: m.tenant.clone(),
+        event_type: m.event_type.clone(),
+        payload: m.payload.clone(),
+        idempotency_key: None,
+        request_hash: Vec::new(),
+        consumer: m.consumer.clone(),
+    }
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct DeliveryListParams {
+    #[param(value_type = Option<DeliveryStatus>)]
+    status: Option<String>,
+    /// created at or after
+    since: Option<DateTime<Utc>>,
+    /// created before
+    until: Option<DateTime<Utc>>,
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<i64>,
+    cursor: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointDeliveryOut {
+    #[serde(flatten)]
+    delivery: DeliverySummary,
+    event_id: Uuid,
+    event_type: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointDeliveryPage {
+    items: Vec<EndpointDeliveryOut>,
+    next_cursor: Option<String>,
+}
+
+pub(super) const STATUSES: [&str; 6] = [
+    "pending",
+    "in_progress",
+    "failed",
+    "succeeded",
+    "dead",
+    "cancelled",
+];
+
+pub(super) fn check_status(s: Option<&str>) -> Result<(), ApiError> {
+    match s {
+        Some(s) if !STATUSES.contains(&s) => Err(ApiError::unprocessable(
+            "invalid_status",
+            format!("status {s:?} is not one of {STATUSES:?}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// GET /v1/endpoints/{id}/deliveries
+#[utoipa::path(
+    get,
+    path = "/v1/endpoints/{id}/deliveries",
+    tag = "endpoints",
+    operation_id = "listEndpointDeliveries",
+    summary = "An endpoint's deliveries, newest first (scope: read)",
+    params(("id" = Uuid, Path, description = "The endpoint id"), DeliveryListParams),
+    responses(
+        (status = 200, description = "A page of deliveries", body = EndpointDeliveryPage),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 422, response = responses::Unprocessable),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn deliveries(
+    caller: Caller,
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    params: Result<Query<DeliveryListParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Read)?;
+    let id = path_id(id, "endpoint")?;
+    let p = query(params)?;
+    let limit = page_limit(p.limit)?;
+    check_status(p.status.as_deref())?;
+    let before = uuid_cursor(p.cursor.as_deref())?;
+    visible(&state, &caller, id).await?;
+    let rows = db::deliveries::list_for_endpoint(
+        &state.pool,
+        &db::deliveries::EndpointDeliveryQuery {
+            endpoint_id: id,
+            status: p.status.as_deref(),
+            before,
+            since: p.since,
+            until: p.until,
+            limit,
+        },
+    )
+    .await?;
+    let next_cursor = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|r| r.row.id.to_string()))
+        .flatten();
+    Ok(Json(EndpointDeliveryPage {
+        items: rows
+            .into_iter()
+            .map(|r| EndpointDeliveryOut {
+                event_id: r.row.event_id,
+                event_type: r.event_type,
+                delivery: r.row.into(),
+            })
+            .collect(),
+        next_cursor,
+    })
+    .into_response())
+}

@@ -1,0 +1,140 @@
+//! The command line: the composition root. It parses flags into each component's
+//! settings (`config`) and calls that component's entry point; nothing else depends on it.
+
+pub mod token;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::*;
+use crate::{api, apply, db, dispatch, k8s, rekey, retention, runtime};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "hookd",
+    version,
+    about = "Kubernetes-native webhook gateway on the transactional outbox pattern"
+)]
+pub struct Cli {
+    /// Log filter (tracing env-filter syntax), e.g. `info` or `hookd=debug,info`
+    #[arg(long, env = "HOOKD_LOG", default_value = "info", global = true)]
+    pub log: String,
+    /// Log format: `text` or `json`
+    #[arg(long, env = "HOOKD_LOG_FORMAT", default_value = "text", global = true)]
+    pub log_format: LogFormat,
+    /// Bearer token that `GET /metrics` of every component requires (default: none, the
+    /// metrics are open to whoever reaches the port)
+    #[arg(
+        long,
+        env = "HOOKD_METRICS_TOKEN",
+        global = true,
+        hide_env_values = true
+    )]
+    pub metrics_token: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply the database migrations (idempotent)
+    Migrate(DbArgs),
+    /// Serve the ingest and operations API
+    Api(ApiArgs),
+    /// Run a dispatcher: claim due deliveries and send them
+    Dispatch(DispatchArgs),
+    /// Run the Kubernetes controller (WebhookEndpoint and WebhookDispatcher)
+    Controller(ControllerArgs),
+    /// Apply WebhookEndpoint and Secret YAML documents straight to Postgres
+    Apply(ApplyArgs),
+    /// Print the CustomResourceDefinitions as YAML
+    Crd,
+    /// Run everything in one process for a laptop (throwaway Postgres when DATABASE_URL is unset)
+    Dev(DevArgs),
+    /// Run a webhook receiver that verifies signatures and records webhook ids (for testing a setup)
+    Receiver(ReceiverArgs),
+    /// Re-encrypt every signing secret not under the active encryption key (online, idempotent)
+    Rekey(RekeyArgs),
+    /// Delete terminal deliveries, their attempts and dead letters, and events past the retention (one pass)
+    Prune(PruneArgs),
+    /// Manage static API tokens
+    #[command(subcommand)]
+    Token(token::TokenCommand),
+    /// Measure ingest, dispatch, end-to-end latency and claim cost on this machine (in a dedicated, dropped database)
+    Bench(crate::bench::BenchArgs),
+}
+
+/// Runs the chosen component until it finishes or a signal stops it.
+pub async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Crd => {
+            print!("{}", k8s::crds_yaml());
+            Ok(())
+        }
+        Command::Migrate(args) => {
+            let pool = db::connect_checked(&args.pool_settings()).await?;
+            db::migrate(&pool).await?;
+            eprintln!("migrations applied");
+            if let Ok(Some(warning)) = db::autovacuum_warning(&pool).await {
+                eprintln!("warning: {warning}");
+            }
+            Ok(())
+        }
+        Command::Apply(args) => {
+            let plan = apply::load(&args.files)?;
+            for warning in apply::published_secret_warnings(&plan) {
+                eprintln!("hookd apply: {warning}");
+            }
+            let keyring = args.keys.keyring()?;
+            let pool = runtime::open_checked(&args.db).await?;
+            let results = apply::apply_plan(&pool, &plan, &keyring).await?;
+            for line in apply::describe(&pool, &results).await? {
+                println!("{line}");
+            }
+            Ok(())
+        }
+        Command::Api(args) => {
+            let manage = api::ManageDeps {
+                // without a key the API still serves everything but storing a secret
+                keyring: args.keys.keyring().map_err(|e| {
+                    tracing::warn!(error = %e, "no encryption key: the endpoints API cannot create endpoints or rotate secrets (set HOOKD_ENCRYPTION_KEY)");
+                    e.to_string()
+                }),
+                allow: crate::outbound::AllowList::parse(&args.manage.allowed_destinations)
+                    .map_err(|e| anyhow::anyhow!("HOOKD_ALLOWED_DESTINATIONS: {e}"))?,
+                public_url: args.manage.public_url,
+            };
+            let pool = runtime::open_checked(&args.db).await?;
+            api::run(pool, args.api, manage, runtime::shutdown_on_signals()).await
+        }
+        Command::Dispatch(args) => {
+            let keyring = args.keys.keyring()?;
+            let pool = runtime::open_checked(&args.db).await?;
+            let shutdown = runtime::shutdown_on_signals();
+            dispatch::run(pool, args.dispatch, keyring, args.retention, shutdown).await
+        }
+        Command::Controller(args) => {
+            let keyring = args.keys.keyring()?;
+            let pool = runtime::open_checked(&args.db).await?;
+            k8s::run(
+                pool,
+                keyring,
+                args.controller,
+                runtime::shutdown_on_signals(),
+            )
+            .await
+        }
+        Command::Dev(args) => crate::dev::run(args, runtime::shutdown_on_signals()).await,
+        Command::Receiver(args) => crate::receiver::run(args, runtime::shutdown_on_signals()).await,
+        Command::Rekey(args) => {
+            let keyring = args.keys.keyring()?;
+            let pool = runtime::open_checked(&args.db).await?;
+            Ok(rekey::run(&pool, &keyring, args.batch).await?)
+        }
+        Command::Prune(args) => {
+            let pool = db::connect_lazy(&args.db.pool_settings())?;
+            retention::run_once(&pool, &args.retention).await
+        }
+        Command::Token(cmd) => token::run(cmd).await,
+        Command::Bench(args) => crate::bench::run(args, runtime::shutdown_on_signals()).await,
+    }
+}

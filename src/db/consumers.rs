@@ -1,0 +1,158 @@
+//! `hookd.consumers`: the parties a tenant's webhooks are for.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool};
+
+use super::DbError;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ConsumerRow {
+    pub tenant: String,
+    pub uid: String,
+    pub name: Option<String>,
+    pub metadata: sqlx::types::Json<serde_json::Value>,
+    /// live endpoints (not removed), at most 10,000 counted
+    pub endpoint_count: i64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+const COLUMNS: &str = "c.tenant, c.uid, c.name, c.metadata, c.created_at, c.updated_at,
+    (SELECT count(*) FROM (SELECT 1 FROM hookd.endpoints e
+        WHERE e.tenant = c.tenant AND e.consumer = c.uid AND e.removed_at IS NULL
+        LIMIT 10000) n) AS endpoint_count";
+
+/// Creates or replaces the consumer's name and metadata. Returns the row and whether it
+/// was created.
+pub async fn upsert(
+    pool: &PgPool,
+    tenant: &str,
+    uid: &str,
+    name: Option<&str>,
+    metadata: &serde_json::Value,
+) -> Result<(ConsumerRow, bool), DbError> {
+    let created: bool = sqlx::query_scalar(
+        r#"
+        INSERT INTO hookd.consumers AS c (tenant, uid, name, metadata)
+        VALUES ($1, $2, $3, $4)
+        ON CONFLICT (tenant, uid) DO UPDATE
+            SET name = EXCLUDED.name, metadata = EXCLUDED.metadata, updated_at = now()
+        RETURNING (xmax = 0)
+        "#,
+    )
+    .bind(tenant)
+    .bind(uid)
+    .bind(name)
+    .bind(sqlx::types::Json(metadata))
+    .fetch_one(pool)
+    .await?;
+    let row = get(pool, tenant, uid)
+        .await?
+        .ok_or_else(|| DbError::Query(sqlx::Error::RowNotFound))?;
+    Ok((row, created))
+}
+
+/// Makes sure the consumer exists (an endpoint or token names it before anyone described
+/// it); leaves an existing one unchanged.
+pub async fn ensure(conn: &mut PgConnection, tenant: &str, uid: &str) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO hookd.consumers (tenant, uid) VALUES ($1, $2) ON CONFLICT (tenant, uid) DO NOTHING",
+    )
+    .bind(tenant)
+    .bind(uid)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+pub async fn get(pool: &PgPool, tenant: &str, uid: &str) -> Result<Option<ConsumerRow>, DbError> {
+    Ok(
+        sqlx::query_as::<_, ConsumerRow>(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM hookd.consumers c WHERE c.tenant = $1 AND c.uid = $2"
+        )))
+        .bind(tenant)
+        .bind(uid)
+        .fetch_optional(pool)
+        .await?,
+    )
+}
+
+/// One keyset page of a tenant's consumers by uid (`tenant` None: every tenant, by tenant
+/// then uid; the cursor is then `tenant/uid`).
+pub async fn list(
+    pool: &PgPool,
+    tenant: Option<&str>,
+    after: Option<(&str, &str)>,
+    limit: i64,
+) -> Result<Vec<ConsumerRow>, DbError> {
+    Ok(
+        sqlx::query_as::<_, ConsumerRow>(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM hookd.consumers c
+         WHERE ($1::text IS NULL OR c.tenant = $1)
+           AND ($2::text IS NULL OR (c.tenant, c.uid) > ($2, $3))
+         ORDER BY c.tenant, c.uid LIMIT $4"
+        )))
+        .bind(tenant)
+        .bind(after.map(|a| a.0))
+        .bind(after.map(|a| a.1))
+        .bind(limit)
+        .fetch_all(pool)
+        .await?,
+    )
+}
+
+/// What deleting a consumer did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deleted {
+    pub endpoints_disabled: i64,
+    pub deliveries_cancelled: i64,
+    pub tokens_revoked: i64,
+}
+
+/// Deletes the consumer: its endpoints are disabled (reason "consumer deleted"), their
+/// open deliveries cancelled with that reason, its tokens revoked, in one transaction.
+/// History stays readable by the tenant. None when there is no such consumer.
+pub async fn delete(pool: &PgPool, tenant: &str, uid: &str) -> Result<Option<Deleted>, DbError> {
+    let row: Option<(i64, i64, i64)> = sqlx::query_as(
+        r#"
+        WITH c AS (
+            DELETE FROM hookd.consumers WHERE tenant = $1 AND uid = $2 RETURNING tenant, uid
+        ), eps AS (
+            SELECT e.id FROM hookd.endpoints e, c
+            WHERE e.tenant = c.tenant AND e.consumer = c.uid AND e.removed_at IS NULL
+        ), ep AS (
+            UPDATE hookd.endpoints e
+            SET state = 'disabled', state_reason = 'consumer ' || $2 || ' deleted',
+                spec_fingerprint = NULL, updated_at = now()
+            FROM eps
+            WHERE e.id = eps.id AND e.state <> 'disabled'
+            RETURNING e.id
+        ), cancelled AS (
+            -- by endpoint: a range of the claim index per endpoint, not a table scan
+            UPDATE hookd.deliveries d
+            SET status = 'cancelled', locked_by = NULL, claim_token = NULL, completed_at = now(),
+                updated_at = now(), last_error = 'cancelled: consumer ' || $2 || ' deleted'
+            FROM eps
+            WHERE d.endpoint_id = eps.id AND d.status IN ('pending', 'in_progress', 'failed')
+            RETURNING d.id
+        ), revoked AS (
+            UPDATE hookd.api_tokens t SET revoked_at = now()
+            FROM c
+            WHERE t.tenant = c.tenant AND t.consumer = c.uid AND t.revoked_at IS NULL
+            RETURNING t.id
+        )
+        SELECT (SELECT count(*) FROM ep), (SELECT count(*) FROM cancelled),
+               (SELECT count(*) FROM revoked)
+        FROM c
+        "#,
+    )
+    .bind(tenant)
+    .bind(uid)
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|(e, d, t)| Deleted {
+        endpoints_disabled: e,
+        deliveries_cancelled: d,
+        tokens_revoked: t,
+    }))
+}

@@ -1,0 +1,157 @@
+//! The words of the domain, shared by every component and depending on none: tenants,
+//! consumers, event types and idempotency keys (their syntax, which the API, the SQL
+//! function `hookd.enqueue()` and the CRDs agree on), credential scopes, and the map from
+//! Kubernetes namespaces to tenants.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+
+/// What a credential may do. Each route needs exactly one.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// POST /v1/messages and /v1/messages/batch
+    Produce,
+    /// GET /v1/messages/{id}, /v1/deliveries/{id}, /v1/dead-letters
+    Read,
+    /// POST /v1/deliveries/{id}/replay and /v1/endpoints/{id}/replay
+    Operate,
+    /// the endpoints and consumers API: create, change and delete endpoints and
+    /// consumers, rotate secrets, mint consumer tokens
+    Manage,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 4] = [Scope::Produce, Scope::Read, Scope::Operate, Scope::Manage];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Produce => "produce",
+            Scope::Read => "read",
+            Scope::Operate => "operate",
+            Scope::Manage => "manage",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Scope> {
+        Scope::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether `/v1` requests need a credential (`HOOKD_AUTH`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuthMode {
+    /// Every /v1 request needs a credential; the tenant comes from it.
+    On,
+    /// No authentication: the tenant comes from the request body. Local runs only.
+    None,
+}
+
+/// `namespace=tenant` overrides of the default mapping (`HOOKD_AUTH_NAMESPACE_TENANTS`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NamespaceTenants(pub HashMap<String, String>);
+
+impl FromStr for NamespaceTenants {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut map = HashMap::new();
+        for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (ns, tenant) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?} is not namespace=tenant"))?;
+            let (ns, tenant) = (ns.trim(), tenant.trim());
+            if ns.is_empty() {
+                return Err(format!("{pair:?} has an empty namespace"));
+            }
+            validate_tenant(tenant)?;
+            if map.insert(ns.to_string(), tenant.to_string()).is_some() {
+                return Err(format!("namespace {ns:?} is mapped twice"));
+            }
+        }
+        Ok(NamespaceTenants(map))
+    }
+}
+
+impl NamespaceTenants {
+    /// The tenant a namespace acts for: its override, else the namespace itself. The API
+    /// maps ServiceAccount callers with it and the controller checks WebhookEndpoints
+    /// against it, so a namespace can neither produce for nor subscribe to another
+    /// tenant's events.
+    pub fn tenant_of(&self, namespace: &str) -> String {
+        self.0
+            .get(namespace)
+            .cloned()
+            .unwrap_or_else(|| namespace.to_string())
+    }
+}
+
+// ---- syntax: shared by the HTTP API and documented in the README ----
+
+/// A consumer uid: the tenant-name alphabet, 1-128 characters.
+pub fn validate_consumer(c: &str) -> Result<(), String> {
+    validate_tenant(c).map_err(|_| {
+        format!("consumer {c:?} must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    })
+}
+
+/// Tenants are DNS-label-like (they default to a Kubernetes namespace).
+pub fn validate_tenant(t: &str) -> Result<(), String> {
+    let ok = !t.is_empty()
+        && t.len() <= 128
+        && t.as_bytes()[0].is_ascii_alphanumeric()
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "tenant {t:?} is invalid: 1-128 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"
+        ))
+    }
+}
+
+/// Event types are dot-separated segments of letters, digits, '_' and '-'
+/// (`invoice.paid`, `user.created-v2`), at most 128 characters. The same rule is in
+/// `hookd.enqueue()` and the CRD's eventTypes patterns.
+pub fn validate_event_type(t: &str) -> Result<(), String> {
+    let segment_ok = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    };
+    if t.len() <= 128 && t.split('.').all(segment_ok) {
+        Ok(())
+    } else {
+        Err(format!(
+            "eventType {t:?} is invalid: dot-separated segments of letters, digits, '_' or '-', at most 128 characters"
+        ))
+    }
+}
+
+/// Idempotency keys: 1-255 printable ASCII characters.
+pub fn validate_idempotency_key(k: &str) -> Result<(), String> {
+    if !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+        Ok(())
+    } else {
+        Err("idempotency key must be 1-255 printable ASCII characters without spaces".into())
+    }
+}
