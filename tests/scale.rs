@@ -110,7 +110,7 @@ async fn claim_cost_does_not_grow_with_the_number_of_endpoints(pool: PgPool) {
     endpoint(&pool, opts("busy", "http://127.0.0.1:9/b".into())).await;
     idle_endpoints(&pool, 8).await;
     enqueue_sql(&pool, "busy", 20).await;
-    sqlx::query("ANALYZE hookd.deliveries, hookd.endpoint_queue")
+    sqlx::query("ANALYZE hookd.deliveries")
         .execute(&pool)
         .await
         .unwrap();
@@ -228,7 +228,7 @@ async fn a_tenant_with_slow_receivers_leaves_a_slot_for_another(pool: PgPool) {
         hookd::config::DispatchSettings {
             concurrency: 4,
             endpoint_concurrency: 4,
-            request_timeout_secs: 30,
+            request_timeout_secs: 20,
             shutdown_grace_secs: 0,
             ..dispatch_settings()
         },
