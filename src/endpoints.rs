@@ -23,8 +23,9 @@ pub const MAX_URL_LEN: usize = 2048;
 pub const MAX_EVENT_TYPES: usize = 64;
 pub const MAX_HEADERS: usize = 32;
 
-/// Headers hookd sets itself; an endpoint cannot override them.
-const RESERVED_HEADERS: [&str; 7] = [
+/// Headers hookd sets itself, and the hop-by-hop and body-framing ones that would change
+/// how a delivery is sent or read; an endpoint cannot set them.
+const RESERVED_HEADERS: [&str; 15] = [
     "content-type",
     "content-length",
     "host",
@@ -32,6 +33,14 @@ const RESERVED_HEADERS: [&str; 7] = [
     "user-agent",
     "transfer-encoding",
     "connection",
+    "content-encoding",
+    "expect",
+    "upgrade",
+    "te",
+    "trailer",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
 ];
 
 /// A syntactically valid http(s) URL without credentials, and not a literal private,
@@ -45,6 +54,9 @@ pub fn validate_url(url: &str, allow: &AllowList) -> Result<(), String> {
     }
     let parsed =
         reqwest::Url::parse(url).map_err(|e| format!("url is not an absolute URL: {e}"))?;
+    if parsed.port() == Some(0) {
+        return Err("url must not use port 0".into());
+    }
     if !parsed.username().is_empty() || parsed.password().is_some() {
         return Err("url must not carry credentials (user:password@)".into());
     }

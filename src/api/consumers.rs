@@ -341,7 +341,8 @@ pub struct ConsumerTokenIn {
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ConsumerTokenOut {
-    /// a `hookd_` token with scopes read, operate and manage, confined to this consumer
+    /// a `hookd_` token confined to this consumer, with the scopes read, operate and
+    /// manage that the minting credential has
     token: String,
     expires_at: DateTime<Utc>,
 }
@@ -377,16 +378,23 @@ async fn mint(
             format!("ttlSeconds must be between 60 and {MAX_TOKEN_TTL_SECS}"),
         ));
     }
-    let mut conn = state.pool.acquire().await.map_err(db::DbError::from)?;
-    db::consumers::ensure(&mut conn, &tenant, &uid).await?;
-    drop(conn);
+    // A minted token never has a scope its minter lacks: a manage-only credential mints
+    // manage-only consumer tokens, not a way to read or replay.
+    let scopes: Vec<Scope> = [Scope::Read, Scope::Operate, Scope::Manage]
+        .into_iter()
+        .filter(|s| caller.require(*s).is_ok())
+        .collect();
     let expires_at = Utc::now() + chrono::Duration::seconds(ttl);
-    let created = tokens::create(
-        &state.pool,
+    // the token commits with its consumer held, so a concurrent delete of the consumer
+    // waits for it and then revokes it (db::consumers::delete)
+    let mut tx = state.pool.begin().await.map_err(db::DbError::from)?;
+    db::consumers::ensure(&mut tx, &tenant, &uid).await?;
+    let created = tokens::create_in(
+        &mut tx,
         &TokenRequest {
             tenant: tenant.clone(),
             consumer: Some(uid.clone()),
-            scopes: vec![Scope::Read, Scope::Operate, Scope::Manage],
+            scopes: scopes.clone(),
             name: Some(format!("consumer {uid} (minted through the API)")),
             expires_at: Some(expires_at),
         },
@@ -396,6 +404,7 @@ async fn mint(
         tokens::CreateTokenError::Invalid(m) => ApiError::unprocessable("invalid_field", m),
         tokens::CreateTokenError::Db(e) => e.into(),
     })?;
+    tx.commit().await.map_err(db::DbError::from)?;
     tracing::info!(tenant = %tenant, consumer = %uid, token = %created.id, ttl_seconds = ttl, "consumer token minted");
     Ok((created.token, expires_at, uid))
 }

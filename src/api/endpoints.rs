@@ -144,16 +144,36 @@ pub struct CreatedEndpointOut {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct EndpointPatchIn {
-    #[schema(max_length = 2048)]
-    url: Option<String>,
-    event_types: Option<Vec<String>>,
+    // `null` is refused for these (422) rather than read as "leave it": only
+    // `description` can be cleared
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<String>, max_length = 2048)]
+    url: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<Vec<String>>)]
+    event_types: Option<Option<Vec<String>>>,
     /// `null` clears it
     #[serde(default, deserialize_with = "nullable")]
     #[schema(value_type = Option<String>)]
     description: Option<Option<String>>,
-    headers: Option<BTreeMap<String, String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<BTreeMap<String, String>>)]
+    headers: Option<Option<BTreeMap<String, String>>>,
     /// true pauses; false resumes (and re-enables an endpoint a receiver's 410 disabled)
-    paused: Option<bool>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<bool>)]
+    paused: Option<Option<bool>>,
+}
+
+/// A PATCH field that may be absent but not `null`.
+fn not_null<T>(field: &str, v: Option<Option<T>>) -> Result<Option<T>, ApiError> {
+    match v {
+        Some(None) => Err(invalid(format!(
+            "{field} cannot be null; leave it out to keep it"
+        ))),
+        Some(Some(x)) => Ok(Some(x)),
+        None => Ok(None),
+    }
 }
 
 /// 422 `invalid_field`; the message names the field.
@@ -267,7 +287,15 @@ pub async fn create(
     let id = Uuid::now_v7();
     let mut tx = state.pool.begin().await.map_err(db::DbError::from)?;
     if let Some(c) = &consumer {
-        db::consumers::ensure(&mut tx, &tenant, c).await?;
+        if caller.consumer_scope().is_some() {
+            // a consumer token never brings its consumer back after a delete (its token
+            // is revoked, but the API caches verdicts for a few seconds)
+            if !db::consumers::hold(&mut tx, &tenant, c).await? {
+                return Err(ApiError::not_found("consumer"));
+            }
+        } else {
+            db::consumers::ensure(&mut tx, &tenant, c).await?;
+        }
     }
     db::endpoints::insert_api(
         &mut tx,
@@ -448,6 +476,11 @@ fn refused(r: PatchRefused) -> ApiError {
             "managed_by_kubernetes",
             "this endpoint is declared by a WebhookEndpoint object; change that object (kubectl) instead",
         ),
+        PatchRefused::ConsumerDeleted => ApiError::new(
+            StatusCode::CONFLICT,
+            "consumer_deleted",
+            "this endpoint's consumer was deleted; create the consumer again (PUT /v1/consumers/{uid}) before enabling it",
+        ),
     }
 }
 
@@ -505,22 +538,24 @@ pub async fn update(
     caller.require(Scope::Manage)?;
     let id = path_id(id, "endpoint")?;
     let input: EndpointPatchIn = json(&headers, body, BODY_LIMIT).await?;
+    let url = not_null("url", input.url)?;
+    let event_types = not_null("eventTypes", input.event_types)?;
+    let hdrs = not_null("headers", input.headers)?;
+    let paused = not_null("paused", input.paused)?;
     check_fields(
         &state,
-        input.url.as_deref(),
-        input.event_types.as_deref(),
-        input.headers.as_ref(),
+        url.as_deref(),
+        event_types.as_deref(),
+        hdrs.as_ref(),
         input.description.as_ref().and_then(|d| d.as_deref()),
     )
     .await?;
     let patch = db::endpoints::EndpointPatch {
-        url: input.url,
-        event_types: input.event_types,
+        url,
+        event_types,
         description: input.description,
-        headers: input
-            .headers
-            .map(|h| serde_json::to_value(h).unwrap_or_default()),
-        state: input.paused.map(|p| {
+        headers: hdrs.map(|h| serde_json::to_value(h).unwrap_or_default()),
+        state: paused.map(|p| {
             if p {
                 ApiState::Paused
             } else {

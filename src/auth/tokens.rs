@@ -96,6 +96,16 @@ pub enum CreateTokenError {
 
 /// Mints a token and stores its hash.
 pub async fn create(pool: &PgPool, req: &TokenRequest) -> Result<CreatedToken, CreateTokenError> {
+    let mut conn = pool.acquire().await.map_err(DbError::from)?;
+    create_in(&mut conn, req).await
+}
+
+/// [`create`] on the caller's connection, so the token can commit with what it depends
+/// on (a consumer token with its consumer held, see `db::consumers::ensure`).
+pub async fn create_in(
+    conn: &mut sqlx::PgConnection,
+    req: &TokenRequest,
+) -> Result<CreatedToken, CreateTokenError> {
     crate::domain::validate_tenant(&req.tenant).map_err(CreateTokenError::Invalid)?;
     if req.scopes.is_empty() {
         return Err(CreateTokenError::Invalid(
@@ -122,7 +132,7 @@ pub async fn create(pool: &PgPool, req: &TokenRequest) -> Result<CreatedToken, C
     let id = Uuid::now_v7();
     let prefix = token[..DISPLAY_LEN].to_string();
     db::tokens::insert(
-        pool,
+        conn,
         &db::tokens::NewToken {
             id,
             token_hash: hash(&token).to_vec(),

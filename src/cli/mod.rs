@@ -95,10 +95,21 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Command::Api(args) => {
             let manage = api::ManageDeps {
                 // without a key the API still serves everything but storing a secret
-                keyring: args.keys.keyring().map_err(|e| {
+                // Only a configured key: the local key file is for one laptop process, and
+                // a secret sealed with it is one the dispatchers cannot open.
+                keyring: if args.keys.encryption_key.is_none()
+                    && args.keys.encryption_key_file.is_none()
+                {
+                    tracing::warn!(
+                        "HOOKD_ENCRYPTION_KEY is not set: the endpoints API cannot create endpoints or rotate secrets (503 encryption_unavailable)"
+                    );
+                    Err("HOOKD_ENCRYPTION_KEY is not set".to_string())
+                } else {
+                    args.keys.keyring().map_err(|e| {
                     tracing::warn!(error = %e, "no encryption key: the endpoints API cannot create endpoints or rotate secrets (set HOOKD_ENCRYPTION_KEY)");
                     e.to_string()
-                }),
+                    })
+                },
                 allow: crate::outbound::AllowList::parse(&args.manage.allowed_destinations)
                     .map_err(|e| anyhow::anyhow!("HOOKD_ALLOWED_DESTINATIONS: {e}"))?,
                 public_url: args.manage.public_url,

@@ -53,16 +53,46 @@ pub async fn upsert(
 }
 
 /// Makes sure the consumer exists (an endpoint or token names it before anyone described
-/// it); leaves an existing one unchanged.
+/// it), leaving an existing one unchanged, and holds it for the caller's transaction: a
+/// concurrent [`delete`] waits for that transaction, and then sees (and disables) what it
+/// wrote. Without the lock a delete could miss an endpoint committed just after its
+/// snapshot and leave it live for a consumer that no longer exists.
 pub async fn ensure(conn: &mut PgConnection, tenant: &str, uid: &str) -> Result<(), DbError> {
     sqlx::query(
         "INSERT INTO hookd.consumers (tenant, uid) VALUES ($1, $2) ON CONFLICT (tenant, uid) DO NOTHING",
     )
     .bind(tenant)
     .bind(uid)
-    .execute(conn)
+    .execute(&mut *conn)
     .await?;
-    Ok(())
+    // a delete that committed between the insert and here removed the row again: insert
+    // once more (the caller asked for the consumer to exist)
+    for _ in 0..3 {
+        if hold(conn, tenant, uid).await? {
+            return Ok(());
+        }
+        sqlx::query(
+            "INSERT INTO hookd.consumers (tenant, uid) VALUES ($1, $2) ON CONFLICT (tenant, uid) DO NOTHING",
+        )
+        .bind(tenant)
+        .bind(uid)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Err(DbError::Query(sqlx::Error::RowNotFound))
+}
+
+/// Holds an existing consumer for the caller's transaction (see [`ensure`]); false when
+/// there is no such consumer.
+pub async fn hold(conn: &mut PgConnection, tenant: &str, uid: &str) -> Result<bool, DbError> {
+    let held: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM hookd.consumers WHERE tenant = $1 AND uid = $2 FOR KEY SHARE",
+    )
+    .bind(tenant)
+    .bind(uid)
+    .fetch_optional(conn)
+    .await?;
+    Ok(held.is_some())
 }
 
 pub async fn get(pool: &PgPool, tenant: &str, uid: &str) -> Result<Option<ConsumerRow>, DbError> {
@@ -113,6 +143,22 @@ pub struct Deleted {
 /// open deliveries cancelled with that reason, its tokens revoked, in one transaction.
 /// History stays readable by the tenant. None when there is no such consumer.
 pub async fn delete(pool: &PgPool, tenant: &str, uid: &str) -> Result<Option<Deleted>, DbError> {
+    use sqlx::Connection;
+    let mut conn = pool.acquire().await?;
+    let mut tx = conn.begin().await?;
+    // First wait for every transaction holding the consumer (an endpoint being created, a
+    // token being minted) to finish; the statement below then runs on a snapshot that
+    // sees what they wrote.
+    let exists: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM hookd.consumers WHERE tenant = $1 AND uid = $2 FOR UPDATE",
+    )
+    .bind(tenant)
+    .bind(uid)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if exists.is_none() {
+        return Ok(None);
+    }
     let row: Option<(i64, i64, i64)> = sqlx::query_as(
         r#"
         WITH c AS (
@@ -123,9 +169,9 @@ pub async fn delete(pool: &PgPool, tenant: &str, uid: &str) -> Result<Option<Del
         ), ep AS (
             UPDATE hookd.endpoints e
             SET state = 'disabled', state_reason = 'consumer ' || $2 || ' deleted',
-                spec_fingerprint = NULL, updated_at = now()
+                spec_fingerprint = NULL, consumer_deleted_at = now(), updated_at = now()
             FROM eps
-            WHERE e.id = eps.id AND e.state <> 'disabled'
+            WHERE e.id = eps.id
             RETURNING e.id
         ), cancelled AS (
             -- by endpoint: a range of the claim index per endpoint, not a table scan
@@ -148,8 +194,9 @@ pub async fn delete(pool: &PgPool, tenant: &str, uid: &str) -> Result<Option<Del
     )
     .bind(tenant)
     .bind(uid)
-    .fetch_optional(pool)
+    .fetch_optional(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(row.map(|(e, d, t)| Deleted {
         endpoints_disabled: e,
         deliveries_cancelled: d,

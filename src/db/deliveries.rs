@@ -571,9 +571,10 @@ pub async fn release(pool: &PgPool, leases: &[Release]) -> Result<u64, DbError> 
 }
 
 /// Cancels deliveries that an enqueue transaction committed for an endpoint after its
-/// removal (it read the endpoint as live just before). Only endpoints removed in the last
-/// day are probed, one bounded index range scan each, so the sweep's cost follows recent
-/// removals, not the number of endpoints. Returns the number cancelled.
+/// removal, or after its consumer's deletion (it read the endpoint as live just before).
+/// Only endpoints removed (or whose consumer was deleted) in the last day are probed, one
+/// bounded index range scan each, so the sweep's cost follows recent removals, not the
+/// number of endpoints. Returns the number cancelled.
 pub async fn cancel_stragglers(pool: &PgPool) -> Result<u64, DbError> {
     let r = sqlx::query(
         r#"
@@ -581,7 +582,10 @@ pub async fn cancel_stragglers(pool: &PgPool) -> Result<u64, DbError> {
         SET status = 'cancelled', locked_by = NULL, claim_token = NULL, completed_at = now(),
             updated_at = now(), last_error = coalesce(e.state_reason, 'endpoint removed')
         FROM hookd.endpoints e
-        WHERE e.removed_at > now() - interval '1 day' AND e.state = 'disabled'
+        WHERE e.id IN (SELECT id FROM hookd.endpoints WHERE removed_at > now() - interval '1 day'
+                       UNION
+                       SELECT id FROM hookd.endpoints WHERE consumer_deleted_at > now() - interval '1 day')
+          AND e.state = 'disabled'
           AND d.endpoint_id = e.id AND d.status IN ('pending', 'failed')
         "#,
     )

@@ -614,6 +614,8 @@ pub enum PatchRefused {
     NotFound,
     /// declared by a WebhookEndpoint object: Kubernetes owns it
     ManagedByKubernetes,
+    /// activating an endpoint whose consumer no longer exists
+    ConsumerDeleted,
 }
 
 /// Locks the endpoint for a change through the API: it must be visible to `audience`, not
@@ -622,9 +624,9 @@ async fn lock_api_endpoint(
     conn: &mut PgConnection,
     id: Uuid,
     audience: super::Audience<'_>,
-) -> Result<Result<(), PatchRefused>, DbError> {
-    let managed: Option<String> = sqlx::query_scalar(
-        "SELECT managed_by FROM hookd.endpoints
+) -> Result<Result<(String, Option<String>), PatchRefused>, DbError> {
+    let managed: Option<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT managed_by, tenant, consumer FROM hookd.endpoints
          WHERE id = $1 AND removed_at IS NULL
            AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)
          FOR UPDATE",
@@ -634,9 +636,9 @@ async fn lock_api_endpoint(
     .bind(audience.consumer)
     .fetch_optional(&mut *conn)
     .await?;
-    Ok(match managed.as_deref() {
+    Ok(match managed {
         None => Err(PatchRefused::NotFound),
-        Some("api") => Ok(()),
+        Some((m, tenant, consumer)) if m == "api" => Ok((tenant, consumer)),
         Some(_) => Err(PatchRefused::ManagedByKubernetes),
     })
 }
@@ -650,8 +652,16 @@ pub async fn patch_api(
     audience: super::Audience<'_>,
     patch: &EndpointPatch,
 ) -> Result<Result<EndpointView, PatchRefused>, DbError> {
-    if let Err(refused) = lock_api_endpoint(conn, id, audience).await? {
-        return Ok(Err(refused));
+    let (tenant, consumer) = match lock_api_endpoint(conn, id, audience).await? {
+        Ok(owner) => owner,
+        Err(refused) => return Ok(Err(refused)),
+    };
+    // an endpoint of a deleted consumer stays disabled until the consumer exists again
+    if patch.state == Some(ApiState::Active)
+        && let Some(c) = &consumer
+        && !super::consumers::hold(conn, &tenant, c).await?
+    {
+        return Ok(Err(PatchRefused::ConsumerDeleted));
     }
     let state = patch.state.map(|s| match s {
         ApiState::Active => "active",
@@ -672,6 +682,7 @@ pub async fn patch_api(
             circuit_failures = CASE WHEN $2 IS NOT NULL AND $2 <> e.url THEN 0 ELSE e.circuit_failures END,
             circuit_open_until = CASE WHEN $2 IS NOT NULL AND $2 <> e.url THEN NULL ELSE e.circuit_open_until END,
             config_version = e.config_version + ($2 IS NOT NULL AND $2 <> e.url)::int,
+            consumer_deleted_at = CASE WHEN $7 = 'active' THEN NULL ELSE e.consumer_deleted_at END,
             updated_at = now()
         WHERE e.id = $1
         RETURNING {VIEW_COLUMNS}

@@ -9,6 +9,10 @@ use uuid::Uuid;
 
 use super::DbError;
 
+/// Most secrets that sign an endpoint's deliveries at once: the current one and the
+/// newest ones still in their grace period.
+pub const MAX_SIGNING_SECRETS: i64 = 4;
+
 /// Result of making a secret the endpoint's current signing secret.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RotateResult {
@@ -43,6 +47,12 @@ pub async fn set_current(
     secret: &NewSecret<'_>,
     grace_secs: i32,
 ) -> Result<RotateResult, DbError> {
+    // Rotations of one endpoint one at a time: two concurrent ones would each retire only
+    // what they saw and both insert, leaving two "current" secrets.
+    sqlx::query("SELECT 1 FROM hookd.endpoints WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(endpoint_id)
+        .execute(&mut *conn)
+        .await?;
     let known_ids: Vec<&str> = secret.known.iter().map(|k| k.0.as_str()).collect();
     let known_fps: Vec<&[u8]> = secret.known.iter().map(|k| k.1.as_slice()).collect();
     let row: (bool, i64, i64) = sqlx::query_as(
@@ -84,8 +94,26 @@ pub async fn set_current(
     .bind(&known_ids)
     .bind(&known_fps)
     .bind(secret.legacy_fingerprint)
-    .fetch_one(conn)
+    .fetch_one(&mut *conn)
     .await?;
+    // Every live secret adds a signature to every delivery: past MAX_SIGNING_SECRETS the
+    // oldest in grace stop signing now, so rotations in a loop cannot grow the
+    // webhook-signature header (and the dispatcher's work per send) without bound.
+    let capped = sqlx::query(
+        r#"
+        UPDATE hookd.endpoint_secrets SET not_after = now()
+        WHERE endpoint_id = $1 AND (not_after IS NULL OR not_after > now())
+          AND id NOT IN (SELECT id FROM hookd.endpoint_secrets
+                         WHERE endpoint_id = $1 AND (not_after IS NULL OR not_after > now())
+                         ORDER BY id DESC LIMIT $2)
+        "#,
+    )
+    .bind(endpoint_id)
+    .bind(MAX_SIGNING_SECRETS)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected() as i64;
+    let row = (row.0, row.1, (row.2 - capped).max(1));
     Ok(RotateResult {
         rotated: row.0,
         retired: row.1,

@@ -44,7 +44,7 @@ pub struct TokenRow {
     pub revoked_at: Option<DateTime<Utc>>,
 }
 
-pub async fn insert(pool: &PgPool, t: &NewToken) -> Result<(), DbError> {
+pub async fn insert(conn: &mut sqlx::PgConnection, t: &NewToken) -> Result<(), DbError> {
     sqlx::query(
         "INSERT INTO hookd.api_tokens (id, token_hash, prefix, tenant, scopes, name, expires_at, consumer)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
@@ -57,7 +57,7 @@ pub async fn insert(pool: &PgPool, t: &NewToken) -> Result<(), DbError> {
     .bind(&t.name)
     .bind(t.expires_at)
     .bind(&t.consumer)
-    .execute(pool)
+    .execute(conn)
     .await?;
     Ok(())
 }
