@@ -156,7 +156,12 @@ async fn operator_finds_an_event_by_type_and_replays_its_failed_delivery(pool: P
     // replay: the receiver is fixed now; the page shows the new attempt
     rx.set_status(200);
     let before = rx.seen().len();
-    b.click(&format!("{card} button.replay")).await;
+    // from the keyboard: the replay is a real button that Enter activates
+    b.wait_for(&format!("{card} button.replay"))
+        .await
+        .send_keys("\u{E007}")
+        .await
+        .unwrap();
     let line = b
         .wait_for_text(&format!("{card} [role=status]"), "New attempt #2")
         .await;
