@@ -167,8 +167,10 @@ pub struct DispatchSettings {
     /// Address for /healthz, /readyz and /metrics
     #[arg(long, env = "HOOKD_LISTEN", default_value = "0.0.0.0:8081")]
     pub listen: SocketAddr,
-    /// Lease on a claimed delivery, in seconds; must exceed the request timeout
-    #[arg(long, env = "HOOKD_LEASE_SECS", default_value_t = 60)]
+    /// Lease on a claimed delivery, in seconds (at least 2). Renewed every quarter lease
+    /// while its request runs, so it bounds how soon another dispatcher takes over the
+    /// deliveries of one that died, not how long a request may take
+    #[arg(long, env = "HOOKD_LEASE_SECS", default_value_t = 5)]
     pub lease_secs: u64,
     /// Timeout of one delivery request, in seconds (an endpoint's own timeout may be lower)
     #[arg(long, env = "HOOKD_REQUEST_TIMEOUT_SECS", default_value_t = 15)]

@@ -46,6 +46,9 @@ pub fn shutdown_on_signals() -> CancellationToken {
 pub async fn open_checked(db_args: &DbArgs) -> anyhow::Result<PgPool> {
     let pool = db::connect_checked(&db_args.pool_settings()).await?;
     db::check_schema(&pool).await?;
+    if let Ok(Some(warning)) = db::autovacuum_warning(&pool).await {
+        tracing::warn!("{warning}");
+    }
     Ok(pool)
 }
 

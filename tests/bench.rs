@@ -52,6 +52,35 @@ async fn smoke_run_has_every_row_and_counts_add_up(pool: PgPool) {
     assert_row(&report, "baselines", "ratio ingest batch / 64 ev/tx");
     assert_row(&report, "dispatch", "drain 300 to 3 endpoint(s)");
     assert_row(&report, "dispatch", "drain 100 to 1 endpoint(s)");
+    // issue 13: several dispatchers, many endpoints, cost against the endpoint count
+    assert_row(
+        &report,
+        "dispatch",
+        "drain 300 to 3 endpoint(s), 2 dispatchers",
+    );
+    assert_row(&report, "dispatch", "drain 200 to 20 endpoint(s)");
+    assert_row(&report, "e2e", "fsync: synchronous commit p50");
+    for count in [10, 500] {
+        assert_row(
+            &report,
+            "endpoints",
+            &format!("claim, nothing due, {count} endpoints"),
+        );
+        assert_row(
+            &report,
+            "endpoints",
+            &format!("claim 100 rows, {count} endpoints"),
+        );
+        assert_row(
+            &report,
+            "endpoints",
+            &format!("next_due, {count} endpoints"),
+        );
+        let idle = report
+            .row("endpoints", &format!("idle dispatcher, {count} endpoints"))
+            .unwrap_or_else(|| panic!("no idle dispatcher row:\n{table}"));
+        assert!(!idle.conditions.is_empty());
+    }
     let p50 = assert_row(&report, "e2e", "latency p50");
     let p99 = assert_row(&report, "e2e", "latency p99");
     assert!(p50 <= p99, "{table}");

@@ -83,15 +83,17 @@ pub enum Section {
     Dispatch,
     E2e,
     Claim,
+    Endpoints,
 }
 
 impl Section {
-    pub const ALL: [Section; 5] = [
+    pub const ALL: [Section; 6] = [
         Section::Ingest,
         Section::Baselines,
         Section::Dispatch,
         Section::E2e,
         Section::Claim,
+        Section::Endpoints,
     ];
 
     pub fn name(self) -> &'static str {
@@ -101,6 +103,7 @@ impl Section {
             Section::Dispatch => "dispatch",
             Section::E2e => "e2e",
             Section::Claim => "claim",
+            Section::Endpoints => "endpoints",
         }
     }
 }
@@ -117,6 +120,15 @@ pub struct Scale {
     pub dispatch_rows: i64,
     pub dispatch_endpoints: usize,
     pub dispatch_single_rows: i64,
+    /// the drain over many endpoints (issue 13: 1,000)
+    pub dispatch_many_endpoints: usize,
+    pub dispatch_many_rows: i64,
+    /// dispatcher processes for the multi-dispatcher drain
+    pub dispatchers: usize,
+    /// active endpoint counts the claim and an idle dispatcher are measured at
+    pub endpoint_counts: Vec<i64>,
+    /// how long an idle dispatcher's Postgres CPU is sampled
+    pub idle_window: Duration,
     pub e2e_rate: f64,
     pub e2e_window: Duration,
     pub claim_due: Vec<i64>,
@@ -137,6 +149,11 @@ impl Scale {
             dispatch_rows: 100_000,
             dispatch_endpoints: 8,
             dispatch_single_rows: 30_000,
+            dispatch_many_endpoints: 1_000,
+            dispatch_many_rows: 30_000,
+            dispatchers: 4,
+            endpoint_counts: vec![10, 20_000, 300_000],
+            idle_window: Duration::from_secs(10),
             e2e_rate: 200.0,
             e2e_window: Duration::from_secs(15),
             claim_due: vec![0, 100_000, 1_000_000],
@@ -153,6 +170,9 @@ impl Scale {
             window: Duration::from_millis(1000),
             dispatch_rows: 20_000,
             dispatch_single_rows: 5_000,
+            dispatch_many_rows: 10_000,
+            endpoint_counts: vec![10, 20_000],
+            idle_window: Duration::from_secs(3),
             e2e_window: Duration::from_secs(3),
             claim_due: vec![0, 10_000, 100_000],
             claim_terminal: 100_000,
@@ -172,6 +192,11 @@ impl Scale {
             dispatch_rows: 300,
             dispatch_endpoints: 3,
             dispatch_single_rows: 100,
+            dispatch_many_endpoints: 20,
+            dispatch_many_rows: 200,
+            dispatchers: 2,
+            endpoint_counts: vec![10, 500],
+            idle_window: Duration::from_millis(300),
             e2e_rate: 100.0,
             e2e_window: Duration::from_millis(500),
             claim_due: vec![0, 200, 1_000],
@@ -315,6 +340,8 @@ pub(crate) struct Ctx {
     pub pool_settings: PoolSettings,
     pub database: String,
     pub keyring: Arc<Keyring>,
+    /// the keyring's key as HOOKD_ENCRYPTION_KEY text, for dispatcher and API processes
+    pub key_text: zeroize::Zeroizing<String>,
     /// the signing secret of every endpoint the bench declares (`whsec_…`)
     pub signing_secret: String,
     pub scale: Scale,
@@ -395,18 +422,15 @@ pub async fn run_report(
 
     let outcome = async {
         let pool = db::connect_lazy_to(&pool_settings, Some(&database))?;
-        let keyring = Keyring::from_config(
-            "bench",
-            &crate::crypto::generate_key_text("bench"),
-            "bench-old",
-            "",
-        )
-        .map_err(|e| BenchError::Setup(e.to_string()))?;
+        let key_text = crate::crypto::generate_key_text("bench");
+        let keyring = Keyring::from_config("bench", &key_text, "bench-old", "")
+            .map_err(|e| BenchError::Setup(e.to_string()))?;
         let ctx = Ctx {
             pool,
             pool_settings: pool_settings.clone(),
             database: database.clone(),
             keyring: Arc::new(keyring),
+            key_text,
             signing_secret: sections::random_signing_secret(),
             scale,
             args,
@@ -491,6 +515,7 @@ async fn run_sections(ctx: &Ctx) -> Result<Report, BenchError> {
             Section::Dispatch => sections::dispatch(ctx, &mut report).await?,
             Section::E2e => sections::e2e(ctx, &mut report).await?,
             Section::Claim => sections::claim(ctx, &mut report).await?,
+            Section::Endpoints => sections::endpoint_scale(ctx, &mut report).await?,
         }
         progress(&format!(
             "section {} done in {:.1} s",

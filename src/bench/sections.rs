@@ -522,9 +522,11 @@ pub(crate) async fn baselines(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
 pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
     let s = &ctx.scale;
     let rx = start_receiver(ctx).await?;
-    for (endpoint_count, rows) in [
-        (s.dispatch_endpoints, s.dispatch_rows),
-        (1, s.dispatch_single_rows),
+    for (endpoint_count, rows, dispatchers) in [
+        (s.dispatch_endpoints, s.dispatch_rows, 1),
+        (s.dispatch_endpoints, s.dispatch_rows, s.dispatchers),
+        (s.dispatch_many_endpoints, s.dispatch_many_rows, 1),
+        (1, s.dispatch_single_rows, 1),
     ] {
         reset(ctx).await?;
         let urls: Vec<String> = (0..endpoint_count)
@@ -548,7 +550,10 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
         ));
         rx.take();
         let started = Instant::now();
-        let d = start_dispatcher(ctx)?;
+        let mut running = Vec::with_capacity(dispatchers);
+        for _ in 0..dispatchers {
+            running.push(start_dispatcher(ctx)?);
+        }
         let want = rows as usize;
         let timeout = Duration::from_secs(60) + Duration::from_millis(rows as u64 * 5);
         let waited = async {
@@ -563,25 +568,34 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
         }
         .await;
         let elapsed = started.elapsed();
-        d.stop().await;
+        for d in running {
+            d.stop().await;
+        }
         waited?;
         let arrivals = rx.take();
         let unique: std::collections::HashSet<Uuid> = arrivals.iter().map(|a| a.0).collect();
         let succeeded = db::bench::count_status(&ctx.pool, "succeeded").await?;
         let rate = rows as f64 / elapsed.as_secs_f64();
+        let by = if dispatchers > 1 {
+            format!(", {dispatchers} dispatchers")
+        } else {
+            String::new()
+        };
         report.checks.push(Check {
-            what: format!("dispatch {endpoint_count} endpoint(s): distinct ids received == rows"),
+            what: format!(
+                "dispatch {endpoint_count} endpoint(s){by}: distinct ids received == rows"
+            ),
             expected: rows as u64,
             actual: unique.len() as u64,
         });
         report.checks.push(Check {
-            what: format!("dispatch {endpoint_count} endpoint(s): succeeded rows == rows"),
+            what: format!("dispatch {endpoint_count} endpoint(s){by}: succeeded rows == rows"),
             expected: rows as u64,
             actual: succeeded as u64,
         });
         report.rows.push(Row {
             section: "dispatch",
-            figure: format!("drain {rows} to {endpoint_count} endpoint(s)"),
+            figure: format!("drain {rows} to {endpoint_count} endpoint(s){by}"),
             value: rate,
             unit: "del/s",
             detail: format!(
@@ -590,14 +604,14 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
                 arrivals.len() - unique.len()
             ),
             conditions: format!(
-                "backlog pre-filled (set-based SQL, vacuum analyzed), real dispatcher (claim, sign, send, batched completion), concurrency {DISPATCH_CONCURRENCY}, {ENDPOINT_CONCURRENCY} in flight per endpoint, payload {} B, dispatcher pool {}, {}",
+                "backlog pre-filled (set-based SQL, vacuum analyzed), {dispatchers} real dispatcher(s) in this process, each with its own pool (claim, sign, send, batched completion), concurrency {DISPATCH_CONCURRENCY}, {ENDPOINT_CONCURRENCY} in flight per endpoint per dispatcher, payload {} B, dispatcher pool {}, {}",
                 s.payload_bytes,
                 ctx.pool_settings.max_connections,
                 receiver_note(ctx)
             ),
         });
         progress(&format!(
-            "dispatch to {endpoint_count} endpoint(s): {rate:.0} deliveries/s"
+            "dispatch to {endpoint_count} endpoint(s){by}: {rate:.0} deliveries/s"
         ));
     }
     if rx.malformed() + rx.bad_signatures() > 0 {
@@ -613,7 +627,37 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
 // ---- end-to-end latency ----
 
 pub(crate) async fn e2e(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
-    let s = &ctx.scale;
+    // what every acknowledged enqueue waits for, so the latencies below can be read
+    // against this machine's disk
+    db::bench::create_commit_probe(&ctx.pool).await?;
+    let samples = if ctx.args.smoke { 10 } else { 200 };
+    let (mut commits, mut trips) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    for _ in 0..samples {
+        let t = Instant::now();
+        db::bench::commit_probe(&ctx.pool).await?;
+        commits.push(t.elapsed());
+        let t = Instant::now();
+        db::bench::round_trip(&ctx.pool).await?;
+        trips.push(t.elapsed());
+    }
+    commits.sort_unstable();
+    trips.sort_unstable();
+    report.rows.push(Row {
+        section: "e2e",
+        figure: "fsync: synchronous commit p50".into(),
+        value: ms(percentile(&commits, 50.0)),
+        unit: "ms",
+        detail: format!(
+            "p99 {:.2} ms; round trip (SELECT 1) p50 {:.2} ms",
+            ms(percentile(&commits, 99.0)),
+            ms(percentile(&trips, 50.0))
+        ),
+        conditions: format!(
+            "{samples} one-row INSERTs, each its own transaction committed with synchronous_commit = on (one WAL flush), timed from the client"
+        ),
+    });
+
+    // API and dispatcher in this process
     reset(ctx).await?;
     let rx = start_receiver(ctx).await?;
     endpoints(ctx, "bench-e2e", &[rx.url("/e2e")]).await?;
@@ -621,7 +665,131 @@ pub(crate) async fn e2e(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError
     let d = start_dispatcher(ctx)?;
     // let the dispatcher's LISTEN connection come up and its first claim run
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let paced = paced_load(ctx, addr, &rx).await;
+    d.stop().await;
+    stop_api.cancel();
+    let paced = paced?;
+    latency_rows(
+        ctx,
+        report,
+        &paced,
+        "",
+        "API and dispatcher in the bench process",
+    );
 
+    // API, dispatcher and receiver as separate processes (the deployed topology)
+    let Some(bin) = hookd_binary() else {
+        progress("e2e: separate processes skipped (this is not the hookd binary)");
+        return Ok(());
+    };
+    reset(ctx).await?;
+    rx.take();
+    endpoints(ctx, "bench-e2e", &[rx.url("/e2e")]).await?;
+    let url = database_url(ctx)?;
+    let api_port = free_port()?;
+    let dispatch_port = free_port()?;
+    let common = |cmd: &mut tokio::process::Command| {
+        cmd.env("DATABASE_URL", &url)
+            .env("HOOKD_ENCRYPTION_KEY", ctx.key_text.as_str())
+            .env("HOOKD_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true);
+    };
+    let mut api = tokio::process::Command::new(&bin);
+    api.arg("api")
+        .env("HOOKD_LISTEN", format!("127.0.0.1:{api_port}"))
+        .env("HOOKD_AUTH", "none");
+    common(&mut api);
+    let mut dispatch = tokio::process::Command::new(&bin);
+    dispatch
+        .arg("dispatch")
+        .env("HOOKD_LISTEN", format!("127.0.0.1:{dispatch_port}"))
+        .env("HOOKD_ALLOWED_DESTINATIONS", "127.0.0.0/8")
+        .env("HOOKD_PRUNE_INTERVAL_SECS", "0");
+    common(&mut dispatch);
+    let mut api = api.spawn()?;
+    let mut dispatch = dispatch.spawn()?;
+    let ready = async {
+        for port in [api_port, dispatch_port] {
+            wait_for(
+                "e2e: child process ready",
+                Duration::from_secs(30),
+                async || Ok(http_ok(port, "/readyz").await),
+            )
+            .await?;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        paced_load(
+            ctx,
+            format!("127.0.0.1:{api_port}").parse().expect("an address"),
+            &rx,
+        )
+        .await
+    }
+    .await;
+    let _ = api.kill().await;
+    let _ = dispatch.kill().await;
+    let paced = ready?;
+    latency_rows(
+        ctx,
+        report,
+        &paced,
+        ", separate processes",
+        "`hookd api` and `hookd dispatch` as child processes with default settings, receiver in the bench process",
+    );
+    Ok(())
+}
+
+/// The `hookd` executable, when this process is one (the test suite runs the bench
+/// inside a test binary, which cannot be started as `hookd api`).
+fn hookd_binary() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    (exe.file_stem()? == "hookd").then_some(exe)
+}
+
+/// DATABASE_URL of the bench database on the bench's server.
+fn database_url(ctx: &Ctx) -> Result<String, BenchError> {
+    let mut url = reqwest::Url::parse(&ctx.pool_settings.url)
+        .map_err(|e| BenchError::Setup(format!("database url: {e}")))?;
+    url.set_path(&format!("/{}", ctx.database));
+    Ok(url.to_string())
+}
+
+fn free_port() -> Result<u16, BenchError> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Whether GET `path` on 127.0.0.1:`port` answers 2xx.
+async fn http_ok(port: u16, path: &str) -> bool {
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return false;
+    };
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let req = format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).await.is_ok() && head.starts_with(b"HTTP/1.1 2")
+}
+
+/// What a paced run measured.
+struct Paced {
+    /// enqueue start -> arrival at the receiver, sorted
+    latencies: Vec<Duration>,
+    /// enqueue start -> 2xx, sorted
+    acks: Vec<Duration>,
+    events: u64,
+    paced_for: Duration,
+}
+
+/// Enqueues at the scale's paced rate through the API at `addr` (single events, fan-out
+/// 1, tenant bench-e2e) and waits for every delivery to reach `rx`.
+async fn paced_load(ctx: &Ctx, addr: SocketAddr, rx: &FastReceiver) -> Result<Paced, BenchError> {
+    let s = &ctx.scale;
     let (conn_tx, mut conn_rx) = tokio::sync::mpsc::channel::<Conn>(16);
     for _ in 0..16 {
         conn_tx
@@ -692,15 +860,12 @@ pub(crate) async fn e2e(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError
     let paced_for = paced_from.elapsed();
     let sent = std::mem::take(&mut *sent.lock().expect("lock"));
     let want = sent.len();
-    let waited = wait_for(
+    wait_for(
         "e2e: receiver got every delivery",
         Duration::from_secs(30),
         async || Ok(rx.count() >= want),
     )
-    .await;
-    d.stop().await;
-    stop_api.cancel();
-    waited?;
+    .await?;
     if let Some(e) = errors.lock().expect("lock").first() {
         return Err(BenchError::Load(format!("e2e request failed: {e}")));
     }
@@ -708,57 +873,67 @@ pub(crate) async fn e2e(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError
     for (id, at) in rx.take() {
         arrivals.entry(id).or_insert(at);
     }
-    let mut lat: Vec<Duration> = Vec::with_capacity(want);
+    let mut latencies: Vec<Duration> = Vec::with_capacity(want);
     let mut acks: Vec<Duration> = Vec::with_capacity(want);
     for (id, t0, ack) in &sent {
         if let Some(at) = arrivals.get(id) {
-            lat.push(at.saturating_duration_since(*t0));
+            latencies.push(at.saturating_duration_since(*t0));
         }
         acks.push(*ack);
     }
-    lat.sort_unstable();
+    latencies.sort_unstable();
     acks.sort_unstable();
+    Ok(Paced {
+        latencies,
+        acks,
+        events: n,
+        paced_for,
+    })
+}
+
+fn latency_rows(ctx: &Ctx, report: &mut Report, p: &Paced, suffix: &str, topology: &str) {
+    let s = &ctx.scale;
+    let lat = &p.latencies;
     report.checks.push(Check {
-        what: "e2e: deliveries received == deliveries enqueued".into(),
-        expected: n,
+        what: format!("e2e{suffix}: deliveries received == deliveries enqueued"),
+        expected: p.events,
         actual: lat.len() as u64,
     });
     let cond = format!(
-        "paced {:.0} ev/s for {} ({} events, {:.0} ev/s achieved), fan-out 1, payload {} B, enqueue start -> receiver arrival, NOTIFY on, auth off, {}",
+        "{topology}; paced {:.0} ev/s for {} ({} events, {:.0} ev/s achieved), fan-out 1, payload {} B, enqueue start -> receiver arrival, NOTIFY on, auth off, {}",
         s.e2e_rate,
         secs(s.e2e_window),
-        n,
-        n as f64 / paced_for.as_secs_f64(),
+        p.events,
+        p.events as f64 / p.paced_for.as_secs_f64(),
         s.payload_bytes,
         receiver_note(ctx)
     );
     report.rows.push(Row {
         section: "e2e",
-        figure: "latency p50".into(),
-        value: ms(percentile(&lat, 50.0)),
+        figure: format!("latency p50{suffix}"),
+        value: ms(percentile(lat, 50.0)),
         unit: "ms",
         detail: format!(
             "p95 {:.2} ms p99 {:.2} ms max {:.2} ms",
-            ms(percentile(&lat, 95.0)),
-            ms(percentile(&lat, 99.0)),
+            ms(percentile(lat, 95.0)),
+            ms(percentile(lat, 99.0)),
             ms(lat.last().copied().unwrap_or_default())
         ),
         conditions: cond.clone(),
     });
     report.rows.push(Row {
         section: "e2e",
-        figure: "latency p99".into(),
-        value: ms(percentile(&lat, 99.0)),
+        figure: format!("latency p99{suffix}"),
+        value: ms(percentile(lat, 99.0)),
         unit: "ms",
-        detail: p50_p99("ack", &acks),
+        detail: p50_p99("ack", &p.acks),
         conditions: cond,
     });
     progress(&format!(
-        "e2e: p50 {:.2} ms p99 {:.2} ms",
-        ms(percentile(&lat, 50.0)),
-        ms(percentile(&lat, 99.0))
+        "e2e{suffix}: p50 {:.2} ms p99 {:.2} ms",
+        ms(percentile(lat, 50.0)),
+        ms(percentile(lat, 99.0))
     ));
-    Ok(())
 }
 
 // ---- claim latency ----
@@ -858,6 +1033,166 @@ pub(crate) async fn claim(ctx: &Ctx, report: &mut Report) -> Result<(), BenchErr
         progress(&format!(
             "claim at {due} due, {terminal} terminal: p50 {:.2} ms",
             ms(percentile(&lat, 50.0))
+        ));
+    }
+    reset(ctx).await?;
+    Ok(())
+}
+
+// ---- cost against the number of endpoints (issue 13) ----
+
+/// CPU seconds (user + system) of these processes so far, when they run on this machine;
+/// `None` when any cannot be read (the server is elsewhere).
+fn cpu_seconds(pids: &[i32]) -> Option<f64> {
+    let mut ticks = 0u64;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // fields after the command name, which is in parentheses and may hold spaces
+        let rest = stat.rsplit_once(')')?.1;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name
+        ticks += f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    }
+    // USER_HZ, 100 on every Linux build
+    Some(ticks as f64 / 100.0)
+}
+
+/// For each endpoint count: claims with nothing due and with rows due, `next_due`, and the
+/// Postgres CPU an idle dispatcher costs, with that many active endpoints present.
+pub(crate) async fn endpoint_scale(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
+    let s = &ctx.scale;
+    let samples = s.claim_samples.max(3);
+    let mut first: Option<(f64, f64)> = None;
+    for &count in &s.endpoint_counts {
+        reset(ctx).await?;
+        let t = Instant::now();
+        let busy = endpoints(
+            ctx,
+            "bench-scale",
+            &[UNUSED_URL.to_string(), UNUSED_URL.to_string()],
+        )
+        .await?;
+        db::bench::idle_endpoints(&ctx.pool, (count - 2).max(0)).await?;
+        let active = db::bench::active_endpoints(&ctx.pool).await?;
+        let setup = t.elapsed();
+        let req = |limit: i64| ClaimRequest {
+            worker_id: Uuid::now_v7(),
+            limit,
+            lease_secs: 60.0,
+            per_endpoint_cap: 1000,
+            busy: Vec::new(),
+            now: None,
+            default_max_attempts: 8,
+        };
+
+        // nothing due
+        let mut empty = Vec::with_capacity(samples);
+        for _ in 0..samples {
+            let t0 = Instant::now();
+            db::deliveries::claim(&ctx.pool, &req(100)).await?;
+            empty.push(t0.elapsed());
+        }
+        let mut next = Vec::with_capacity(samples);
+        for _ in 0..samples {
+            let t0 = Instant::now();
+            db::deliveries::next_due(&ctx.pool).await?;
+            next.push(t0.elapsed());
+        }
+        empty.sort_unstable();
+        next.sort_unstable();
+
+        // an idle dispatcher beside them
+        let d = start_dispatcher(ctx)?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let pids = db::bench::backend_pids(&ctx.pool, &ctx.database).await?;
+        let before = cpu_seconds(&pids);
+        let t0 = Instant::now();
+        tokio::time::sleep(s.idle_window).await;
+        let after = cpu_seconds(&pids);
+        let window = t0.elapsed();
+        d.stop().await;
+        let idle_cpu = before
+            .zip(after)
+            .map(|(b, a)| (a - b) / window.as_secs_f64() * 100.0);
+
+        // rows due
+        let due = (samples as i64) * 100 * 2;
+        db::bench::fill(
+            &ctx.pool,
+            "bench-scale",
+            &busy,
+            due,
+            &payload(s.payload_bytes, 0),
+            false,
+        )
+        .await?;
+        db::bench::vacuum_analyze(&ctx.pool).await?;
+        let mut full = Vec::with_capacity(samples);
+        let mut rows = 0usize;
+        for _ in 0..samples {
+            let t0 = Instant::now();
+            rows += db::deliveries::claim(&ctx.pool, &req(100)).await?.len();
+            full.push(t0.elapsed());
+        }
+        full.sort_unstable();
+        let per_claim = rows as f64 / samples as f64;
+        let empty_ms = ms(percentile(&empty, 50.0));
+        let full_ms = ms(percentile(&full, 50.0));
+        let base = *first.get_or_insert((empty_ms, full_ms));
+        let cond = format!(
+            "{active} active endpoints (2 with work, the rest idle, {}), {samples} claims timed from the client (each a wake-up fold and the claim statement)",
+            secs(setup)
+        );
+        report.rows.push(Row {
+            section: "endpoints",
+            figure: format!("claim, nothing due, {active} endpoints"),
+            value: empty_ms,
+            unit: "ms",
+            detail: format!(
+                "p99 {:.2} ms, x{:.2} of the first count",
+                ms(percentile(&empty, 99.0)),
+                empty_ms / base.0.max(f64::EPSILON)
+            ),
+            conditions: cond.clone(),
+        });
+        report.rows.push(Row {
+            section: "endpoints",
+            figure: format!("claim 100 rows, {active} endpoints"),
+            value: full_ms,
+            unit: "ms",
+            detail: format!(
+                "p99 {:.2} ms, {per_claim:.0} rows/claim, {:.0} us/row, x{:.2} of the first count",
+                ms(percentile(&full, 99.0)),
+                full_ms * 1000.0 / per_claim.max(1.0),
+                full_ms / base.1.max(f64::EPSILON)
+            ),
+            conditions: format!("{cond}; {due} due over the 2, limit 100, cap 1000"),
+        });
+        report.rows.push(Row {
+            section: "endpoints",
+            figure: format!("next_due, {active} endpoints"),
+            value: ms(percentile(&next, 50.0)),
+            unit: "ms",
+            detail: format!("p99 {:.2} ms", ms(percentile(&next, 99.0))),
+            conditions: cond.clone(),
+        });
+        report.rows.push(Row {
+            section: "endpoints",
+            figure: format!("idle dispatcher, {active} endpoints"),
+            value: idle_cpu.unwrap_or(0.0),
+            unit: "%core",
+            detail: match idle_cpu {
+                Some(_) => format!("{} backends measured", pids.len()),
+                None => "n/a: the server does not run on this machine".into(),
+            },
+            conditions: format!(
+                "Postgres CPU (user + system, /proc) of every backend of the bench database over {} while a dispatcher with default poll (1 s) and NOTIFY on has nothing to do",
+                secs(window)
+            ),
+        });
+        progress(&format!(
+            "endpoints {active}: claim empty {empty_ms:.2} ms, claim 100 {full_ms:.2} ms, idle dispatcher {:.2}% of a core",
+            idle_cpu.unwrap_or(0.0)
         ));
     }
     reset(ctx).await?;

@@ -74,6 +74,9 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             let pool = db::connect_checked(&args.pool_settings()).await?;
             db::migrate(&pool).await?;
             eprintln!("migrations applied");
+            if let Ok(Some(warning)) = db::autovacuum_warning(&pool).await {
+                eprintln!("warning: {warning}");
+            }
             Ok(())
         }
         Command::Apply(args) => {

@@ -72,7 +72,8 @@ pub async fn server_settings(pool: &PgPool) -> Result<Vec<(String, String)>, DbE
 /// Empties the queue tables between runs, so every run starts from the same state.
 pub async fn truncate_queue(pool: &PgPool) -> Result<(), DbError> {
     sqlx::query(
-        "TRUNCATE hookd.dead_letters, hookd.delivery_attempts, hookd.deliveries, hookd.events",
+        "TRUNCATE hookd.dead_letters, hookd.delivery_attempts, hookd.deliveries, hookd.events,
+                  hookd.endpoint_queue",
     )
     .execute(pool)
     .await?;
@@ -82,7 +83,7 @@ pub async fn truncate_queue(pool: &PgPool) -> Result<(), DbError> {
 /// VACUUM ANALYZE of the queue tables, so plans after a bulk fill are the ones a long-
 /// running system (with autovacuum) would have.
 pub async fn vacuum_analyze(pool: &PgPool) -> Result<(), DbError> {
-    sqlx::query("VACUUM ANALYZE hookd.events, hookd.deliveries")
+    sqlx::query("VACUUM ANALYZE hookd.events, hookd.deliveries, hookd.endpoint_queue")
         .execute(pool)
         .await?;
     Ok(())
@@ -251,9 +252,73 @@ pub async fn delete_endpoints(pool: &PgPool) -> Result<(), DbError> {
     // every referencing table named, so Postgres has no cascade to announce
     sqlx::query(
         "TRUNCATE hookd.endpoints, hookd.subscriptions, hookd.endpoint_secrets, hookd.events, hookd.deliveries,
-                  hookd.delivery_attempts, hookd.dead_letters",
+                  hookd.delivery_attempts, hookd.dead_letters, hookd.endpoint_queue",
     )
     .execute(pool)
     .await?;
     Ok(())
+}
+
+/// Adds `count` active endpoints with no deliveries, written straight to the table (the
+/// declaration path takes minutes for 300,000), spread over 100 tenants. They exist only
+/// to show that the claim and the dispatcher's periodic queries do not read them.
+pub async fn idle_endpoints(pool: &PgPool, count: i64) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO hookd.endpoints (id, tenant, k8s_namespace, k8s_name, url)
+         SELECT hookd.uuid_v7(), 'bench-idle-' || (g % 100), 'bench-idle', 'idle-' || g || '-' || hookd.uuid_v7(),
+                'http://127.0.0.1:9/idle'
+         FROM generate_series(1, $1) g",
+    )
+    .bind(count)
+    .execute(pool)
+    .await?;
+    sqlx::query("ANALYZE hookd.endpoints").execute(pool).await?;
+    Ok(())
+}
+
+/// Active endpoints.
+pub async fn active_endpoints(pool: &PgPool) -> Result<i64, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM hookd.endpoints WHERE state = 'active'")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// A one-row table for timing synchronous commits (what every enqueue waits for).
+pub async fn create_commit_probe(pool: &PgPool) -> Result<(), DbError> {
+    sqlx::query("CREATE TABLE IF NOT EXISTS public.hookd_bench_commit_probe (n bigint)")
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// One synchronously committed single-row insert (a WAL flush, i.e. an fsync, per call).
+pub async fn commit_probe(pool: &PgPool) -> Result<(), DbError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET LOCAL synchronous_commit = on")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("INSERT INTO public.hookd_bench_commit_probe VALUES (1)")
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// One round trip that writes nothing.
+pub async fn round_trip(pool: &PgPool) -> Result<(), DbError> {
+    sqlx::query("SELECT 1").execute(pool).await?;
+    Ok(())
+}
+
+/// Process ids of the server backends connected to `database` (to read their CPU time
+/// when the server runs on this machine).
+pub async fn backend_pids(pool: &PgPool, database: &str) -> Result<Vec<i32>, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(database)
+    .fetch_all(pool)
+    .await?)
 }

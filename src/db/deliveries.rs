@@ -63,37 +63,76 @@ pub struct ClaimedDelivery {
 /// The claim statement (see [`claim`]); shared with [`explain_claim`] so the plan a test
 /// inspects is the plan of exactly this text.
 const CLAIM_SQL: &str = r#"
-        WITH clock AS (SELECT coalesce($6::timestamptz, now()) AS now),
-        busy AS (
+        WITH clock AS (
+            -- Leases commit asynchronously (invariant 9): one lost in a database crash
+            -- re-sends a delivery, never drops one. Set here, not by a SET LOCAL
+            -- round trip, because the claim runs as a single-statement transaction.
+            SELECT coalesce($6::timestamptz, now()) AS now,
+                   set_config('synchronous_commit', 'off', true) AS async_commit
+        ), busy AS (
             SELECT * FROM unnest($4::uuid[], $5::int[]) AS b(endpoint_id, n)
-        ), probe_ready AS (
-            -- circuits whose cool-down is over: one probe each. Marked half-open below
-            -- only if this claim actually picked a row for them.
-            SELECT e.id, 1 AS quota FROM hookd.endpoints e
-            WHERE e.state = 'active' AND e.circuit_state <> 'closed'
-              AND e.circuit_open_until <= (SELECT now FROM clock)
-              AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.endpoint_id = e.id)
-        ), eligible AS (
-            SELECT e.id,
-                   least(coalesce(e.max_in_flight, $7), $7) - coalesce(b.n, 0) AS quota
-            FROM hookd.endpoints e LEFT JOIN busy b ON b.endpoint_id = e.id
-            WHERE e.state = 'active' AND e.circuit_state = 'closed'
-            UNION ALL
-            SELECT id, quota FROM probe_ready
-        ), picked AS (
-            SELECT c.id, c.visible_at, el.id AS endpoint_id
-            FROM eligible el
+        ), tenant_busy AS (
+            SELECT * FROM unnest($9::text[], $10::int[]) AS t(tenant, n)
+        ), due AS (
+            -- Endpoints whose turn has come, longest waiting first (hookd.endpoint_queue,
+            -- migration 0008): one range scan of endpoint_queue_turn. Endpoints this
+            -- worker holds at the per-endpoint cap and tenants at their share are passed
+            -- over inside the scan; the LIMIT bounds what else one claim reads (entries
+            -- that turn out to have nothing due, or whose rows another claimer holds).
+            SELECT q.endpoint_id, q.tenant, q.turn_at
+            FROM hookd.endpoint_queue q
+            WHERE q.turn_at <= (SELECT now FROM clock)
+              AND q.endpoint_id NOT IN (SELECT endpoint_id FROM busy WHERE n >= $7)
+              AND q.tenant NOT IN (SELECT tenant FROM tenant_busy WHERE n >= $11)
+            ORDER BY q.turn_at
+            LIMIT $2 + cardinality($4::uuid[]) + 64
+        ), quota AS (
+            SELECT du.endpoint_id, du.tenant, du.turn_at, e.config_version, e.url, e.headers,
+                   e.timeout_ms, e.max_attempts, e.retry_schedule_secs,
+                   e.circuit_state <> 'closed' AS probe,
+                   CASE WHEN e.circuit_state <> 'closed'
+                        -- a circuit whose cool-down is over gets one probe, and none
+                        -- from a worker that still has a send in flight to it
+                        THEN CASE WHEN b.n IS NULL THEN 1 ELSE 0 END
+                        ELSE least(coalesce(e.max_in_flight, $7), $7) - coalesce(b.n, 0)
+                   END AS own,
+                   $11 - coalesce(tb.n, 0) AS tenant_left
+            FROM due du
+            -- a primary-key probe per due endpoint (LIMIT 1 keeps the planner from
+            -- turning it into a merge join that walks the endpoints index from its start)
             CROSS JOIN LATERAL (
-                SELECT d.id, d.visible_at FROM hookd.deliveries d
-                WHERE d.endpoint_id = el.id
+                SELECT * FROM hookd.endpoints e WHERE e.id = du.endpoint_id LIMIT 1
+            ) e
+            LEFT JOIN busy b ON b.endpoint_id = du.endpoint_id
+            LEFT JOIN tenant_busy tb ON tb.tenant = du.tenant
+            WHERE e.state = 'active'
+              AND (e.circuit_state = 'closed' OR e.circuit_open_until <= (SELECT now FROM clock))
+        ), eligible AS (
+            -- A tenant's rows stop at what is left of its share, counting every endpoint
+            -- before as taking its full quota: never more rows locked than returned.
+            SELECT endpoint_id, probe, turn_at, config_version, url, headers, timeout_ms,
+                   max_attempts, retry_schedule_secs,
+                   least(own, greatest(0, tenant_left
+                       - (sum(greatest(own, 0)) OVER w - greatest(own, 0)))) AS quota
+            FROM quota
+            WINDOW w AS (PARTITION BY tenant ORDER BY turn_at, endpoint_id
+                         ROWS UNBOUNDED PRECEDING)
+        ), picked AS (
+            -- endpoint by endpoint in turn order, each one's oldest due rows up to its
+            -- quota: a range scan of deliveries_claimable (endpoint_id, visible_at) that
+            -- locks only the rows it returns
+            SELECT c.id, c.event_id, el.endpoint_id, el.probe, el.config_version, el.url,
+                   el.headers, el.timeout_ms, el.max_attempts, el.retry_schedule_secs
+            FROM (SELECT * FROM eligible WHERE quota > 0 ORDER BY turn_at, endpoint_id) el
+            CROSS JOIN LATERAL (
+                SELECT d.id, d.event_id FROM hookd.deliveries d
+                WHERE d.endpoint_id = el.endpoint_id
                   AND d.status IN ('pending', 'in_progress', 'failed')
                   AND d.visible_at <= (SELECT now FROM clock)
                 ORDER BY d.visible_at
                 LIMIT el.quota
                 FOR UPDATE OF d SKIP LOCKED
             ) c
-            WHERE el.quota > 0
-            ORDER BY c.visible_at
             LIMIT $2
         ), probes AS (
             -- Half-open only the circuits that got a row: a probe slot is never spent
@@ -103,8 +142,7 @@ const CLAIM_SQL: &str = r#"
             UPDATE hookd.endpoints e
             SET circuit_state = 'half_open',
                 circuit_open_until = (SELECT now FROM clock) + make_interval(secs => $3)
-            WHERE e.id IN (SELECT endpoint_id FROM picked)
-              AND e.id IN (SELECT id FROM probe_ready)
+            WHERE e.id IN (SELECT endpoint_id FROM picked WHERE probe)
               AND e.state = 'active' AND e.circuit_state <> 'closed'
               AND e.circuit_open_until <= (SELECT now FROM clock)
             RETURNING e.id
@@ -122,52 +160,127 @@ const CLAIM_SQL: &str = r#"
                 WHERE s.endpoint_id = pe.endpoint_id AND s.ciphertext IS NOT NULL
                   AND (s.not_after IS NULL OR s.not_after > (SELECT now FROM clock))
             ) x
+        ), rows AS (
+            SELECT p.*, ev.event_type, ev.payload, ev.created_at AS event_created_at
+            FROM picked p
+            CROSS JOIN LATERAL (
+                SELECT ev.event_type, ev.payload, ev.created_at FROM hookd.events ev
+                WHERE ev.id = p.event_id LIMIT 1
+            ) ev
         )
         UPDATE hookd.deliveries d
         SET status = 'in_progress',
             -- a lapsed lease re-claimed at the maximum is sent again (its first send's
             -- outcome is unknown) without counting past the maximum
-            attempts = CASE WHEN d.attempts >= coalesce(ep.max_attempts, $8) THEN d.attempts
+            attempts = CASE WHEN d.attempts >= coalesce(r.max_attempts, $8) THEN d.attempts
                             ELSE d.attempts + 1 END,
             attempt_seq = d.attempt_seq + 1,
             claim_token = gen_random_uuid(),
             visible_at = (SELECT now FROM clock) + make_interval(secs => $3),
             locked_by = $1,
             updated_at = (SELECT now FROM clock)
-        FROM picked p, sec, hookd.events ev, hookd.endpoints ep
-        WHERE d.id = p.id AND sec.endpoint_id = p.endpoint_id AND ev.id = d.event_id
-          AND ep.id = d.endpoint_id
-          AND (p.endpoint_id NOT IN (SELECT id FROM probe_ready)
-               OR p.endpoint_id IN (SELECT id FROM probes))
+        FROM rows r, sec
+        WHERE d.id = r.id AND sec.endpoint_id = r.endpoint_id
+          AND (NOT r.probe OR r.endpoint_id IN (SELECT id FROM probes))
         RETURNING d.id, d.event_id, d.endpoint_id, d.tenant, d.attempts,
-                  d.claim_token, d.attempt_seq, ep.config_version,
+                  d.claim_token, d.attempt_seq, r.config_version,
                   d.visible_at AS lease_until,
-                  ev.event_type, ev.payload, ev.created_at AS event_created_at,
-                  ep.url, ep.headers, ep.timeout_ms, ep.max_attempts, ep.retry_schedule_secs,
+                  r.event_type, r.payload, r.event_created_at,
+                  r.url, r.headers, r.timeout_ms, r.max_attempts, r.retry_schedule_secs,
                   sec.secret_ids, sec.secret_key_ids, sec.secret_ciphertexts
         "#;
 
+/// Per-tenant fairness for one claim (issue 19): the rows each tenant has in flight in
+/// this worker, and the most any tenant may have. Tenants not listed have none.
+#[derive(Debug, Clone, Default)]
+pub struct TenantShares {
+    pub cap: i32,
+    pub busy: Vec<(String, i32)>,
+}
+
+impl TenantShares {
+    /// No tenant limit beyond the worker's slots.
+    pub fn unlimited() -> Self {
+        TenantShares {
+            cap: i32::MAX,
+            busy: Vec::new(),
+        }
+    }
+}
+
+/// Leases up to `limit` due deliveries in one statement, with no per-tenant share (see
+/// [`claim_shared`]).
+pub async fn claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<ClaimedDelivery>, DbError> {
+    claim_shared(pool, req, &TenantShares::unlimited()).await
+}
+
 /// Leases up to `limit` due deliveries in one statement.
 ///
-/// The walk is endpoint by endpoint: for each active endpoint with a closed circuit (or
-/// whose open circuit may now be probed, which this statement marks half-open so only one
-/// replica probes), one range scan of `deliveries_claimable` (endpoint_id, visible_at)
-/// takes its oldest due rows up to the endpoint's remaining in-flight quota. Rows of
-/// paused, disabled or open endpoints are never read, so an open circuit costs nothing
-/// and its backlog is not re-deferred. Due rows include in_progress rows whose lease
-/// lapsed: the lease expiry lives in the same visibility column.
-pub async fn claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<ClaimedDelivery>, DbError> {
-    let rows = sqlx::query_as_with::<_, ClaimedDelivery, _>(CLAIM_SQL, claim_arguments(req)?)
-        .fetch_all(pool)
-        .await?;
+/// Only endpoints with open deliveries have an entry in `hookd.endpoint_queue`, ordered
+/// by when their turn comes (their earliest due row, their circuit's cool-down, or just
+/// after the last claim that served them). The claim reads the entries whose turn has
+/// come, in that order, and for each takes its oldest due rows up to the endpoint's
+/// remaining in-flight quota (one probe per circuit whose cool-down is over, which this
+/// statement marks half-open so only one replica probes) and up to its tenant's
+/// remaining share. So its cost follows the rows it claims, not the number of endpoints;
+/// rows of paused, disabled or open endpoints are never read, and an open circuit's
+/// backlog is not re-deferred. Due rows include in_progress rows whose lease lapsed: the
+/// lease expiry lives in the same visibility column.
+pub async fn claim_shared(
+    pool: &PgPool,
+    req: &ClaimRequest,
+    shares: &TenantShares,
+) -> Result<Vec<ClaimedDelivery>, DbError> {
+    fold_wakeups(pool).await?;
+    let rows =
+        sqlx::query_as_with::<_, ClaimedDelivery, _>(CLAIM_SQL, claim_arguments(req, shares)?)
+            .fetch_all(pool)
+            .await?;
     Ok(rows)
+}
+
+/// Folds the wake-ups of endpoints that got work (`hookd.endpoint_wakeups`, migration
+/// 0008) into their queue entries, so the claim that follows sees them. Run before every
+/// claim: a separate statement, because a claim cannot see entries its own statement
+/// writes. Its cost follows the endpoints that got work since the last fold. Commits
+/// asynchronously: lost in a crash, the wake-ups come back with it and are folded again.
+pub async fn fold_wakeups(pool: &PgPool) -> Result<u64, DbError> {
+    let r = sqlx::query(
+        r#"
+        WITH async AS (SELECT set_config('synchronous_commit', 'off', true)),
+        w AS (
+            DELETE FROM hookd.endpoint_wakeups
+            WHERE id IN (SELECT id FROM hookd.endpoint_wakeups ORDER BY id LIMIT 10000
+                         FOR UPDATE SKIP LOCKED)
+              AND (SELECT count(*) FROM async) = 1
+            RETURNING endpoint_id, due_at
+        ), m AS (
+            SELECT endpoint_id, min(due_at) AS due FROM w GROUP BY endpoint_id
+        )
+        -- FOR SHARE on the endpoint: a state change that has not committed yet is waited
+        -- for and then read; one that starts after waits for this entry to commit, so
+        -- its trigger (hookd.endpoints_queue_hold) sees it. Either way the hold is right.
+        INSERT INTO hookd.endpoint_queue AS q (endpoint_id, tenant, due_at, hold_until)
+        SELECT e.id, e.tenant, m.due,
+               hookd.endpoint_hold(e.state, e.circuit_state, e.circuit_open_until)
+        FROM m JOIN hookd.endpoints e ON e.id = m.endpoint_id
+        ORDER BY e.id
+        FOR SHARE OF e
+        ON CONFLICT (endpoint_id) DO UPDATE SET due_at = least(q.due_at, EXCLUDED.due_at)
+        "#,
+    )
+    .execute(pool)
+    .await?;
+    Ok(r.rows_affected())
 }
 
 /// The claim's parameters, shared by `claim` and `explain_claim` so the plan a test
 /// inspects is the plan production runs.
-fn claim_arguments(req: &ClaimRequest) -> Result<PgArguments, DbError> {
+fn claim_arguments(req: &ClaimRequest, shares: &TenantShares) -> Result<PgArguments, DbError> {
     let busy_ids: Vec<Uuid> = req.busy.iter().map(|b| b.0).collect();
     let busy_counts: Vec<i32> = req.busy.iter().map(|b| b.1).collect();
+    let tenants: Vec<&str> = shares.busy.iter().map(|b| b.0.as_str()).collect();
+    let tenant_counts: Vec<i32> = shares.busy.iter().map(|b| b.1).collect();
     let mut args = PgArguments::default();
     let encode = |e| DbError::Query(sqlx::Error::Encode(e));
     args.add(req.worker_id).map_err(encode)?;
@@ -178,6 +291,9 @@ fn claim_arguments(req: &ClaimRequest) -> Result<PgArguments, DbError> {
     args.add(req.now).map_err(encode)?;
     args.add(req.per_endpoint_cap).map_err(encode)?;
     args.add(req.default_max_attempts).map_err(encode)?;
+    args.add(tenants).map_err(encode)?;
+    args.add(tenant_counts).map_err(encode)?;
+    args.add(shares.cap).map_err(encode)?;
     Ok(args)
 }
 
@@ -185,32 +301,70 @@ fn claim_arguments(req: &ClaimRequest) -> Result<PgArguments, DbError> {
 /// a transaction that is rolled back (nothing is leased). For tests and benchmarks that
 /// prove the claim is an index range scan whatever the backlog. One line per plan line.
 pub async fn explain_claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<String>, DbError> {
+    fold_wakeups(pool).await?;
     let sql = format!("EXPLAIN (ANALYZE, BUFFERS) {CLAIM_SQL}");
     let mut tx = pool.begin().await?;
     // the only dynamic part is a constant prefix on the constant claim text
-    let plan: Vec<String> =
-        sqlx::query_scalar_with(sqlx::AssertSqlSafe(sql), claim_arguments(req)?)
-            .fetch_all(&mut *tx)
-            .await?;
+    let plan: Vec<String> = sqlx::query_scalar_with(
+        sqlx::AssertSqlSafe(sql),
+        claim_arguments(req, &TenantShares::unlimited())?,
+    )
+    .fetch_all(&mut *tx)
+    .await?;
     tx.rollback().await?;
     Ok(plan)
 }
 
-/// The earliest time any claimable delivery of a claimable endpoint becomes due, for the
-/// dispatcher's next-due timer. One index probe per active endpoint.
+/// The next time (after now) an endpoint's turn comes, for the dispatcher's next-due
+/// timer: one probe of `endpoint_queue_turn`, whatever the number of endpoints. What is
+/// due already is the claim's business (and wakes the dispatcher through NOTIFY, freed
+/// slots or the poll), so it is not reported here.
 pub async fn next_due(pool: &PgPool) -> Result<Option<DateTime<Utc>>, DbError> {
     Ok(sqlx::query_scalar(
-        r#"
-        SELECT min(n.visible_at) FROM hookd.endpoints e
-        CROSS JOIN LATERAL (
-            SELECT d.visible_at FROM hookd.deliveries d
-            WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'in_progress', 'failed')
-            ORDER BY d.visible_at LIMIT 1
-        ) n
-        WHERE e.state = 'active'
-        "#,
+        "SELECT min(turn_at) FROM hookd.endpoint_queue WHERE turn_at > now() AND turn_at < 'infinity'",
     )
     .fetch_one(pool)
+    .await?)
+}
+
+/// Extends the leases of deliveries a worker is still sending, each only while it holds
+/// the claim (`claim_token`), so a lease outlives a slow request without a long lease
+/// delaying recovery from a killed worker. A circuit half-open for one of them (the probe)
+/// stays half-open as long, so no second probe starts beside it. Synchronous: a renewal
+/// lost in a database crash would let another worker send the row beside this one.
+/// Returns the deliveries whose lease was renewed; any other was taken over.
+pub async fn renew_leases(
+    pool: &PgPool,
+    leases: &[(Uuid, Uuid)],
+    lease_secs: f64,
+) -> Result<Vec<Uuid>, DbError> {
+    if leases.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = leases.iter().map(|l| l.0).collect();
+    let tokens: Vec<Uuid> = leases.iter().map(|l| l.1).collect();
+    Ok(sqlx::query_scalar(
+        r#"
+        WITH renewed AS (
+            UPDATE hookd.deliveries d
+            SET visible_at = greatest(d.visible_at, now() + make_interval(secs => $3))
+            FROM unnest($1::uuid[], $2::uuid[]) AS i(id, token)
+            WHERE d.id = i.id AND d.claim_token = i.token AND d.status = 'in_progress'
+            RETURNING d.id, d.endpoint_id
+        ), probes AS (
+            UPDATE hookd.endpoints e
+            SET circuit_open_until = now() + make_interval(secs => $3)
+            WHERE e.id IN (SELECT endpoint_id FROM renewed)
+              AND e.circuit_state = 'half_open'
+              AND e.circuit_open_until < now() + make_interval(secs => $3)
+        )
+        SELECT id FROM renewed
+        "#,
+    )
+    .bind(&ids)
+    .bind(&tokens)
+    .bind(lease_secs)
+    .fetch_all(pool)
     .await?)
 }
 
@@ -579,22 +733,20 @@ pub async fn for_event(pool: &PgPool, event_id: Uuid) -> Result<Vec<DeliveryRow>
     .await?)
 }
 
-/// (claimable rows capped at 100 000, age in seconds of the oldest due row of an active
-/// endpoint). Both are bounded index scans, cheap enough to sample every few seconds.
+/// (claimable rows capped at 100 000, age in seconds of the oldest due row of an endpoint
+/// that may be sent to). Both are bounded index scans, cheap enough to sample every few
+/// seconds.
 pub async fn backlog_sample(pool: &PgPool) -> Result<(i64, i64), DbError> {
     Ok(sqlx::query_as(
         r#"
         SELECT
           (SELECT count(*) FROM (SELECT 1 FROM hookd.deliveries
                                   WHERE status IN ('pending', 'in_progress', 'failed') LIMIT 100000) b),
-          coalesce((SELECT extract(epoch FROM now() - min(n.visible_at))::bigint
-                      FROM hookd.endpoints e
-                      CROSS JOIN LATERAL (
-                        SELECT d.visible_at FROM hookd.deliveries d
-                        WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'in_progress', 'failed')
-                          AND d.visible_at <= now()
-                        ORDER BY d.visible_at LIMIT 1) n
-                     WHERE e.state = 'active'), 0)
+          -- the oldest among the first 10,000 endpoints whose turn has come (held ones
+          -- never have): bounded whatever the number of endpoints
+          coalesce((SELECT extract(epoch FROM now() - min(q.due_at))::bigint
+                      FROM (SELECT due_at FROM hookd.endpoint_queue
+                            WHERE turn_at <= now() ORDER BY turn_at LIMIT 10000) q), 0)
         "#,
     )
     .fetch_one(pool)

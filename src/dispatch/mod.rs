@@ -13,7 +13,7 @@ pub mod secrets;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use rand::SeedableRng;
@@ -27,12 +27,20 @@ use crate::config::{DispatchSettings, RetentionSettings};
 use crate::crypto::Keyring;
 use crate::db::{
     self,
-    deliveries::{ClaimRequest, ClaimedDelivery, Completion, DeliveryOutcome, Release},
+    deliveries::{
+        ClaimRequest, ClaimedDelivery, Completion, DeliveryOutcome, Release, TenantShares,
+    },
 };
 use crate::metrics::{Metrics, Outcome};
 use crate::outbound::{self, AllowList, ClientOptions, HostResolver};
 use completer::Finished;
 use policy::{AttemptResult, Decision, RetryPolicy};
+
+/// The shortest lease accepted. Leases are renewed (fenced on the claim token) every
+/// quarter lease while a request runs, so a lease need not outlive the request timeout;
+/// short leases are what lets a replacement take over a killed dispatcher's deliveries
+/// within seconds (issue 13).
+pub const MIN_LEASE_SECS: u64 = 2;
 
 /// Validated dispatcher configuration.
 #[derive(Clone)]
@@ -73,9 +81,9 @@ impl std::fmt::Debug for DispatchConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error(
-        "HOOKD_LEASE_SECS ({lease}s) must exceed HOOKD_REQUEST_TIMEOUT_SECS ({timeout}s) by at least 5s, or a slow request could outlive its lease and be sent twice concurrently"
+        "HOOKD_LEASE_SECS ({lease}s) must be at least {MIN_LEASE_SECS}s: a lease is renewed every quarter of it while its request runs, and a shorter one would lapse between renewals"
     )]
-    LeaseTooShort { lease: u64, timeout: u64 },
+    LeaseTooShort { lease: u64 },
     #[error("HOOKD_ALLOWED_DESTINATIONS: {0}")]
     AllowList(String),
     #[error(
@@ -88,10 +96,9 @@ pub enum ConfigError {
 
 impl DispatchConfig {
     pub fn from_settings(s: &DispatchSettings) -> Result<Self, ConfigError> {
-        if s.lease_secs < s.request_timeout_secs + 5 {
+        if s.lease_secs < MIN_LEASE_SECS {
             return Err(ConfigError::LeaseTooShort {
                 lease: s.lease_secs,
-                timeout: s.request_timeout_secs,
             });
         }
         if s.concurrency == 0 {
@@ -192,13 +199,41 @@ pub async fn encrypt_legacy_secrets(pool: &PgPool, keyring: &Keyring) {
     }
 }
 
-/// In-flight bookkeeping shared by the claimer and delivery tasks.
+/// In-flight bookkeeping shared by the claimer, the lease renewer and delivery tasks.
 #[derive(Default)]
 struct InFlight {
     per_endpoint: HashMap<Uuid, i32>,
-    /// delivery id -> (claim token, send begun), to hand leases back if the shutdown
-    /// deadline passes
-    leases: HashMap<Uuid, (Uuid, bool)>,
+    per_tenant: HashMap<String, i32>,
+    /// to renew leases, and to hand them back if the shutdown deadline passes
+    leases: HashMap<Uuid, HeldLease>,
+}
+
+struct HeldLease {
+    claim_token: Uuid,
+    /// whether the send had begun
+    started: bool,
+    /// until when the lease is surely ours: measured from before the statement that set
+    /// it, on this host's monotonic clock, so the database's expiry is never earlier
+    until: Instant,
+    /// stops the send when the lease is lost, or about to lapse unrenewed, so no other
+    /// worker can send the delivery while this one still is
+    stop: CancellationToken,
+}
+
+/// The most of this worker's slots one tenant may hold, given how many tenants have
+/// deliveries in flight here (issue 19): an equal share of the slots, less a reserve that
+/// no single tenant can take, so a tenant whose receivers are slow can never hold every
+/// slot and another tenant's delivery waits for a free slot, not for those receivers.
+/// With one tenant alone it may use all but the reserve.
+pub fn tenant_cap(concurrency: usize, tenants_in_flight: usize) -> i32 {
+    let reserve = if concurrency > 1 {
+        (concurrency / 16).max(1)
+    } else {
+        0
+    };
+    let shared = concurrency - reserve;
+    let cap = shared.div_ceil(tenants_in_flight.max(1)).max(1);
+    i32::try_from(cap).unwrap_or(i32::MAX)
 }
 
 /// The dispatcher loop, until `shutdown`; then drains in-flight deliveries within the
@@ -243,6 +278,14 @@ pub async fn run_dispatcher(
         metrics.clone(),
         shutdown.clone(),
     );
+    // Renewal keeps running through the shutdown drain, until every send has ended.
+    let renewer_stop = CancellationToken::new();
+    let renewer = spawn_lease_renewer(
+        pool.clone(),
+        cfg.lease,
+        in_flight.clone(),
+        renewer_stop.clone(),
+    );
     let mut tasks = JoinSet::new();
     let mut error_backoff = Duration::from_millis(100);
 
@@ -257,13 +300,19 @@ pub async fn run_dispatcher(
             }
             continue;
         }
-        let busy: Vec<(Uuid, i32)> = {
+        let (busy, shares) = {
             let f = in_flight.lock().expect("in-flight lock");
-            f.per_endpoint.iter().map(|(k, v)| (*k, *v)).collect()
+            (
+                f.per_endpoint.iter().map(|(k, v)| (*k, *v)).collect(),
+                TenantShares {
+                    cap: tenant_cap(cfg.concurrency, f.per_tenant.len()),
+                    busy: f.per_tenant.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                },
+            )
         };
         let limit = free.min(1000);
-        let started = std::time::Instant::now();
-        let claimed = db::deliveries::claim(
+        let started = Instant::now();
+        let claimed = db::deliveries::claim_shared(
             &pool,
             &ClaimRequest {
                 worker_id: cfg.worker_id,
@@ -274,6 +323,7 @@ pub async fn run_dispatcher(
                 now: None,
                 default_max_attempts: i32::try_from(cfg.retry.max_attempts).unwrap_or(i32::MAX),
             },
+            &shares,
         )
         .await;
         metrics
@@ -302,10 +352,20 @@ pub async fn run_dispatcher(
                 .clone()
                 .try_acquire_owned()
                 .expect("claimed no more rows than free slots");
+            let stop = CancellationToken::new();
             {
                 let mut f = in_flight.lock().expect("in-flight lock");
                 *f.per_endpoint.entry(row.endpoint_id).or_insert(0) += 1;
-                f.leases.insert(row.id, (row.claim_token, false));
+                *f.per_tenant.entry(row.tenant.clone()).or_insert(0) += 1;
+                f.leases.insert(
+                    row.id,
+                    HeldLease {
+                        claim_token: row.claim_token,
+                        started: false,
+                        until: started + cfg.lease,
+                        stop: stop.clone(),
+                    },
+                );
             }
             metrics.deliveries_in_flight.inc();
             let (cfg, client, done_tx, in_flight, slot_freed, metrics) = (
@@ -319,24 +379,42 @@ pub async fn run_dispatcher(
             tasks.spawn(async move {
                 let endpoint_id = row.endpoint_id;
                 let delivery_id = row.id;
+                let tenant = row.tenant.clone();
                 if let Some(l) = in_flight
                     .lock()
                     .expect("in-flight lock")
                     .leases
                     .get_mut(&delivery_id)
                 {
-                    l.1 = true;
+                    l.started = true;
                 }
-                let finished = deliver_one(&cfg, &client, &metrics, row, signing).await;
-                // Waits while the completer's queue is full: this slot stays taken, so the
-                // claimer slows down rather than outcomes piling up in memory.
-                let _ = done_tx.send(finished).await;
+                let finished = tokio::select! {
+                    f = deliver_one(&cfg, &client, &metrics, row, signing) => Some(f),
+                    _ = stop.cancelled() => None,
+                };
+                match finished {
+                    // Waits while the completer's queue is full: this slot stays taken, so
+                    // the claimer slows down rather than outcomes piling up in memory.
+                    Some(finished) => {
+                        let _ = done_tx.send(finished).await;
+                    }
+                    None => {
+                        metrics.leases_lost.inc();
+                        tracing::warn!(delivery = %delivery_id, "lease lost or not renewed in time; send abandoned (the delivery is sent again by whoever holds it next)");
+                    }
+                }
                 {
                     let mut f = in_flight.lock().expect("in-flight lock");
                     if let Some(n) = f.per_endpoint.get_mut(&endpoint_id) {
                         *n -= 1;
                         if *n <= 0 {
                             f.per_endpoint.remove(&endpoint_id);
+                        }
+                    }
+                    if let Some(n) = f.per_tenant.get_mut(&tenant) {
+                        *n -= 1;
+                        if *n <= 0 {
+                            f.per_tenant.remove(&tenant);
                         }
                     }
                     f.leases.remove(&delivery_id);
@@ -385,10 +463,10 @@ pub async fn run_dispatcher(
             let f = in_flight.lock().expect("in-flight lock");
             f.leases
                 .iter()
-                .map(|(id, (token, started))| Release {
+                .map(|(id, l)| Release {
                     delivery_id: *id,
-                    claim_token: *token,
-                    started: *started,
+                    claim_token: l.claim_token,
+                    started: l.started,
                 })
                 .collect()
         };
@@ -402,6 +480,8 @@ pub async fn run_dispatcher(
             }
         }
     }
+    renewer_stop.cancel();
+    let _ = renewer.await;
     drop(done_tx);
     let _ = completer.await;
     tracing::info!("dispatcher stopped");
@@ -481,6 +561,74 @@ async fn deliver_one(
             dead_reason,
         },
     }
+}
+
+/// Renews the leases of deliveries in flight every quarter lease, fenced on their claim
+/// tokens. A send whose lease was taken over is stopped at once; one whose lease could not
+/// be renewed (database unreachable) is stopped shortly before the lease could lapse, so a
+/// slow receiver is never sent the same delivery by two workers at once.
+fn spawn_lease_renewer(
+    pool: PgPool,
+    lease: Duration,
+    in_flight: Arc<Mutex<InFlight>>,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let every = lease / 4;
+    // stop a send this long before its lease could lapse: a stopped request is dropped
+    // at once, but the margin also covers a renewal statement still in flight
+    let margin = (lease / 4).min(Duration::from_secs(1));
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = stop.cancelled() => return,
+            }
+            let held: Vec<(Uuid, Uuid)> = {
+                let f = in_flight.lock().expect("in-flight lock");
+                f.leases
+                    .iter()
+                    .map(|(id, l)| (*id, l.claim_token))
+                    .collect()
+            };
+            if !held.is_empty() {
+                let sent = Instant::now();
+                let renewal = tokio::time::timeout(
+                    every.max(Duration::from_millis(500)),
+                    db::deliveries::renew_leases(&pool, &held, lease.as_secs_f64()),
+                )
+                .await;
+                match renewal {
+                    Ok(Ok(renewed)) => {
+                        let renewed: std::collections::HashSet<Uuid> =
+                            renewed.into_iter().collect();
+                        let mut f = in_flight.lock().expect("in-flight lock");
+                        for (id, token) in &held {
+                            if let Some(l) = f.leases.get_mut(id)
+                                && l.claim_token == *token
+                            {
+                                if renewed.contains(id) {
+                                    l.until = sent + lease;
+                                } else {
+                                    // taken over (or completed meanwhile, when nothing is
+                                    // left to stop)
+                                    l.stop.cancel();
+                                }
+                            }
+                        }
+                    }
+                    Ok(Err(e)) => tracing::warn!(error = %e, "renewing leases failed"),
+                    Err(_) => tracing::warn!("renewing leases timed out"),
+                }
+            }
+            let now = Instant::now();
+            let f = in_flight.lock().expect("in-flight lock");
+            for l in f.leases.values() {
+                if l.until.saturating_duration_since(now) <= margin && !l.stop.is_cancelled() {
+                    l.stop.cancel();
+                }
+            }
+        }
+    })
 }
 
 /// Samples backlog gauges every few seconds with bounded, index-only queries, so a
