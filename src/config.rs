@@ -138,7 +138,7 @@ pub struct ApiSettings {
     /// Origins allowed to embed the customer portal (/portal) in an iframe: the CSP
     /// frame-ancestors sources, space-separated (`https://app.example.com`), or `'none'`
     #[arg(long, env = "HOOKD_PORTAL_FRAME_ANCESTORS", default_value = "'none'")]
-    pub portal_frame_ancestors: crate::ui::FrameAncestors,
+    pub portal_frame_ancestors: crate::domain::FrameAncestors,
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {

@@ -156,7 +156,12 @@ async fn operator_finds_an_event_by_type_and_replays_its_failed_delivery(pool: P
     // replay: the receiver is fixed now; the page shows the new attempt
     rx.set_status(200);
     let before = rx.seen().len();
-    b.click(&format!("{card} button.replay")).await;
+    // from the keyboard: the replay is a real button that Enter activates
+    b.wait_for(&format!("{card} button.replay"))
+        .await
+        .send_keys("\u{E007}")
+        .await
+        .unwrap();
     let line = b
         .wait_for_text(&format!("{card} [role=status]"), "New attempt #2")
         .await;
@@ -506,4 +511,74 @@ async fn customer_adds_an_endpoint_and_tests_it_in_the_portal(pool: PgPool) {
     b.click("#endpoints .endpoint button.danger:not(.delete)")
         .await;
     b.wait_for_text("#endpoints", "No endpoints yet").await;
+}
+
+/// The portal can be framed by the origins HOOKD_PORTAL_FRAME_ANCESTORS names and by no
+/// other; the console by none.
+#[sqlx::test]
+async fn portal_is_framable_only_by_the_allowed_origins(pool: PgPool) {
+    let Some(b) = Browser::start().await else {
+        return;
+    };
+    // two embedding sites, different origins (ports) on loopback; only the first is allowed
+    let embedder = || {
+        axum::Router::new().route(
+            "/",
+            axum::routing::get(
+                |axum::extract::Query(q): axum::extract::Query<
+                    std::collections::HashMap<String, String>,
+                >| async move {
+                    axum::response::Html(format!(
+                        r#"<!doctype html><title>shop</title><iframe src="{}" onload="this.dataset.done = 1"></iframe>"#,
+                        q["src"]
+                    ))
+                },
+            ),
+        )
+    };
+    let (allowed, _stop_a) = common::serve_local(embedder()).await;
+    let (other, _stop_o) = common::serve_local(embedder()).await;
+    let hookd = Hookd::start(
+        &pool,
+        &[("HOOKD_PORTAL_FRAME_ANCESTORS", &format!("http://{allowed}"))],
+    )
+    .await;
+
+    // what the frame shows: the page's own marker, or nothing (the browser's error page)
+    let framed = |site: std::net::SocketAddr, path: &'static str| {
+        let b = &b;
+        let src = format!("{}{path}", hookd.base);
+        async move {
+            b.goto(&format!("http://{site}/?src={src}")).await;
+            b.wait_for("iframe").await;
+            // the frame has loaded (or been refused) once its load event fired
+            let _ = b
+                .js_async(
+                    "const f = document.querySelector('iframe');
+                     if (f.dataset.done) { done(1); } else { f.addEventListener('load', () => done(1)); setTimeout(() => done(0), 5000); }",
+                )
+                .await;
+            b.client.enter_frame(0).await.unwrap();
+            let marker = b
+                .js("return document.querySelector('#main') !== null && location.origin")
+                .await;
+            b.client.enter_parent_frame().await.unwrap();
+            marker
+        }
+    };
+    assert_eq!(
+        framed(allowed, "/portal").await,
+        serde_json::Value::String(hookd.base.clone()),
+        "the allowed origin cannot frame the portal"
+    );
+    assert_eq!(
+        framed(other, "/portal").await,
+        false,
+        "another origin frames the portal"
+    );
+    assert_eq!(
+        framed(allowed, "/ui").await,
+        false,
+        "the console can be framed"
+    );
 }

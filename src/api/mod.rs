@@ -63,7 +63,7 @@ pub struct AppState {
     /// what the endpoints API needs beyond the database
     pub manage: Arc<ManageDeps>,
     /// who may embed the customer portal (`HOOKD_PORTAL_FRAME_ANCESTORS`)
-    pub portal_frame_ancestors: crate::ui::FrameAncestors,
+    pub portal_frame_ancestors: crate::domain::FrameAncestors,
 }
 
 /// What the endpoints and consumers API need: the key that seals signing secrets, the
