@@ -135,6 +135,10 @@ pub struct ApiSettings {
     /// is refused with 413
     #[arg(long, env = "HOOKD_API_TENANT_INFLIGHT_BYTES")]
     pub api_tenant_inflight_bytes: Option<usize>,
+    /// Origins allowed to embed the customer portal (/portal) in an iframe: the CSP
+    /// frame-ancestors sources, space-separated (`https://app.example.com`), or `'none'`
+    #[arg(long, env = "HOOKD_PORTAL_FRAME_ANCESTORS", default_value = "'none'")]
+    pub portal_frame_ancestors: crate::ui::FrameAncestors,
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {

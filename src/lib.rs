@@ -27,3 +27,4 @@ pub mod rekey;
 pub mod retention;
 pub mod runtime;
 pub mod signing;
+pub mod ui;

@@ -62,6 +62,8 @@ pub struct AppState {
     pub ingest_budget: Arc<IngestBudget>,
     /// what the endpoints API needs beyond the database
     pub manage: Arc<ManageDeps>,
+    /// who may embed the customer portal (`HOOKD_PORTAL_FRAME_ANCESTORS`)
+    pub portal_frame_ancestors: crate::ui::FrameAncestors,
 }
 
 /// What the endpoints and consumers API need: the key that seals signing secrets, the
@@ -129,6 +131,7 @@ impl AppState {
             )),
             metrics,
             limits: settings.limits(),
+            portal_frame_ancestors: settings.portal_frame_ancestors.clone(),
             auth,
             rate_limiter: settings
                 .tenant_rate_limit
@@ -199,6 +202,7 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
 pub fn app(state: AppState) -> Router {
     let (router, _) = routes().split_for_parts();
     router
+        .merge(crate::ui::router(&state.portal_frame_ancestors))
         .fallback(|| async { ApiError::not_found("route") })
         // every error is documented as {"error": {...}}; axum's own 405 has an empty body
         .method_not_allowed_fallback(|method: axum::http::Method| async move {

@@ -98,6 +98,7 @@ fn api_settings(auth: AuthMode) -> ApiSettings {
         api_max_url_bytes: 4096,
         api_max_inflight_bytes: 128 << 20,
         api_tenant_inflight_bytes: None,
+        portal_frame_ancestors: Default::default(),
     }
 }
 

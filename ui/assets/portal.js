@@ -1,0 +1,378 @@
+// The customer portal: one consumer's endpoints, test events and deliveries, with a
+// consumer token (opened as /portal#token=…, minted by POST /v1/consumers/{uid}/portal).
+// The token confines every call to the consumer, so the page needs no checks of its own
+// about whose data it shows: the API answers 404 for anything else.
+import {
+  h,
+  put,
+  takeToken,
+  client,
+  errorBox,
+  fmtTime,
+  badge,
+  field,
+  table,
+  liveLine,
+  pollUntil,
+  attemptItem,
+} from "./common.js";
+
+const TOKEN_KEY = "hookd.portal.token";
+let token = takeToken(TOKEN_KEY);
+const api = client(() => token);
+const app = document.getElementById("app");
+const enc = encodeURIComponent;
+let who = { consumer: null, scopes: [] };
+const can = (scope) => who.scopes.includes(scope);
+
+async function start() {
+  if (!token) return signIn("Open this page from the link you were given; it signs you in.");
+  try {
+    who = await api("GET", "/v1/whoami");
+  } catch (e) {
+    if (e.status === 401) return signIn("This link has expired or was revoked. Ask for a new one.");
+    return put(app, errorBox(e));
+  }
+  put(document.getElementById("who"), h("span", { class: "muted", id: "whoami" }, who.consumer ? `Signed in as ${who.consumer}` : "Signed in"));
+  put(
+    app,
+    h("h1", {}, "Your webhook endpoints"),
+    h("p", { class: "muted" }, "Register the URLs that should receive events, test them, and see what was delivered."),
+    can("manage") ? addForm() : null,
+    h("div", { id: "secret-once" }),
+    h("div", { id: "endpoints" }, h("p", { class: "muted" }, "Loading…")),
+  );
+  await loadEndpoints();
+}
+
+function signIn(message) {
+  const { input, el } = field("token", "Access token", { type: "password", autocomplete: "off", required: true });
+  put(
+    app,
+    h(
+      "form",
+      {
+        class: "card narrow",
+        on: {
+          submit: (ev) => {
+            ev.preventDefault();
+            token = input.value.trim();
+            sessionStorage.setItem(TOKEN_KEY, token);
+            start();
+          },
+        },
+      },
+      h("h1", {}, "Sign in"),
+      h("p", { role: "alert" }, message),
+      el,
+      h("button", { type: "submit" }, "Sign in"),
+    ),
+  );
+}
+
+/** Comma- or space-separated event types; empty means every type. */
+function parseTypes(text) {
+  return text
+    .split(/[\s,]+/)
+    .map((t) => t.trim())
+    .filter(Boolean);
+}
+
+/** A secret is shown once, right after it was made; it is in no later answer of the API,
+ *  so this box is the only place it ever appears. */
+function showSecret(secret, what) {
+  const box = document.getElementById("secret-once");
+  const done = h("button", { type: "button", on: { click: () => put(box) } }, "I have saved it");
+  put(
+    box,
+    h(
+      "div",
+      { class: "card secret", role: "alert" },
+      h("h2", {}, "Signing secret for ", what),
+      h("p", {}, "Copy it now: it is shown only this once. Your server verifies each webhook with it."),
+      h("pre", { id: "secret-value", class: "mono", tabindex: "0" }, secret),
+      done,
+    ),
+  );
+  done.focus();
+}
+
+function addForm() {
+  const url = field("new-url", "Endpoint URL", { type: "url", required: true, placeholder: "https://example.com/webhooks", autocomplete: "url" });
+  const types = field("new-types", "Event types (comma-separated; empty for all)", { placeholder: "invoice.paid, invoice.*" });
+  const desc = field("new-description", "Description (optional)", { maxlength: "200" });
+  const status = liveLine();
+  return h(
+    "form",
+    {
+      class: "card",
+      id: "add-endpoint",
+      on: {
+        submit: async (ev) => {
+          ev.preventDefault();
+          const body = { url: url.input.value.trim(), eventTypes: parseTypes(types.input.value) };
+          if (desc.input.value.trim()) body.description = desc.input.value.trim();
+          put(status, "Adding…");
+          try {
+            const ep = await api("POST", "/v1/endpoints", body);
+            put(status, "Endpoint added.");
+            ev.target.reset();
+            showSecret(ep.secret, ep.url);
+            await loadEndpoints();
+          } catch (e) {
+            put(status, errorBox(e, "Not added"));
+          }
+        },
+      },
+    },
+    h("h2", {}, "Add an endpoint"),
+    url.el,
+    types.el,
+    desc.el,
+    h("button", { type: "submit" }, "Add endpoint"),
+    status,
+  );
+}
+
+async function loadEndpoints() {
+  const el = document.getElementById("endpoints");
+  let page;
+  try {
+    page = await api("GET", "/v1/endpoints?limit=100");
+  } catch (e) {
+    return put(el, errorBox(e, "Could not list your endpoints"));
+  }
+  if (!page.items.length) return put(el, h("p", { class: "muted" }, "No endpoints yet."));
+  put(el, page.items.map(endpointCard));
+}
+
+function endpointCard(ep) {
+  const status = liveLine();
+  const deliveries = h("div", { class: "deliveries" });
+  const card = h("article", { class: "card endpoint", id: "endpoint-" + ep.id, "aria-label": "Endpoint " + ep.url });
+  const act = (label, fn, cls) =>
+    h(
+      "button",
+      {
+        type: "button",
+        class: cls,
+        on: {
+          click: async (ev) => {
+            const b = ev.currentTarget;
+            b.disabled = true;
+            try {
+              await fn(b);
+            } catch (e) {
+              put(status, errorBox(e, label + " failed"));
+            }
+            b.disabled = false;
+          },
+        },
+      },
+      label,
+    );
+
+  const actions = [];
+  if (can("manage") && ep.managedBy !== "kubernetes") {
+    actions.push(
+      act("Send test event", async () => {
+        const r = await api("POST", `/v1/endpoints/${enc(ep.id)}/test`, {});
+        put(status, "Test event sent; waiting for your endpoint to answer…");
+        let d = null;
+        await pollUntil(async () => {
+          d = await api("GET", "/v1/deliveries/" + enc(r.deliveryId));
+          return d.attempts.length > 0 && d.status !== "pending" && d.status !== "in_progress";
+        });
+        const a = d?.attempts?.[d.attempts.length - 1];
+        if (d && d.status === "succeeded") put(status, `Test event delivered: HTTP ${a.statusCode} in ${a.durationMs} ms.`);
+        else if (a) put(status, `Test event not delivered yet: ${a.statusCode != null ? "HTTP " + a.statusCode : a.errorClass || "no response"}${a.error ? " (" + a.error + ")" : ""}; it will be retried.`);
+        else put(status, "Test event queued; no attempt yet.");
+        await loadDeliveries(ep.id, deliveries);
+      }, "test-event"),
+      ep.state === "paused"
+        ? act("Resume", async () => {
+            await api("POST", `/v1/endpoints/${enc(ep.id)}/resume`);
+            await loadEndpoints();
+          }, "resume")
+        : ep.state === "active"
+          ? act("Pause", async () => {
+              await api("POST", `/v1/endpoints/${enc(ep.id)}/pause`);
+              await loadEndpoints();
+            }, "pause")
+          : act("Re-enable", async () => {
+              await api("POST", `/v1/endpoints/${enc(ep.id)}/enable`);
+              await loadEndpoints();
+            }, "enable"),
+      act("Edit event types", async () => editTypes(ep, card), "edit-types"),
+      act("Rotate secret", async () => {
+        const r = await api("POST", `/v1/endpoints/${enc(ep.id)}/secret/rotate`, {});
+        showSecret(r.secret, ep.url);
+        put(status, `Secret rotated; the previous one keeps signing until ${fmtTime(r.previousValidUntil)} so you can switch over.`);
+      }, "rotate"),
+      act(
+        "Delete",
+        async (b) => {
+          // two steps instead of window.confirm(): a modal dialog would trap keyboard
+          // users in some embeddings and cannot be styled
+          put(
+            status,
+            "Delete this endpoint? Its pending deliveries are cancelled. ",
+            h(
+              "button",
+              {
+                type: "button",
+                class: "danger",
+                on: {
+                  click: async () => {
+                    try {
+                      await api("DELETE", "/v1/endpoints/" + enc(ep.id));
+                      await loadEndpoints();
+                    } catch (e) {
+                      put(status, errorBox(e, "Not deleted"));
+                    }
+                  },
+                },
+              },
+              "Yes, delete",
+            ),
+          );
+          b.blur();
+        },
+        "danger delete",
+      ),
+    );
+  }
+
+  put(
+    card,
+    h("h3", { class: "url" }, ep.url),
+    h(
+      "p",
+      { class: "muted" },
+      badge(ep.state),
+      ep.disabledReason ? " " + ep.disabledReason : "",
+      " · events: ",
+      h("span", { class: "types" }, ep.eventTypes.length ? ep.eventTypes.join(", ") : "all"),
+      ep.description ? " · " + ep.description : "",
+    ),
+    h("div", { class: "actions" }, actions),
+    h("div", { class: "edit" }),
+    status,
+    deliveries,
+  );
+  loadDeliveries(ep.id, deliveries);
+  return card;
+}
+
+function editTypes(ep, card) {
+  const slot = card.querySelector(".edit");
+  const types = field("types-" + ep.id, "Event types (comma-separated; empty for all)");
+  types.input.value = ep.eventTypes.join(", ");
+  put(
+    slot,
+    h(
+      "form",
+      {
+        class: "filters",
+        on: {
+          submit: async (ev) => {
+            ev.preventDefault();
+            try {
+              await api("PATCH", "/v1/endpoints/" + enc(ep.id), { eventTypes: parseTypes(types.input.value) });
+              await loadEndpoints();
+            } catch (e) {
+              slot.appendChild(errorBox(e, "Not saved"));
+            }
+          },
+        },
+      },
+      types.el,
+      h("button", { type: "submit" }, "Save"),
+      h("button", { type: "button", class: "link", on: { click: () => put(slot) } }, "Cancel"),
+    ),
+  );
+  types.input.focus();
+}
+
+async function loadDeliveries(endpointId, el) {
+  let page;
+  try {
+    page = await api("GET", `/v1/endpoints/${enc(endpointId)}/deliveries?limit=10`);
+  } catch (e) {
+    return put(el, errorBox(e, "Could not list deliveries"));
+  }
+  if (!page.items.length) return put(el, h("p", { class: "muted" }, "No deliveries yet."));
+  const rows = page.items.map((d) => {
+    const detail = h("tr", { class: "detail", hidden: true }, h("td", { colspan: "5" }));
+    const toggle = h(
+      "button",
+      {
+        type: "button",
+        class: "link attempts-toggle",
+        "aria-expanded": "false",
+        on: {
+          click: async () => {
+            const open = toggle.getAttribute("aria-expanded") === "true";
+            toggle.setAttribute("aria-expanded", String(!open));
+            detail.hidden = open;
+            if (!open) await deliveryDetail(d.deliveryId, detail.firstChild, () => loadDeliveries(endpointId, el));
+          },
+        },
+      },
+      "Attempts",
+    );
+    return [
+      h(
+        "tr",
+        { class: "delivery-row", "data-status": d.status },
+        h("td", {}, fmtTime(d.createdAt)),
+        h("td", {}, d.eventType),
+        h("td", {}, badge(d.status)),
+        h("td", {}, d.lastStatusCode != null ? `HTTP ${d.lastStatusCode}` : d.lastError ?? "—"),
+        h("td", {}, toggle),
+      ),
+      detail,
+    ];
+  });
+  put(el, h("h4", {}, "Recent deliveries"), table(["Created", "Event type", "Status", "Last answer", ""], rows, "Recent deliveries"));
+}
+
+async function deliveryDetail(id, cell, refresh) {
+  put(cell, h("p", { class: "muted" }, "Loading…"));
+  let d;
+  try {
+    d = await api("GET", "/v1/deliveries/" + enc(id));
+  } catch (e) {
+    return put(cell, errorBox(e));
+  }
+  const status = liveLine();
+  put(
+    cell,
+    h("p", { class: "mono" }, "webhook-id ", d.deliveryId),
+    d.attempts.length ? h("ol", { class: "timeline" }, d.attempts.map(attemptItem)) : h("p", { class: "muted" }, "No attempt yet."),
+    can("operate")
+      ? h(
+          "button",
+          {
+            type: "button",
+            on: {
+              click: async (ev) => {
+                ev.currentTarget.disabled = true;
+                try {
+                  await api("POST", `/v1/deliveries/${enc(id)}/replay`);
+                  put(status, "Sent again.");
+                  setTimeout(refresh, 1500);
+                } catch (e) {
+                  put(status, errorBox(e, "Replay refused"));
+                }
+              },
+            },
+          },
+          "Replay",
+        )
+      : null,
+    status,
+  );
+}
+
+start();
