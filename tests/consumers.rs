@@ -961,3 +961,230 @@ async fn a_rotated_secret_signs_beside_the_old_one_and_tokens_need_the_manage_sc
     assert_eq!(st["lastSuccess"]["statusCode"], 200);
     assert_eq!(st["circuit"]["state"], "closed");
 }
+
+// ---- found by a hostile review: races and hostile input ----
+
+/// Deleting a consumer while endpoints are being created for it never leaves a live
+/// endpoint of a consumer that no longer exists, nor a live token for it.
+#[sqlx::test]
+async fn deleting_a_consumer_while_it_is_being_used_leaves_nothing_live(pool: PgPool) {
+    let api = TestApi::start(&pool).await;
+    let token = api.token_for(TENANT).await;
+    for i in 0..12 {
+        let uid = format!("race_{i}");
+        let (s, _) = call(
+            &api,
+            &token,
+            Method::PUT,
+            &format!("/v1/consumers/{uid}"),
+            None,
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED);
+        let mut tasks = Vec::new();
+        for k in 0..3 {
+            let (api_base, client, token, uid) = (
+                api.base.clone(),
+                api.client.clone(),
+                token.clone(),
+                uid.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let r = if k == 2 {
+                    client
+                        .post(format!("{api_base}/v1/consumers/{uid}/tokens"))
+                        .bearer_auth(&token)
+                } else {
+                    client
+                        .post(format!("{api_base}/v1/endpoints"))
+                        .bearer_auth(&token)
+                        .json(&json!({"url": format!("https://example.com/{uid}/{k}"), "consumer": uid}))
+                };
+                r.send().await.unwrap().status()
+            }));
+        }
+        let (s, _) = call(
+            &api,
+            &token,
+            Method::DELETE,
+            &format!("/v1/consumers/{uid}"),
+            None,
+        )
+        .await;
+        assert_eq!(s, StatusCode::NO_CONTENT);
+        for t in tasks {
+            t.await.unwrap();
+        }
+    }
+    // a create that ran after the delete re-created the consumer (it asked for it); what
+    // must never exist is something live for a consumer that does not
+    let orphans: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM hookd.endpoints e
+         WHERE e.consumer LIKE 'race\\_%' AND e.state <> 'disabled' AND e.removed_at IS NULL
+           AND NOT EXISTS (SELECT 1 FROM hookd.consumers c WHERE c.tenant = e.tenant AND c.uid = e.consumer)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(orphans, 0, "live endpoints of deleted consumers");
+    let tokens: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM hookd.api_tokens t
+         WHERE t.consumer LIKE 'race\\_%' AND t.revoked_at IS NULL
+           AND NOT EXISTS (SELECT 1 FROM hookd.consumers c WHERE c.tenant = t.tenant AND c.uid = t.consumer)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(tokens, 0, "live tokens of deleted consumers");
+}
+
+#[sqlx::test]
+async fn a_deleted_consumers_endpoints_stay_off_and_late_deliveries_are_cancelled(pool: PgPool) {
+    let api = TestApi::start(&pool).await;
+    let token = api.token_for(TENANT).await;
+    let ep = create_endpoint(
+        &api,
+        &token,
+        json!({"url": "https://example.com/z", "consumer": "gone"}),
+    )
+    .await;
+    let (s, _) = call(&api, &token, Method::DELETE, "/v1/consumers/gone", None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    for path in ["enable", "resume"] {
+        let (s, v) = call(
+            &api,
+            &token,
+            Method::POST,
+            &format!("/v1/endpoints/{}/{path}", id(&ep)),
+            None,
+        )
+        .await;
+        assert_eq!(s, StatusCode::CONFLICT, "{path}: {v}");
+        assert_eq!(v["error"]["code"], "consumer_deleted");
+    }
+    let (s, _) = call(
+        &api,
+        &token,
+        Method::PATCH,
+        &format!("/v1/endpoints/{}", id(&ep)),
+        Some(json!({"paused": false})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    // an enqueue that read the endpoint as live just before the delete committed its
+    // delivery after it: the straggler sweep cancels it
+    let (_, m) = enqueue(&api, &token, json!({"eventType": "a", "payload": {}})).await;
+    let event: Uuid = m["eventId"].as_str().unwrap().parse().unwrap();
+    let late: Uuid = sqlx::query_scalar(
+        "INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, consumer)
+         VALUES (hookd.uuid_v7(), $1, $2, 'team-a', 'gone') RETURNING id",
+    )
+    .bind(event)
+    .bind(id(&ep))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        hookd::db::deliveries::cancel_stragglers(&pool)
+            .await
+            .unwrap()
+            >= 1
+    );
+    assert_eq!(delivery_status(&pool, late).await.0, "cancelled");
+    // the consumer back, the endpoint may be enabled again
+    call(&api, &token, Method::PUT, "/v1/consumers/gone", None).await;
+    let (s, v) = call(
+        &api,
+        &token,
+        Method::POST,
+        &format!("/v1/endpoints/{}/enable", id(&ep)),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["state"], "active");
+}
+
+#[sqlx::test]
+async fn minting_and_rotating_are_bounded(pool: PgPool) {
+    let api = TestApi::start(&pool).await;
+    let manage_only = mint_token(&pool, TENANT, &[hookd::auth::Scope::Manage]).await;
+    let (s, t) = call(
+        &api,
+        &manage_only,
+        Method::POST,
+        "/v1/consumers/c1/tokens",
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{t}");
+    let (_, who) = call(
+        &api,
+        t["token"].as_str().unwrap(),
+        Method::GET,
+        "/v1/whoami",
+        None,
+    )
+    .await;
+    assert_eq!(
+        who["scopes"],
+        json!(["manage"]),
+        "no scope the minter lacks"
+    );
+
+    let token = api.token_for(TENANT).await;
+    let ep = create_endpoint(&api, &token, json!({"url": "https://example.com/r"})).await;
+    let rotate = |api: &TestApi, token: String, ep: Uuid| {
+        let (base, client) = (api.base.clone(), api.client.clone());
+        tokio::spawn(async move {
+            client
+                .post(format!("{base}/v1/endpoints/{ep}/secret/rotate"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    let tasks: Vec<_> = (0..12)
+        .map(|_| rotate(&api, token.clone(), id(&ep)))
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), reqwest::StatusCode::CREATED);
+    }
+    let (current, live): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE not_after IS NULL),
+                count(*) FILTER (WHERE not_after IS NULL OR not_after > now())
+         FROM hookd.endpoint_secrets WHERE endpoint_id = $1",
+    )
+    .bind(id(&ep))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(current, 1, "concurrent rotations leave one current secret");
+    assert!(
+        live <= hookd::db::secrets::MAX_SIGNING_SECRETS,
+        "{live} secrets sign"
+    );
+
+    // PATCH null and other hostile input
+    for body in [
+        json!({"url": null}),
+        json!({"eventTypes": null}),
+        json!({"headers": null}),
+        json!({"paused": null}),
+        json!({"url": "http://example.com:0/"}),
+        json!({"headers": {"Expect": "100-continue"}}),
+        json!({"headers": {"Content-Encoding": "gzip"}}),
+    ] {
+        let (s, v) = call(
+            &api,
+            &token,
+            Method::PATCH,
+            &format!("/v1/endpoints/{}", id(&ep)),
+            Some(body.clone()),
+        )
+        .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {v}");
+    }
+}
