@@ -202,7 +202,6 @@ pub const DISPATCHER_ENV_RULE: &str = "self.all(e, !has(e.valueFrom) && e.name i
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new(DISPATCHER_NAME_RULE).message("a WebhookDispatcher name must be at most 63 characters: it becomes the app.kubernetes.io/instance label of its Deployment and pods")
 )]
-#[x_kube(validation = Rule::new("(has(self.leaseSeconds) ? self.leaseSeconds : 60) >= (has(self.requestTimeoutSeconds) ? self.requestTimeoutSeconds : 15) + 5").message("leaseSeconds must exceed requestTimeoutSeconds by at least 5 (defaults: 60 and 15), or a slow request could outlive its lease and be sent twice at once"))]
 #[serde(rename_all = "camelCase")]
 pub struct WebhookDispatcherSpec {
     /// Dispatcher pods when `autoscaling` is not set. Default 1.
@@ -224,9 +223,11 @@ pub struct WebhookDispatcherSpec {
     #[schemars(range(min = 1, max = 10000))]
     pub endpoint_concurrency: Option<u32>,
 
-    /// Lease on a claimed delivery, in seconds (HOOKD_LEASE_SECS). Default 60.
+    /// Lease on a claimed delivery, in seconds (HOOKD_LEASE_SECS). Default 5. The
+    /// dispatcher renews it while a request runs, so it may be shorter than the request
+    /// timeout; it bounds how long a killed pod's deliveries wait before they are sent again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 10, max = 3600))]
+    #[schemars(range(min = 2, max = 3600))]
     pub lease_seconds: Option<u32>,
 
     /// Timeout of one delivery request, in seconds (HOOKD_REQUEST_TIMEOUT_SECS). Default 15.

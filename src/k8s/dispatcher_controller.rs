@@ -41,7 +41,7 @@ pub const METRICS_PORT: i32 = 8081;
 pub const SCALE_DOWN_STABILIZATION: Duration = Duration::from_secs(120);
 
 pub const DEFAULT_CONCURRENCY: u32 = 256;
-pub const DEFAULT_LEASE_SECS: u32 = 60;
+pub const DEFAULT_LEASE_SECS: u32 = 5;
 pub const DEFAULT_REQUEST_TIMEOUT_SECS: u32 = 15;
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "hookd-dispatcher";
 pub const DEFAULT_ENCRYPTION_SECRET: (&str, &str) = ("hookd-encryption", "key");
