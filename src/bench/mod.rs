@@ -84,16 +84,18 @@ pub enum Section {
     E2e,
     Claim,
     Endpoints,
+    Consumers,
 }
 
 impl Section {
-    pub const ALL: [Section; 6] = [
+    pub const ALL: [Section; 7] = [
         Section::Ingest,
         Section::Baselines,
         Section::Dispatch,
         Section::E2e,
         Section::Claim,
         Section::Endpoints,
+        Section::Consumers,
     ];
 
     pub fn name(self) -> &'static str {
@@ -104,6 +106,7 @@ impl Section {
             Section::E2e => "e2e",
             Section::Claim => "claim",
             Section::Endpoints => "endpoints",
+            Section::Consumers => "consumers",
         }
     }
 }
@@ -135,6 +138,11 @@ pub struct Scale {
     pub claim_terminal: i64,
     pub claim_endpoints: usize,
     pub claim_samples: usize,
+    /// consumers (3 endpoints each) in one tenant for the fan-out rows (issue 15)
+    pub consumer_count: i64,
+    /// tenant-wide endpoint counts, each of its own event type, for the matching rows;
+    /// the first is the baseline
+    pub typed_endpoint_counts: Vec<i64>,
 }
 
 impl Scale {
@@ -160,6 +168,8 @@ impl Scale {
             claim_terminal: 1_000_000,
             claim_endpoints: 8,
             claim_samples: 50,
+            consumer_count: 100_000,
+            typed_endpoint_counts: vec![2, 1_000, 10_000],
         }
     }
 
@@ -177,6 +187,7 @@ impl Scale {
             claim_due: vec![0, 10_000, 100_000],
             claim_terminal: 100_000,
             claim_samples: 20,
+            consumer_count: 10_000,
             ..Scale::full()
         }
     }
@@ -203,6 +214,8 @@ impl Scale {
             claim_terminal: 1_000,
             claim_endpoints: 4,
             claim_samples: 3,
+            consumer_count: 50,
+            typed_endpoint_counts: vec![2, 50, 100],
             ..Scale::full()
         }
     }
@@ -516,6 +529,7 @@ async fn run_sections(ctx: &Ctx) -> Result<Report, BenchError> {
             Section::E2e => sections::e2e(ctx, &mut report).await?,
             Section::Claim => sections::claim(ctx, &mut report).await?,
             Section::Endpoints => sections::endpoint_scale(ctx, &mut report).await?,
+            Section::Consumers => sections::consumers(ctx, &mut report).await?,
         }
         progress(&format!(
             "section {} done in {:.1} s",

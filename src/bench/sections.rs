@@ -1198,3 +1198,193 @@ pub(crate) async fn endpoint_scale(ctx: &Ctx, report: &mut Report) -> Result<(),
     reset(ctx).await?;
     Ok(())
 }
+
+// ---- consumers and fan-out (issue 15) ----
+
+/// The API with the endpoints API configured (the run's key, loopback admitted).
+async fn start_managed_api(ctx: &Ctx) -> Result<(SocketAddr, CancellationToken), BenchError> {
+    let pool = ctx.new_pool()?;
+    let settings = api_settings(AuthMode::None);
+    let stop = ctx.shutdown.child_token();
+    let keyring = crate::crypto::Keyring::from_config("bench", &ctx.key_text, "bench-old", "")
+        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    let state = crate::api::AppState::start(pool, &settings, None, stop.clone()).with_manage(
+        crate::api::ManageDeps {
+            keyring: Ok(keyring),
+            allow: crate::outbound::AllowList::parse("127.0.0.0/8").map_err(BenchError::Setup)?,
+            public_url: None,
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(crate::api::server::serve_api_on(
+        listener,
+        crate::api::app(state),
+        settings.listener_limits(),
+        stop.clone(),
+    ));
+    Ok((addr, stop))
+}
+
+/// Ingest of single messages at c=64 with `body`, checked to create `fanout` deliveries
+/// each; (events/s, load result).
+async fn ingest_at_64(
+    ctx: &Ctx,
+    addr: SocketAddr,
+    body: String,
+    fanout: i64,
+    report: &mut Report,
+    what: &str,
+) -> Result<f64, BenchError> {
+    let s = &ctx.scale;
+    db::bench::truncate_queue(&ctx.pool).await?;
+    let target = Arc::new(Target {
+        addr,
+        path: "/v1/messages",
+        body: Bytes::from(body),
+        authorization: None,
+        events_per_request: 1,
+        expect: StatusCode::CREATED,
+    });
+    let r = load::closed_loop(target, 64, s.warmup, s.window).await?;
+    if r.errors > 0 {
+        return Err(BenchError::Load(format!(
+            "{what}: {} request(s) failed; first: {}",
+            r.errors,
+            r.first_error.unwrap_or_default()
+        )));
+    }
+    let (ev, dl) = db::bench::queue_counts(&ctx.pool).await?;
+    report.checks.push(Check {
+        what: format!("consumers: {what}: delivery rows == events x {fanout}"),
+        expected: ev as u64 * fanout as u64,
+        actual: dl as u64,
+    });
+    progress(&format!("consumers {what}: {:.0} ev/s", r.events_per_sec()));
+    Ok(r.events_per_sec())
+}
+
+pub(crate) async fn consumers(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
+    let s = &ctx.scale;
+    reset(ctx).await?;
+    let (addr, stop) = start_managed_api(ctx).await?;
+
+    // Endpoint creation through the API (a generated secret sealed per endpoint).
+    let target = Arc::new(Target {
+        addr,
+        path: "/v1/endpoints",
+        body: Bytes::from(
+            r#"{"tenant":"bench-new","url":"http://127.0.0.1:9/new","consumer":"c-new","eventTypes":["bench.*"]}"#,
+        ),
+        authorization: None,
+        events_per_request: 1,
+        expect: StatusCode::CREATED,
+    });
+    let r = load::closed_loop(target, 16, s.warmup, s.window).await?;
+    if r.errors > 0 {
+        return Err(BenchError::Load(format!(
+            "endpoint creation: {} failed; first: {}",
+            r.errors,
+            r.first_error.unwrap_or_default()
+        )));
+    }
+    report.rows.push(Row {
+        section: "consumers",
+        figure: "endpoint creation through the API, c=16".into(),
+        value: r.events_per_sec(),
+        unit: "endpoints/s",
+        detail: p50_p99("answer", &r.latencies),
+        conditions: format!(
+            "POST /v1/endpoints with a consumer, secret generated and encrypted, URL checked; {} created in {}",
+            r.requests,
+            secs(s.window)
+        ),
+    });
+
+    // Consumer-addressed against tenant-wide ingest, the same fan-out (3), with the
+    // consumer's tenant holding `consumers` x 3 endpoints.
+    let consumers = s.consumer_count;
+    let started = Instant::now();
+    db::bench::bulk_consumer_endpoints(&ctx.pool, "bench-c", consumers, 3, UNUSED_URL).await?;
+    let fill = started.elapsed();
+    db::bench::bulk_tenant_endpoints(&ctx.pool, "bench-w", 3, None, UNUSED_URL).await?;
+    db::bench::vacuum_analyze(&ctx.pool).await?;
+    let body = |tenant: &str, consumer: Option<&str>| {
+        format!(
+            r#"{{"tenant":"{tenant}","eventType":"bench.fanout",{}"payload":{}}}"#,
+            consumer
+                .map(|c| format!(r#""consumer":"{c}","#))
+                .unwrap_or_default(),
+            payload(s.payload_bytes, 0)
+        )
+    };
+    let wide = ingest_at_64(ctx, addr, body("bench-w", None), 3, report, "tenant-wide").await?;
+    let addressed = ingest_at_64(
+        ctx,
+        addr,
+        body("bench-c", Some(&format!("c{}", consumers / 2))),
+        3,
+        report,
+        "consumer-addressed",
+    )
+    .await?;
+    let endpoints = consumers * 3;
+    report.rows.push(Row {
+        section: "consumers",
+        figure: "ingest c=64, tenant-wide, 3 endpoints".into(),
+        value: wide,
+        unit: "ev/s",
+        detail: String::new(),
+        conditions: format!("single messages, payload {} B, fan-out 3", s.payload_bytes),
+    });
+    report.rows.push(Row {
+        section: "consumers",
+        figure: format!("ingest c=64, consumer-addressed, {consumers} consumers x 3 endpoints"),
+        value: addressed,
+        unit: "ev/s",
+        detail: format!("{:.2} x tenant-wide (goal >= 0.90)", addressed / wide),
+        conditions: format!(
+            "{endpoints} endpoints in one tenant (filled in {}), fan-out 3",
+            secs(fill)
+        ),
+    });
+
+    // Event-type matching among tenant-wide endpoints: each endpoint subscribes to a
+    // type of its own; an event matches one.
+    let mut base = 0.0;
+    let counts = s.typed_endpoint_counts.clone();
+    for (k, &n) in counts.iter().enumerate() {
+        let tenant = format!("bench-t{n}");
+        db::bench::bulk_tenant_endpoints(&ctx.pool, &tenant, n, Some("bench.t"), UNUSED_URL)
+            .await?;
+        db::bench::vacuum_analyze(&ctx.pool).await?;
+        let body = format!(
+            r#"{{"tenant":"{tenant}","eventType":"bench.t1","payload":{}}}"#,
+            payload(s.payload_bytes, 0)
+        );
+        let v = ingest_at_64(ctx, addr, body, 1, report, &format!("{n} typed endpoints")).await?;
+        if k == 0 {
+            base = v;
+        }
+        report.rows.push(Row {
+            section: "consumers",
+            figure: format!("ingest c=64, {n} endpoints of distinct event types"),
+            value: v,
+            unit: "ev/s",
+            detail: if k == 0 {
+                "the baseline".into()
+            } else {
+                format!(
+                    "{:.2} x the {}-endpoint figure (goal >= 0.80)",
+                    v / base,
+                    counts[0]
+                )
+            },
+            conditions:
+                "each endpoint subscribes to one type bench.t<i>; the event matches one (fan-out 1)"
+                    .into(),
+        });
+    }
+    stop.cancel();
+    Ok(())
+}

@@ -251,7 +251,7 @@ pub async fn fill(
 pub async fn delete_endpoints(pool: &PgPool) -> Result<(), DbError> {
     // every referencing table named, so Postgres has no cascade to announce
     sqlx::query(
-        "TRUNCATE hookd.endpoints, hookd.subscriptions, hookd.endpoint_secrets, hookd.events, hookd.deliveries,
+        "TRUNCATE hookd.endpoints, hookd.subscriptions, hookd.consumers, hookd.endpoint_secrets, hookd.events, hookd.deliveries,
                   hookd.delivery_attempts, hookd.dead_letters, hookd.endpoint_queue",
     )
     .execute(pool)
@@ -321,4 +321,60 @@ pub async fn backend_pids(pool: &PgPool, database: &str) -> Result<Vec<i32>, DbE
     .bind(database)
     .fetch_all(pool)
     .await?)
+}
+
+/// `consumers` consumers of `tenant` with `per` endpoints each (every event type), made
+/// straight in SQL (the subscriptions trigger runs as for any insert), for the fan-out
+/// rows of the bench.
+pub async fn bulk_consumer_endpoints(
+    pool: &PgPool,
+    tenant: &str,
+    consumers: i64,
+    per: i64,
+    url: &str,
+) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO hookd.consumers (tenant, uid)
+         SELECT $1, 'c' || i FROM generate_series(0, $2 - 1) i ON CONFLICT DO NOTHING",
+    )
+    .bind(tenant)
+    .bind(consumers)
+    .execute(pool)
+    .await?;
+    sqlx::query(
+        "INSERT INTO hookd.endpoints (id, tenant, consumer, managed_by, url)
+         SELECT hookd.uuid_v7(), $1, 'c' || (i / $3), 'api', $4
+         FROM generate_series(0, $2 * $3 - 1) i",
+    )
+    .bind(tenant)
+    .bind(consumers)
+    .bind(per)
+    .bind(url)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// `count` endpoints of `tenant` without a consumer; with `type_prefix`, endpoint i
+/// subscribes to `<prefix><i>` only, else to every type.
+pub async fn bulk_tenant_endpoints(
+    pool: &PgPool,
+    tenant: &str,
+    count: i64,
+    type_prefix: Option<&str>,
+    url: &str,
+) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO hookd.endpoints (id, tenant, managed_by, url, event_types)
+         SELECT hookd.uuid_v7(), $1, 'api', $3,
+                CASE WHEN $4::text IS NULL THEN '{}'::text[] ELSE ARRAY[$4 || i] END
+         FROM generate_series(0, $2 - 1) i",
+    )
+    .bind(tenant)
+    .bind(count)
+    .bind(url)
+    .bind(type_prefix)
+    .execute(pool)
+    .await?;
+    Ok(())
 }
