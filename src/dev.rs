@@ -312,6 +312,10 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
                 "hookd dev: read it back with: curl -sS http://{}/v1/messages/<eventId> -H 'authorization: Bearer {token}'",
                 args.listen
             );
+            println!(
+                "hookd dev: or open the web console: http://{}/ui#token={token}",
+                args.listen
+            );
         }
         AuthMode::None => {
             println!("hookd dev: HOOKD_AUTH=none, so no token is needed; send a first event with:");

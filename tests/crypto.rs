@@ -681,9 +681,9 @@ async fn ciphertext_moved_to_another_endpoint_does_not_decrypt(pool: PgPool) {
     );
     assert_absent(&error, &secret_needles(SECRET_A), "the attempt error");
     assert_eq!(
-        delivery_status(&pool, b_delivery).await.0,
-        "failed",
-        "held for a retry, not dead"
+        delivery_status(&pool, b_delivery).await,
+        ("failed".to_string(), 0),
+        "held for a retry, not dead, and the attempt not counted (issue 19)"
     );
     assert_eq!(rx_b.count(), 0, "never sent, signed or unsigned");
     assert!(d.metrics.secret_decrypt_failures.get() >= 1);
@@ -791,7 +791,11 @@ async fn wrong_or_missing_key_is_a_clear_error_not_a_panic(pool: PgPool) {
         let (class, error) = last_attempt(&pool, id).await.unwrap();
         assert_eq!(class.as_deref(), Some("secret_unreadable"));
         assert!(error.as_deref().unwrap().contains(want), "{error:?}");
-        assert_eq!(delivery_status(&pool, id).await.0, "failed");
+        assert_eq!(
+            delivery_status(&pool, id).await,
+            ("failed".to_string(), 0),
+            "held, not counted"
+        );
     }
     assert_eq!(rx.count(), 0);
 

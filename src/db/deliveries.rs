@@ -397,15 +397,21 @@ pub enum DeliveryOutcome {
     /// failed, due again after the retry delay
     Retry,
     Dead,
+    /// not sent, for a reason on this side (its signing secret cannot be decrypted here):
+    /// due again after the delay, and the attempt the claim counted is given back, so a
+    /// misconfigured key holds deliveries instead of exhausting them
+    Held,
 }
 
 impl DeliveryOutcome {
-    /// The `deliveries.status` literal.
+    /// The literal [`complete`] reads: the `deliveries.status` it leaves, but `held`,
+    /// which it stores as `failed` with the attempt uncounted.
     pub fn as_sql(self) -> &'static str {
         match self {
             DeliveryOutcome::Succeeded => "succeeded",
             DeliveryOutcome::Retry => "failed",
             DeliveryOutcome::Dead => "dead",
+            DeliveryOutcome::Held => "held",
         }
     }
 }
@@ -488,7 +494,8 @@ pub async fn complete(conn: &mut PgConnection, batch: &[Completion]) -> Result<V
             ) x
         ), upd AS (
             UPDATE hookd.deliveries d
-            SET status = i.status,
+            SET status = CASE WHEN i.status = 'held' THEN 'failed' ELSE i.status END,
+                attempts = d.attempts - (i.status = 'held' AND d.attempts > 0)::int,
                 visible_at = CASE WHEN i.delay_ms IS NULL THEN d.visible_at
                                   ELSE now() + make_interval(secs => i.delay_ms / 1000.0) END,
                 locked_by = NULL,

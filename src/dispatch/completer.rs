@@ -236,6 +236,13 @@ async fn write_batch(
                 reason = c.dead_reason.as_deref().unwrap_or(""),
                 "delivery dead; dead-lettered (replay it with POST /v1/deliveries/{{id}}/replay)"
             ),
+            db::deliveries::DeliveryOutcome::Held => tracing::warn!(
+                delivery = %c.delivery_id,
+                endpoint = %f.endpoint_id,
+                error = c.error.as_deref().unwrap_or(""),
+                retry_in_ms = ?c.retry_delay_ms,
+                "delivery held, not sent and not counted"
+            ),
             db::deliveries::DeliveryOutcome::Succeeded => {}
         }
     }

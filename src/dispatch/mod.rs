@@ -487,6 +487,10 @@ pub async fn run_dispatcher(
     tracing::info!("dispatcher stopped");
 }
 
+/// How long a delivery whose signing secret cannot be decrypted waits before it is tried
+/// again (by whichever dispatcher claims it: one configured with the key sends it).
+const HELD_FOR: Duration = Duration::from_secs(60);
+
 async fn deliver_one(
     cfg: &DispatchConfig,
     client: &reqwest::Client,
@@ -521,7 +525,21 @@ async fn deliver_one(
         } => (status.map(i32::from), Some(*class), Some(error.clone())),
         AttemptResult::Permanent { class, error } => (None, Some(*class), Some(error.clone())),
     };
+    // A secret this dispatcher cannot open is its own configuration, not the receiver's
+    // answer: nothing was sent, so the attempt is given back and the delivery held.
+    let unreadable = matches!(report.result, AttemptResult::Retryable { class, .. } if class == deliver::SECRET_UNREADABLE);
+    let decision = if unreadable {
+        Decision::Retry { delay: HELD_FOR }
+    } else {
+        decision
+    };
     let (status, retry_delay, dead_reason, outcome) = match decision {
+        Decision::Retry { delay } if unreadable => (
+            DeliveryOutcome::Held,
+            Some(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
+            None,
+            "held",
+        ),
         Decision::Succeeded => (DeliveryOutcome::Succeeded, None, None, "succeeded"),
         Decision::Retry { delay } => (
             DeliveryOutcome::Retry,
