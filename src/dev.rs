@@ -30,6 +30,8 @@ struct ApiDefaults {
 struct DispatchDefaults {
     #[command(flatten)]
     s: DispatchSettings,
+    #[command(flatten)]
+    retention: crate::config::RetentionSettings,
 }
 
 /// The examples of this source tree, built in so `hookd dev` runs from any directory.
@@ -232,12 +234,16 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
 
     let mut api = ApiDefaults::parse_from(["hookd"]).s;
     api.listen = args.listen;
-    let mut dispatch = DispatchDefaults::parse_from(["hookd"]).s;
+    let DispatchDefaults {
+        s: mut dispatch,
+        retention,
+    } = DispatchDefaults::parse_from(["hookd"]);
     if dispatch.allowed_destinations.is_empty() {
         // the example receiver lives on loopback, which is refused by default
         dispatch.allowed_destinations = "127.0.0.0/8,::1/128".into();
     }
-    let cfg = crate::dispatch::DispatchConfig::from_settings(&dispatch)?;
+    // checked now, so a bad setting is refused before anything starts
+    crate::dispatch::DispatchConfig::from_settings(&dispatch)?;
     let dispatch_allowed = dispatch.allowed_destinations.clone();
 
     // The receiver verifies with every live secret of this database, refreshed.
@@ -259,17 +265,14 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         shutdown.clone(),
     ));
 
-    let metrics = crate::metrics::Metrics::new();
-    tokio::spawn(crate::ops::serve_on(
+    // the same entry point as `hookd dispatch`: its listener serves /metrics, and it runs
+    // the retention pruner
+    let dispatcher = tokio::spawn(crate::dispatch::run_on(
         dispatch_listener,
-        crate::ops::router(pool.clone(), metrics.clone()),
-        shutdown.clone(),
-    ));
-    let dispatcher = tokio::spawn(crate::dispatch::run_dispatcher(
         pool.clone(),
-        cfg,
-        keyring,
-        metrics,
+        dispatch,
+        args.keys.keyring()?,
+        retention,
         shutdown.clone(),
     ));
     println!(

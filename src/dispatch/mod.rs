@@ -156,6 +156,20 @@ pub async fn run(
     retention: RetentionSettings,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(settings.listen).await?;
+    run_on(listener, pool, settings, keyring, retention, shutdown).await
+}
+
+/// [`run`] on a listener already bound (`hookd dev` binds its ports first, so a clash is
+/// reported before anything starts).
+pub async fn run_on(
+    listener: tokio::net::TcpListener,
+    pool: PgPool,
+    settings: DispatchSettings,
+    keyring: Keyring,
+    retention: RetentionSettings,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let cfg = DispatchConfig::from_settings(&settings)?;
     let policy = crate::retention::RetentionPolicy::from_settings(&retention)?;
     let metrics = Metrics::new();
@@ -163,7 +177,6 @@ pub async fn run(
     // plaintext secret behind
     encrypt_legacy_secrets(&pool, &keyring).await;
     let health = crate::ops::router(pool.clone(), metrics.clone());
-    let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(listen = %settings.listen, worker = %cfg.worker_id, key_id = keyring.active_key_id(), "dispatcher starting");
     let server = tokio::spawn(crate::ops::serve_on(listener, health, shutdown.clone()));
     let keyring = Arc::new(keyring);
