@@ -74,14 +74,24 @@ pub async fn insert_with_fanout(
             SELECT id, tenant, event_type, payload, idempotency_key, request_hash, consumer
             FROM input ORDER BY tenant, idempotency_key NULLS LAST
             ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-            RETURNING id, tenant, event_type, consumer
+            -- the patterns each type matches, computed once per event (see below)
+            RETURNING id, tenant, event_type, consumer, hookd.event_type_keys(event_type) AS keys
         ), dl AS (
             INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, consumer)
             SELECT hookd.uuid_v7(), ev.id, s.endpoint_id, ev.tenant, ev.consumer
             FROM ev CROSS JOIN LATERAL (
-                SELECT DISTINCT s.endpoint_id FROM hookd.subscriptions s
-                WHERE s.tenant = ev.tenant AND s.consumer = coalesce(ev.consumer, '')
-                  AND s.pattern = ANY (hookd.event_type_keys(ev.event_type))) s
+                -- The patterns drive: one probe of the subscriptions' primary key on
+                -- (tenant, consumer, pattern) per pattern the type matches, whatever the
+                -- tenant holds. LATERAL fixes that order whatever the statistics say (a
+                -- freshly filled table is estimated at one row, and the planner then scans
+                -- the tenant's subscriptions and filters: 18 events/s among 10,000
+                -- endpoints of distinct types, measured by `hookd bench --only consumers`).
+                SELECT DISTINCT m.endpoint_id
+                FROM unnest(ev.keys) AS k(pattern)
+                CROSS JOIN LATERAL (
+                    SELECT s.endpoint_id FROM hookd.subscriptions s
+                    WHERE s.tenant = ev.tenant AND s.consumer = coalesce(ev.consumer, '')
+                      AND s.pattern = k.pattern) m) s
             RETURNING id, event_id
         )
         SELECT ev.id AS event_id,
