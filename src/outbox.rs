@@ -80,7 +80,7 @@ pub use crate::domain::{
 
 /// What makes two requests with one idempotency key "the same": event type and the
 /// exact payload bytes (the tenant is part of the key itself).
-fn request_hash(event_type: &str, payload: &str, consumer: Option<&str>) -> Vec<u8> {
+pub fn request_hash(event_type: &str, payload: &str, consumer: Option<&str>) -> Vec<u8> {
     let mut h = Sha256::new();
     h.update(event_type.as_bytes());
     h.update(b"\n");

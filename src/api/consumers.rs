@@ -364,7 +364,7 @@ async fn mint(
     uid: Result<Path<String>, PathRejection>,
     headers: &HeaderMap,
     body: Body,
-) -> Result<(String, DateTime<Utc>, String), ApiError> {
+) -> Result<(String, DateTime<Utc>), ApiError> {
     caller.require(Scope::Manage)?;
     caller.require_tenant_wide()?;
     let uid = path_uid(uid)?;
@@ -406,7 +406,7 @@ async fn mint(
     })?;
     tx.commit().await.map_err(db::DbError::from)?;
     tracing::info!(tenant = %tenant, consumer = %uid, token = %created.id, ttl_seconds = ttl, "consumer token minted");
-    Ok((created.token, expires_at, uid))
+    Ok((created.token, expires_at))
 }
 
 /// POST /v1/consumers/{uid}/tokens
@@ -440,7 +440,7 @@ pub async fn create_token(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (token, expires_at, _) = mint(&caller, &state, uid, &headers, body).await?;
+    let (token, expires_at) = mint(&caller, &state, uid, &headers, body).await?;
     Ok((
         StatusCode::CREATED,
         Json(ConsumerTokenOut { token, expires_at }),
@@ -479,7 +479,7 @@ pub async fn create_portal(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (token, expires_at, _) = mint(&caller, &state, uid, &headers, body).await?;
+    let (token, expires_at) = mint(&caller, &state, uid, &headers, body).await?;
     let base = state
         .manage
         .public_url

@@ -460,13 +460,7 @@ pub async fn dead_letters(
     caller.require(Scope::Read)?;
     let Query(p) = params.map_err(|e| ApiError::unprocessable("invalid_query", e.body_text()))?;
     let tenant = caller.resolve_tenant(p.tenant)?;
-    let limit = p.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::unprocessable(
-            "invalid_limit",
-            "limit must be between 1 and 1000",
-        ));
-    }
+    let limit = super::endpoints::page_limit(p.limit)?;
     let after = match p.cursor.as_deref() {
         None => None,
         Some(c) => Some(

@@ -24,7 +24,6 @@ use super::{AppState, path_id};
 use crate::auth::Scope;
 use crate::db::{self, endpoints::ApiState, endpoints::EndpointView, endpoints::PatchRefused};
 use crate::domain;
-use crate::outbox::NewMessage;
 
 /// Largest request body of these routes.
 const BODY_LIMIT: usize = 64 * 1024;
@@ -980,15 +979,16 @@ pub async fn send_test(
         ));
     }
     state.admit(&[(e.tenant.as_str(), 1)])?;
-    let msg = NewMessage {
-        tenant: e.tenant.clone(),
+    let event = db::events::NewEvent {
+        id: Uuid::now_v7(),
+        request_hash: crate::outbox::request_hash(&event_type, &payload, e.consumer.as_deref()),
+        tenant: e.tenant,
         event_type,
         payload,
         idempotency_key: None,
-        consumer: e.consumer.clone(),
+        consumer: e.consumer,
     };
-    let (event_id, delivery_id) =
-        db::events::insert_for_endpoint(&state.pool, &msg_row(&msg), id).await?;
+    let (event_id, delivery_id) = db::events::insert_for_endpoint(&state.pool, &event, id).await?;
     state.notifier.wake();
     Ok((
         StatusCode::CREATED,
@@ -998,18 +998,6 @@ pub async fn send_test(
         }),
     )
         .into_response())
-}
-
-fn msg_row(m: &NewMessage) -> db::events::NewEvent {
-    db::events::NewEvent {
-        id: Uuid::now_v7(),
-        tenant: m.tenant.clone(),
-        event_type: m.event_type.clone(),
-        payload: m.payload.clone(),
-        idempotency_key: None,
-        request_hash: Vec::new(),
-        consumer: m.consumer.clone(),
-    }
 }
 
 #[derive(Deserialize, IntoParams)]

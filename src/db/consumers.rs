@@ -58,19 +58,9 @@ pub async fn upsert(
 /// wrote. Without the lock a delete could miss an endpoint committed just after its
 /// snapshot and leave it live for a consumer that no longer exists.
 pub async fn ensure(conn: &mut PgConnection, tenant: &str, uid: &str) -> Result<(), DbError> {
-    sqlx::query(
-        "INSERT INTO hookd.consumers (tenant, uid) VALUES ($1, $2) ON CONFLICT (tenant, uid) DO NOTHING",
-    )
-    .bind(tenant)
-    .bind(uid)
-    .execute(&mut *conn)
-    .await?;
-    // a delete that committed between the insert and here removed the row again: insert
+    // a delete that commits between the insert and the hold removes the row again: insert
     // once more (the caller asked for the consumer to exist)
     for _ in 0..3 {
-        if hold(conn, tenant, uid).await? {
-            return Ok(());
-        }
         sqlx::query(
             "INSERT INTO hookd.consumers (tenant, uid) VALUES ($1, $2) ON CONFLICT (tenant, uid) DO NOTHING",
         )
@@ -78,6 +68,9 @@ pub async fn ensure(conn: &mut PgConnection, tenant: &str, uid: &str) -> Result<
         .bind(uid)
         .execute(&mut *conn)
         .await?;
+        if hold(conn, tenant, uid).await? {
+            return Ok(());
+        }
     }
     Err(DbError::Query(sqlx::Error::RowNotFound))
 }

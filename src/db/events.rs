@@ -407,7 +407,7 @@ pub async fn insert_for_endpoint(
         WITH s AS (SELECT set_config('synchronous_commit', 'on', true)),
         ev AS (
             INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash, consumer)
-            SELECT $1, $2, $3, $4, sha256(convert_to($3 || E'\n' || $4, 'UTF8')), $5 FROM s
+            SELECT $1, $2, $3, $4, $7, $5 FROM s
             RETURNING id
         )
         INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, consumer)
@@ -421,6 +421,7 @@ pub async fn insert_for_endpoint(
     .bind(&e.payload)
     .bind(&e.consumer)
     .bind(endpoint_id)
+    .bind(&e.request_hash)
     .fetch_one(&mut *tx)
     .await?;
     sqlx::query("SELECT pg_notify('hookd_deliveries', '')")
