@@ -209,9 +209,10 @@ async fn in_flight_of(pool: &PgPool, tenant: &str) -> i64 {
 }
 
 /// Issue 19, medium 2. A dispatcher with 4 slots; tenant `slow`'s receivers take 10 s and
-/// it has 16 deliveries due. It gets at most 3 slots, so tenant `quick`'s delivery,
-/// enqueued while `slow`'s are in flight, is sent at once (before: `slow` held all 4 slots
-/// and `quick` waited 10 s).
+/// it has 16 deliveries due. It gets at most 3 slots (2: its tenant-wide endpoints are one
+/// consumer of its share, which keeps a reserve for its other consumers), so tenant
+/// `quick`'s delivery, enqueued while `slow`'s are in flight, is sent at once (before:
+/// `slow` held all 4 slots and `quick` waited 10 s).
 #[sqlx::test]
 async fn a_tenant_with_slow_receivers_leaves_a_slot_for_another(pool: PgPool) {
     let slow_rx = Receiver::start(&[SECRET_A]).await;
@@ -237,7 +238,7 @@ async fn a_tenant_with_slow_receivers_leaves_a_slot_for_another(pool: PgPool) {
     enqueue_sql(&pool, "slow", 8).await;
     assert!(
         wait_until(Duration::from_secs(5), || async {
-            in_flight_of(&pool, "slow").await >= 3
+            in_flight_of(&pool, "slow").await >= 2
         })
         .await
     );
@@ -253,8 +254,83 @@ async fn a_tenant_with_slow_receivers_leaves_a_slot_for_another(pool: PgPool) {
         arrived,
         "the other tenant's delivery waited for the slow tenant's receivers"
     );
-    assert_eq!(in_flight_of(&pool, "slow").await, 3);
+    let slow = in_flight_of(&pool, "slow").await;
+    assert!((2..=3).contains(&slow), "slow holds {slow} of 4 slots");
     assert_eq!(slow_rx.count(), 0, "slow's receivers are still busy");
+    d.stop().await;
+}
+
+async fn in_flight_of_consumer(pool: &PgPool, consumer: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM hookd.deliveries
+         WHERE consumer = $1 AND status = 'in_progress' AND visible_at > now()",
+    )
+    .bind(consumer)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Issue 19, medium 2, for consumers (issue 15): within one tenant, consumer `slowco`'s
+/// receivers take 10 s and it has 8 deliveries due; it gets at most its share of the
+/// tenant's slots, so consumer `quickco`'s delivery is sent at once (before: `slowco` took
+/// all of the tenant's 3 slots and `quickco` waited 10 s for one to come back).
+#[sqlx::test]
+async fn a_consumer_with_slow_receivers_leaves_a_slot_for_another_of_its_tenant(pool: PgPool) {
+    let slow_rx = Receiver::start(&[SECRET_A]).await;
+    slow_rx.set(Behavior {
+        delay: Duration::from_secs(10),
+        ..Default::default()
+    });
+    let quick_rx = Receiver::start(&[SECRET_A]).await;
+    let of = |consumer: &str, url: String| EndpointOpts {
+        consumer: Some(consumer.into()),
+        ..opts("shop", url)
+    };
+    endpoint(&pool, of("slowco", slow_rx.url("/one"))).await;
+    endpoint(&pool, of("slowco", slow_rx.url("/two"))).await;
+    endpoint(&pool, of("quickco", quick_rx.url("/hook"))).await;
+    let d = TestDispatcher::start(
+        &pool,
+        hookd::config::DispatchSettings {
+            concurrency: 4,
+            endpoint_concurrency: 4,
+            request_timeout_secs: 20,
+            shutdown_grace_secs: 0,
+            ..dispatch_settings()
+        },
+    )
+    .await;
+    let enqueue = |consumer: &'static str, n: i32| {
+        sqlx::query(
+            "SELECT hookd.enqueue('shop', 'scale.test', '{\"n\":' || g || '}', NULL, $1)
+             FROM generate_series(1, $2) g",
+        )
+        .bind(consumer)
+        .bind(n)
+        .execute(&pool)
+    };
+    enqueue("slowco", 8).await.unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            in_flight_of_consumer(&pool, "slowco").await >= 2
+        })
+        .await
+    );
+    let t0 = Instant::now();
+    enqueue("quickco", 1).await.unwrap();
+    let arrived = wait_until(Duration::from_secs(3), || async { quick_rx.count() == 1 }).await;
+    let slow = in_flight_of_consumer(&pool, "slowco").await;
+    println!(
+        "quickco's delivery after {:?}; slowco in flight {slow}",
+        t0.elapsed()
+    );
+    assert!(
+        arrived,
+        "a consumer's delivery waited for another consumer's receivers"
+    );
+    assert_eq!(slow, 2, "slowco holds its share of the tenant's 3 slots");
+    assert_eq!(slow_rx.count(), 0, "slowco's receivers are still busy");
     d.stop().await;
 }
 

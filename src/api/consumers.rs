@@ -37,7 +37,7 @@ pub struct ConsumerOut {
     tenant: String,
     name: Option<String>,
     #[schema(value_type = Object)]
-    metadata: serde_json::Value,
+    metadata: Box<serde_json::value::RawValue>,
     /// live endpoints (counted up to 10,000)
     endpoint_count: i64,
     created_at: DateTime<Utc>,
@@ -46,11 +46,14 @@ pub struct ConsumerOut {
 
 impl From<db::consumers::ConsumerRow> for ConsumerOut {
     fn from(c: db::consumers::ConsumerRow) -> Self {
+        // jsonb's text form is always valid JSON; the fallback only keeps this infallible
+        let metadata = serde_json::value::RawValue::from_string(c.metadata)
+            .unwrap_or_else(|_| serde_json::value::RawValue::from_string("{}".into()).unwrap());
         ConsumerOut {
             uid: c.uid,
             tenant: c.tenant,
             name: c.name,
-            metadata: c.metadata.0,
+            metadata,
             endpoint_count: c.endpoint_count,
             created_at: c.created_at,
             updated_at: c.updated_at,

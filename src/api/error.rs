@@ -73,7 +73,17 @@ impl ApiError {
             "the database is unavailable; nothing was written, retry with the same idempotency key",
         )
     }
+    /// 500 on any route. It claims nothing about writes: a route may fail after its
+    /// statement committed (a consumer upsert did, reading back what it stored).
     pub(crate) fn internal() -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error; the server's log has the cause",
+        )
+    }
+    /// 500 from an enqueue whose transaction rolled back.
+    fn internal_nothing_written() -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
@@ -234,7 +244,7 @@ impl From<EnqueueError> for ApiError {
             }
             EnqueueError::Internal(e) => {
                 tracing::error!(error = %e, "enqueue failed");
-                ApiError::internal()
+                ApiError::internal_nothing_written()
             }
             EnqueueError::ShuttingDown => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,

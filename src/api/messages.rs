@@ -543,11 +543,7 @@ pub async fn get(
     // row was edited by hand.
     let payload = RawValue::from_string(event.payload).map_err(|e| {
         tracing::error!(error = %e, event = %id, "stored payload is not JSON");
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "internal error",
-        )
+        ApiError::internal()
     })?;
     Ok(Json(MessageOut {
         event_id: event.id,

@@ -10,14 +10,18 @@ pub struct ConsumerRow {
     pub tenant: String,
     pub uid: String,
     pub name: Option<String>,
-    pub metadata: sqlx::types::Json<serde_json::Value>,
+    /// The stored JSON object as Postgres prints it. Read as text, not decoded: jsonb keeps
+    /// numbers exactly (`-1.7976931348623157e308` comes back as 309 digits), and decoding
+    /// them into `serde_json::Value` fails, which made the consumer unreadable.
+    pub metadata: String,
     /// live endpoints (not removed), at most 10,000 counted
     pub endpoint_count: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "c.tenant, c.uid, c.name, c.metadata, c.created_at, c.updated_at,
+const COLUMNS: &str =
+    "c.tenant, c.uid, c.name, c.metadata::text AS metadata, c.created_at, c.updated_at,
     (SELECT count(*) FROM (SELECT 1 FROM hookd.endpoints e
         WHERE e.tenant = c.tenant AND e.consumer = c.uid AND e.removed_at IS NULL
         LIMIT 10000) n) AS endpoint_count";

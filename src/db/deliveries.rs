@@ -34,6 +34,8 @@ pub struct ClaimedDelivery {
     pub event_id: Uuid,
     pub endpoint_id: Uuid,
     pub tenant: String,
+    /// the consumer the delivery is for; None for a tenant-wide endpoint's
+    pub consumer: Option<String>,
     /// the attempt number this claim started (1 for the first) since the last replay;
     /// what the retry policy counts
     pub attempts: i32,
@@ -72,7 +74,10 @@ const CLAIM_SQL: &str = r#"
         ), busy AS (
             SELECT * FROM unnest($4::uuid[], $5::int[]) AS b(endpoint_id, n)
         ), tenant_busy AS (
-            SELECT * FROM unnest($9::text[], $10::int[]) AS t(tenant, n)
+            SELECT * FROM unnest($9::text[], $10::int[], $12::int[]) AS t(tenant, n, consumer_cap)
+        ), consumer_busy AS (
+            -- '' stands for a tenant's tenant-wide endpoints (a consumer uid is never empty)
+            SELECT * FROM unnest($14::text[], $15::text[], $16::int[]) AS c(tenant, consumer, n)
         ), due AS (
             -- Endpoints whose turn has come, longest waiting first (hookd.endpoint_queue,
             -- migration 0008): one range scan of endpoint_queue_turn. Endpoints this
@@ -96,7 +101,9 @@ const CLAIM_SQL: &str = r#"
                         THEN CASE WHEN b.n IS NULL THEN 1 ELSE 0 END
                         ELSE least(coalesce(e.max_in_flight, $7), $7) - coalesce(b.n, 0)
                    END AS own,
-                   $11 - coalesce(tb.n, 0) AS tenant_left
+                   $11 - coalesce(tb.n, 0) AS tenant_left,
+                   coalesce(e.consumer, '') AS consumer,
+                   coalesce(tb.consumer_cap, $13) - coalesce(cb.n, 0) AS consumer_left
             FROM due du
             -- a primary-key probe per due endpoint (LIMIT 1 keeps the planner from
             -- turning it into a merge join that walks the endpoints index from its start)
@@ -105,16 +112,27 @@ const CLAIM_SQL: &str = r#"
             ) e
             LEFT JOIN busy b ON b.endpoint_id = du.endpoint_id
             LEFT JOIN tenant_busy tb ON tb.tenant = du.tenant
+            LEFT JOIN consumer_busy cb
+                ON cb.tenant = du.tenant AND cb.consumer = coalesce(e.consumer, '')
             WHERE e.state = 'active'
               AND (e.circuit_state = 'closed' OR e.circuit_open_until <= (SELECT now FROM clock))
+        ), own_share AS (
+            -- A consumer's rows stop at what is left of its share of its tenant's, then
+            -- (below) a tenant's at what is left of its share, each counting every
+            -- endpoint before as taking its full quota: never more rows locked than
+            -- returned. In this order, so an endpoint its consumer's share holds back
+            -- does not use up its tenant's.
+            SELECT *, least(own, greatest(0, consumer_left
+                       - (sum(greatest(own, 0)) OVER wc - greatest(own, 0)))) AS own_left
+            FROM quota
+            WINDOW wc AS (PARTITION BY tenant, consumer ORDER BY turn_at, endpoint_id
+                          ROWS UNBOUNDED PRECEDING)
         ), eligible AS (
-            -- A tenant's rows stop at what is left of its share, counting every endpoint
-            -- before as taking its full quota: never more rows locked than returned.
             SELECT endpoint_id, probe, turn_at, config_version, url, headers, timeout_ms,
                    max_attempts, retry_schedule_secs,
-                   least(own, greatest(0, tenant_left
-                       - (sum(greatest(own, 0)) OVER w - greatest(own, 0)))) AS quota
-            FROM quota
+                   least(own_left, greatest(0, tenant_left
+                       - (sum(greatest(own_left, 0)) OVER w - greatest(own_left, 0)))) AS quota
+            FROM own_share
             WINDOW w AS (PARTITION BY tenant ORDER BY turn_at, endpoint_id
                          ROWS UNBOUNDED PRECEDING)
         ), picked AS (
@@ -182,7 +200,7 @@ const CLAIM_SQL: &str = r#"
         FROM rows r, sec
         WHERE d.id = r.id AND sec.endpoint_id = r.endpoint_id
           AND (NOT r.probe OR r.endpoint_id IN (SELECT id FROM probes))
-        RETURNING d.id, d.event_id, d.endpoint_id, d.tenant, d.attempts,
+        RETURNING d.id, d.event_id, d.endpoint_id, d.tenant, d.consumer, d.attempts,
                   d.claim_token, d.attempt_seq, r.config_version,
                   d.visible_at AS lease_until,
                   r.event_type, r.payload, r.event_created_at,
@@ -190,20 +208,42 @@ const CLAIM_SQL: &str = r#"
                   sec.secret_ids, sec.secret_key_ids, sec.secret_ciphertexts
         "#;
 
-/// Per-tenant fairness for one claim (issue 19): the rows each tenant has in flight in
-/// this worker, and the most any tenant may have. Tenants not listed have none.
+/// Fairness for one claim (issue 19): the rows each tenant, and each consumer within a
+/// tenant, has in flight in this worker, and the most each may have. A tenant's
+/// tenant-wide endpoints count as one consumer (`None`). Those not listed have none.
 #[derive(Debug, Clone, Default)]
 pub struct TenantShares {
+    /// the most any tenant may have in flight
     pub cap: i32,
-    pub busy: Vec<(String, i32)>,
+    pub busy: Vec<TenantBusy>,
+    /// the most one consumer of a tenant not in `busy` may have in flight
+    pub consumer_cap: i32,
+    pub consumers_busy: Vec<ConsumerBusy>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TenantBusy {
+    pub tenant: String,
+    pub in_flight: i32,
+    /// the most one of this tenant's consumers may have in flight
+    pub consumer_cap: i32,
+}
+
+#[derive(Debug, Clone)]
+pub struct ConsumerBusy {
+    pub tenant: String,
+    pub consumer: Option<String>,
+    pub in_flight: i32,
 }
 
 impl TenantShares {
-    /// No tenant limit beyond the worker's slots.
+    /// No limit beyond the worker's slots.
     pub fn unlimited() -> Self {
         TenantShares {
             cap: i32::MAX,
             busy: Vec::new(),
+            consumer_cap: i32::MAX,
+            consumers_busy: Vec::new(),
         }
     }
 }
@@ -279,8 +319,20 @@ pub async fn fold_wakeups(pool: &PgPool) -> Result<u64, DbError> {
 fn claim_arguments(req: &ClaimRequest, shares: &TenantShares) -> Result<PgArguments, DbError> {
     let busy_ids: Vec<Uuid> = req.busy.iter().map(|b| b.0).collect();
     let busy_counts: Vec<i32> = req.busy.iter().map(|b| b.1).collect();
-    let tenants: Vec<&str> = shares.busy.iter().map(|b| b.0.as_str()).collect();
-    let tenant_counts: Vec<i32> = shares.busy.iter().map(|b| b.1).collect();
+    let tenants: Vec<&str> = shares.busy.iter().map(|b| b.tenant.as_str()).collect();
+    let tenant_counts: Vec<i32> = shares.busy.iter().map(|b| b.in_flight).collect();
+    let consumer_caps: Vec<i32> = shares.busy.iter().map(|b| b.consumer_cap).collect();
+    let c_tenants: Vec<&str> = shares
+        .consumers_busy
+        .iter()
+        .map(|c| c.tenant.as_str())
+        .collect();
+    let c_uids: Vec<&str> = shares
+        .consumers_busy
+        .iter()
+        .map(|c| c.consumer.as_deref().unwrap_or(""))
+        .collect();
+    let c_counts: Vec<i32> = shares.consumers_busy.iter().map(|c| c.in_flight).collect();
     let mut args = PgArguments::default();
     let encode = |e| DbError::Query(sqlx::Error::Encode(e));
     args.add(req.worker_id).map_err(encode)?;
@@ -294,6 +346,11 @@ fn claim_arguments(req: &ClaimRequest, shares: &TenantShares) -> Result<PgArgume
     args.add(tenants).map_err(encode)?;
     args.add(tenant_counts).map_err(encode)?;
     args.add(shares.cap).map_err(encode)?;
+    args.add(consumer_caps).map_err(encode)?;
+    args.add(shares.consumer_cap).map_err(encode)?;
+    args.add(c_tenants).map_err(encode)?;
+    args.add(c_uids).map_err(encode)?;
+    args.add(c_counts).map_err(encode)?;
     Ok(args)
 }
 

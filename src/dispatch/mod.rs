@@ -28,7 +28,8 @@ use crate::crypto::Keyring;
 use crate::db::{
     self,
     deliveries::{
-        ClaimRequest, ClaimedDelivery, Completion, DeliveryOutcome, Release, TenantShares,
+        ClaimRequest, ClaimedDelivery, Completion, ConsumerBusy, DeliveryOutcome, Release,
+        TenantBusy, TenantShares,
     },
 };
 use crate::metrics::{Metrics, Outcome};
@@ -217,6 +218,8 @@ pub async fn encrypt_legacy_secrets(pool: &PgPool, keyring: &Keyring) {
 struct InFlight {
     per_endpoint: HashMap<Uuid, i32>,
     per_tenant: HashMap<String, i32>,
+    /// by tenant and consumer (None: the tenant's tenant-wide endpoints)
+    per_consumer: HashMap<(String, Option<String>), i32>,
     /// to renew leases, and to hand them back if the shutdown deadline passes
     leases: HashMap<Uuid, HeldLease>,
 }
@@ -233,20 +236,77 @@ struct HeldLease {
     stop: CancellationToken,
 }
 
-/// The most of this worker's slots one tenant may hold, given how many tenants have
-/// deliveries in flight here (issue 19): an equal share of the slots, less a reserve that
-/// no single tenant can take, so a tenant whose receivers are slow can never hold every
-/// slot and another tenant's delivery waits for a free slot, not for those receivers.
-/// With one tenant alone it may use all but the reserve.
-pub fn tenant_cap(concurrency: usize, tenants_in_flight: usize) -> i32 {
-    let reserve = if concurrency > 1 {
-        (concurrency / 16).max(1)
-    } else {
-        0
-    };
-    let shared = concurrency - reserve;
-    let cap = shared.div_ceil(tenants_in_flight.max(1)).max(1);
+/// The most of `slots` one holder may take, given how many holders have deliveries in
+/// flight here (issue 19): an equal share of the slots, less a reserve that no single
+/// holder can take, so a holder whose receivers are slow can never take every slot and
+/// another's delivery waits for a free slot, not for those receivers. A holder alone may
+/// use all but the reserve. Applied twice: tenants share the worker's slots, and the
+/// consumers of a tenant share that tenant's share.
+pub fn share_cap(slots: usize, holders_in_flight: usize) -> i32 {
+    let reserve = if slots > 1 { (slots / 16).max(1) } else { 0 };
+    let shared = slots - reserve;
+    let cap = shared.div_ceil(holders_in_flight.max(1)).max(1);
     i32::try_from(cap).unwrap_or(i32::MAX)
+}
+
+impl InFlight {
+    /// Every tenant's and consumer's share for the next claim.
+    fn shares(&self, concurrency: usize) -> TenantShares {
+        let cap = share_cap(concurrency, self.per_tenant.len());
+        let tenant_slots = usize::try_from(cap).unwrap_or(usize::MAX);
+        let mut groups: HashMap<&str, usize> = HashMap::new();
+        for (tenant, _) in self.per_consumer.keys() {
+            *groups.entry(tenant.as_str()).or_default() += 1;
+        }
+        TenantShares {
+            cap,
+            busy: self
+                .per_tenant
+                .iter()
+                .map(|(tenant, n)| TenantBusy {
+                    tenant: tenant.clone(),
+                    in_flight: *n,
+                    consumer_cap: share_cap(
+                        tenant_slots,
+                        groups.get(tenant.as_str()).copied().unwrap_or(0),
+                    ),
+                })
+                .collect(),
+            consumer_cap: share_cap(tenant_slots, 0),
+            consumers_busy: self
+                .per_consumer
+                .iter()
+                .map(|((tenant, consumer), n)| ConsumerBusy {
+                    tenant: tenant.clone(),
+                    consumer: consumer.clone(),
+                    in_flight: *n,
+                })
+                .collect(),
+        }
+    }
+
+    fn take(&mut self, row: &ClaimedDelivery) {
+        *self.per_endpoint.entry(row.endpoint_id).or_insert(0) += 1;
+        *self.per_tenant.entry(row.tenant.clone()).or_insert(0) += 1;
+        *self
+            .per_consumer
+            .entry((row.tenant.clone(), row.consumer.clone()))
+            .or_insert(0) += 1;
+    }
+
+    fn give_back(&mut self, endpoint_id: Uuid, owner: (String, Option<String>)) {
+        fn dec<K: std::hash::Hash + Eq>(map: &mut HashMap<K, i32>, key: &K) {
+            if let Some(n) = map.get_mut(key) {
+                *n -= 1;
+                if *n <= 0 {
+                    map.remove(key);
+                }
+            }
+        }
+        dec(&mut self.per_endpoint, &endpoint_id);
+        dec(&mut self.per_tenant, &owner.0);
+        dec(&mut self.per_consumer, &owner);
+    }
 }
 
 /// The dispatcher loop, until `shutdown`; then drains in-flight deliveries within the
@@ -317,10 +377,7 @@ pub async fn run_dispatcher(
             let f = in_flight.lock().expect("in-flight lock");
             (
                 f.per_endpoint.iter().map(|(k, v)| (*k, *v)).collect(),
-                TenantShares {
-                    cap: tenant_cap(cfg.concurrency, f.per_tenant.len()),
-                    busy: f.per_tenant.iter().map(|(k, v)| (k.clone(), *v)).collect(),
-                },
+                f.shares(cfg.concurrency),
             )
         };
         let limit = free.min(1000);
@@ -368,8 +425,7 @@ pub async fn run_dispatcher(
             let stop = CancellationToken::new();
             {
                 let mut f = in_flight.lock().expect("in-flight lock");
-                *f.per_endpoint.entry(row.endpoint_id).or_insert(0) += 1;
-                *f.per_tenant.entry(row.tenant.clone()).or_insert(0) += 1;
+                f.take(&row);
                 f.leases.insert(
                     row.id,
                     HeldLease {
@@ -392,7 +448,7 @@ pub async fn run_dispatcher(
             tasks.spawn(async move {
                 let endpoint_id = row.endpoint_id;
                 let delivery_id = row.id;
-                let tenant = row.tenant.clone();
+                let owner = (row.tenant.clone(), row.consumer.clone());
                 if let Some(l) = in_flight
                     .lock()
                     .expect("in-flight lock")
@@ -418,18 +474,7 @@ pub async fn run_dispatcher(
                 }
                 {
                     let mut f = in_flight.lock().expect("in-flight lock");
-                    if let Some(n) = f.per_endpoint.get_mut(&endpoint_id) {
-                        *n -= 1;
-                        if *n <= 0 {
-                            f.per_endpoint.remove(&endpoint_id);
-                        }
-                    }
-                    if let Some(n) = f.per_tenant.get_mut(&tenant) {
-                        *n -= 1;
-                        if *n <= 0 {
-                            f.per_tenant.remove(&tenant);
-                        }
-                    }
+                    f.give_back(endpoint_id, owner);
                     f.leases.remove(&delivery_id);
                 }
                 metrics.deliveries_in_flight.dec();
