@@ -798,6 +798,40 @@ async fn wrong_or_missing_key_is_a_clear_error_not_a_panic(pool: PgPool) {
         );
     }
     assert_eq!(rx.count(), 0);
+    // ... and the endpoint's status says why (issue 19), until a send goes out again
+    let ep_id: Uuid = sqlx::query_scalar("SELECT id FROM hookd.endpoints WHERE tenant = 'keys'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let st = hookd::db::endpoints::stats(&pool, ep_id, 10)
+        .await
+        .unwrap()
+        .unwrap();
+    let why = st
+        .secret_unreadable
+        .expect("the endpoint names the unreadable secret");
+    assert!(why.contains("test-k1"), "{why}");
+    assert!(st.secret_unreadable_since.is_some());
+    sqlx::query("UPDATE hookd.deliveries SET visible_at = now() WHERE status = 'failed'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let cfg = hookd::dispatch::DispatchConfig::from_settings(&dispatch_settings()).unwrap();
+    let d = TestDispatcher::start_with(&pool, cfg, test_keyring()).await;
+    assert!(wait_until(Duration::from_secs(10), || async { rx.count() >= 2 }).await);
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            hookd::db::endpoints::stats(&pool, ep_id, 10)
+                .await
+                .unwrap()
+                .unwrap()
+                .secret_unreadable
+                .is_none()
+        })
+        .await,
+        "a send clears the reason"
+    );
+    d.stop().await;
 
     // rekey without the old key: rows untouched, the missing key named
     let (ok, out, err) = run_hookd(

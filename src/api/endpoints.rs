@@ -37,6 +37,25 @@ pub struct CircuitOut {
     open_until: Option<DateTime<Utc>>,
 }
 
+/// A dispatcher holds the endpoint's deliveries (not sent, attempts not counted, tried
+/// again every minute) because it cannot decrypt the endpoint's signing secret: a key
+/// missing from its HOOKD_ENCRYPTION_KEY/HOOKD_ENCRYPTION_OLD_KEYS, or a damaged row.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretUnreadableOut {
+    /// what the dispatcher reported
+    error: String,
+    /// when deliveries were first held for this
+    since: Option<DateTime<Utc>>,
+}
+
+fn secret_unreadable(
+    error: Option<String>,
+    since: Option<DateTime<Utc>>,
+) -> Option<SecretUnreadableOut> {
+    error.map(|error| SecretUnreadableOut { error, since })
+}
+
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KubernetesRef {
@@ -67,6 +86,9 @@ pub struct EndpointOut {
     /// the declaring object, for `managedBy: kubernetes`
     kubernetes: Option<KubernetesRef>,
     circuit: CircuitOut,
+    /// present while a dispatcher holds the deliveries because it cannot decrypt the
+    /// signing secret
+    secret_unreadable: Option<SecretUnreadableOut>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -95,6 +117,7 @@ impl From<EndpointView> for EndpointOut {
                 state: e.circuit_state,
                 open_until: e.circuit_open_until,
             },
+            secret_unreadable: secret_unreadable(e.secret_unreadable, e.secret_unreadable_since),
             created_at: e.created_at,
             updated_at: e.updated_at,
         }
@@ -835,6 +858,9 @@ pub struct EndpointStatsOut {
     hourly: Vec<HourOut>,
     last_success: Option<LastAttemptOut>,
     last_failure: Option<LastAttemptOut>,
+    /// present while a dispatcher holds the deliveries because it cannot decrypt the
+    /// signing secret
+    secret_unreadable: Option<SecretUnreadableOut>,
 }
 
 /// GET /v1/endpoints/{id}/stats
@@ -901,6 +927,7 @@ pub async fn stats(
             .collect(),
         last_success: last_success.map(last),
         last_failure: last_failure.map(last),
+        secret_unreadable: secret_unreadable(s.secret_unreadable, s.secret_unreadable_since),
     })
     .into_response())
 }

@@ -340,6 +340,8 @@ pub async fn record_circuit_transitions(
                -- last_success_at is kept to the second, not per delivery
                OR (i.any_success AND (e.last_success_at IS NULL
                                       OR e.last_success_at < now() - interval '1 second'))
+               -- a send happened: the secret was readable after all
+               OR (e.secret_unreadable IS NOT NULL AND (i.any_success OR i.trailing_failures > 0))
             ORDER BY e.id
             FOR NO KEY UPDATE OF e
         ), calc AS (
@@ -360,7 +362,11 @@ pub async fn record_circuit_transitions(
                                       WHEN calc.failures = 0 THEN NULL
                                       ELSE e.circuit_open_until END,
             last_success_at = CASE WHEN calc.any_success THEN now() ELSE e.last_success_at END,
-            last_failure_at = CASE WHEN calc.trailing_failures > 0 THEN now() ELSE e.last_failure_at END
+            last_failure_at = CASE WHEN calc.trailing_failures > 0 THEN now() ELSE e.last_failure_at END,
+            secret_unreadable = CASE WHEN calc.any_success OR calc.trailing_failures > 0 THEN NULL
+                                     ELSE e.secret_unreadable END,
+            secret_unreadable_since = CASE WHEN calc.any_success OR calc.trailing_failures > 0 THEN NULL
+                                           ELSE e.secret_unreadable_since END
         FROM calc
         WHERE e.id = calc.id
         RETURNING e.id, calc.was, calc.open_now, e.circuit_state
@@ -450,6 +456,10 @@ pub struct EndpointStats {
     pub backlog: i64,
     /// dead letters not yet replayed, at most `cap`
     pub dead_letters: i64,
+    /// why a dispatcher holds the endpoint's deliveries: it cannot decrypt its signing
+    /// secret (see [`mark_secret_unreadable`])
+    pub secret_unreadable: Option<String>,
+    pub secret_unreadable_since: Option<DateTime<Utc>>,
 }
 
 /// Status figures for one endpoint. Both counts are bounded range scans of an index whose
@@ -467,7 +477,8 @@ pub async fn stats(pool: &PgPool, id: Uuid, cap: i64) -> Result<Option<EndpointS
                    LIMIT $2) b) AS backlog,
                (SELECT count(*) FROM (
                    SELECT 1 FROM hookd.dead_letters dl WHERE dl.endpoint_id = e.id LIMIT $2) x)
-                 AS dead_letters
+                 AS dead_letters,
+               e.secret_unreadable, e.secret_unreadable_since
         FROM hookd.endpoints e WHERE e.id = $1
         "#,
     )
@@ -475,6 +486,39 @@ pub async fn stats(pool: &PgPool, id: Uuid, cap: i64) -> Result<Option<EndpointS
     .bind(cap)
     .fetch_optional(pool)
     .await?)
+}
+
+/// Records why deliveries of these endpoints are held (issue 19): a dispatcher could not
+/// decrypt a signing secret. Written only when the reason changes, so a held backlog
+/// retried every minute does not rewrite the row each time; the first time is kept.
+/// Cleared by [`record_circuit`] when an attempt is sent again.
+pub async fn mark_secret_unreadable(
+    conn: &mut PgConnection,
+    held: &[(Uuid, String)],
+) -> Result<(), DbError> {
+    if held.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = held.iter().map(|h| h.0).collect();
+    let reasons: Vec<String> = held
+        .iter()
+        .map(|h| super::deliveries::pg_text(&h.1).into_owned())
+        .collect();
+    sqlx::query(
+        r#"
+        UPDATE hookd.endpoints e
+        SET secret_unreadable = h.reason,
+            secret_unreadable_since = coalesce(e.secret_unreadable_since, now())
+        FROM (SELECT DISTINCT ON (id) id, reason
+              FROM unnest($1::uuid[], $2::text[]) AS h(id, reason) ORDER BY id) h
+        WHERE e.id = h.id AND e.secret_unreadable IS DISTINCT FROM h.reason
+        "#,
+    )
+    .bind(&ids)
+    .bind(&reasons)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 // ---- the endpoints API ----
@@ -496,6 +540,8 @@ pub struct EndpointView {
     pub k8s_name: Option<String>,
     pub circuit_state: String,
     pub circuit_open_until: Option<DateTime<Utc>>,
+    pub secret_unreadable: Option<String>,
+    pub secret_unreadable_since: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -503,7 +549,8 @@ pub struct EndpointView {
 const VIEW_COLUMNS: &str =
     "e.id, e.tenant, e.consumer, e.url, e.event_types, e.description, e.headers,
     e.state, e.state_reason, e.managed_by, e.k8s_namespace, e.k8s_name, e.circuit_state,
-    e.circuit_open_until, e.created_at, e.updated_at";
+    e.circuit_open_until, e.secret_unreadable, e.secret_unreadable_since, e.created_at,
+    e.updated_at";
 
 /// The endpoint with this id if `audience` may see it and it was not deleted.
 pub async fn get_visible(

@@ -186,6 +186,22 @@ async fn write_batch(
         cfg.circuit_cooldown.as_secs_f64(),
     )
     .await?;
+    // deliveries held because this dispatcher cannot open a signing secret: say so on the
+    // endpoint, where its owner and the operator look (issue 19)
+    let held: Vec<(Uuid, String)> = batch
+        .iter()
+        .filter(|f| {
+            f.completion.status == db::deliveries::DeliveryOutcome::Held
+                && passed.contains(&f.completion.delivery_id)
+        })
+        .map(|f| {
+            (
+                f.endpoint_id,
+                f.completion.error.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    db::endpoints::mark_secret_unreadable(&mut tx, &held).await?;
     let disabled = if gone.is_empty() {
         Vec::new()
     } else {

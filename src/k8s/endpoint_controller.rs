@@ -521,6 +521,14 @@ pub fn desired_status(
             p.reason(),
             format!("{p}; deliveries are held until it is fixed"),
         )
+    } else if let Some(e) = &stats.secret_unreadable {
+        (
+            false,
+            "SecretUnreadable",
+            format!(
+                "a dispatcher cannot decrypt this endpoint's signing secret ({e}): give it the key in HOOKD_ENCRYPTION_KEY or HOOKD_ENCRYPTION_OLD_KEYS, or re-apply the Secret; deliveries are held, not sent and not counted, and tried again every minute"
+            ),
+        )
     } else if stats.state == "disabled" {
         (
             false,
@@ -762,7 +770,21 @@ mod tests {
             last_failure_at: None,
             backlog: 7,
             dead_letters: 2,
+            secret_unreadable: None,
+            secret_unreadable_since: None,
         }
+    }
+
+    #[test]
+    fn a_secret_no_dispatcher_can_open_makes_the_endpoint_not_ready() {
+        let mut st = stats("closed");
+        st.secret_unreadable = Some("no key \"k2\" in this keyring".into());
+        let s = desired_status(&ep(), None, &outcome(), &st, &t(1));
+        let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(ready.status, "False");
+        assert_eq!(ready.reason, "SecretUnreadable");
+        assert!(ready.message.contains("no key \"k2\""), "{}", ready.message);
+        assert!(ready.message.contains("held"), "{}", ready.message);
     }
 
     fn t(s: i64) -> Time {

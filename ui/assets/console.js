@@ -538,6 +538,9 @@ async function endpointPage(id) {
           : "—",
       ),
       fact("Managed by", ep.managedBy === "kubernetes" ? "Kubernetes (change the WebhookEndpoint object)" : "the API"),
+      stats.secretUnreadable
+        ? fact("Held", `since ${fmtTime(stats.secretUnreadable.since)}: a dispatcher cannot decrypt the signing secret (${stats.secretUnreadable.error}); deliveries wait, uncounted`)
+        : null,
     ),
     actions.length ? h("div", { class: "actions" }, actions) : null,
     status,
