@@ -31,6 +31,7 @@ use crate::db::{
         ClaimRequest, ClaimedDelivery, Completion, DeliveryOutcome, Release, TenantShares,
     },
 };
+use crate::domain::ErrorClass;
 use crate::metrics::{Metrics, Outcome};
 use crate::outbound::{self, AllowList, ClientOptions, HostResolver};
 use completer::Finished;
@@ -529,7 +530,11 @@ async fn deliver_one(
     let decision = policy.decide(attempt, &report.result, &mut rng);
     let (status_code, error_class, error) = match &report.result {
         AttemptResult::Success { status } => (Some(i32::from(*status)), None, None),
-        AttemptResult::Gone => (Some(410), Some("gone"), Some("HTTP 410 Gone".to_string())),
+        AttemptResult::Gone => (
+            Some(410),
+            Some(ErrorClass::Gone),
+            Some("HTTP 410 Gone".to_string()),
+        ),
         AttemptResult::Retryable {
             status,
             class,
@@ -540,7 +545,7 @@ async fn deliver_one(
     };
     // A secret this dispatcher cannot open is its own configuration, not the receiver's
     // answer: nothing was sent, so the attempt is given back and the delivery held.
-    let unreadable = matches!(report.result, AttemptResult::Retryable { class, .. } if class == deliver::SECRET_UNREADABLE);
+    let unreadable = matches!(report.result, AttemptResult::Retryable { class, .. } if class == ErrorClass::SecretUnreadable);
     let decision = if unreadable {
         Decision::Retry { delay: HELD_FOR }
     } else {
@@ -575,7 +580,7 @@ async fn deliver_one(
         config_version: row.config_version,
         success: matches!(report.result, AttemptResult::Success { .. }),
         // an unreadable secret is this side's configuration, not the receiver's health
-        failure: matches!(report.result, AttemptResult::Retryable { class, .. } if class != deliver::SECRET_UNREADABLE),
+        failure: matches!(report.result, AttemptResult::Retryable { class, .. } if class != ErrorClass::SecretUnreadable),
         gone: matches!(report.result, AttemptResult::Gone),
         completion: Completion {
             delivery_id: row.id,
