@@ -32,7 +32,7 @@ use crate::db::{
     },
 };
 use crate::domain::ErrorClass;
-use crate::metrics::{Metrics, Outcome};
+use crate::metrics::{AttemptOutcome, Metrics, Outcome};
 use crate::outbound::{self, AllowList, ClientOptions, HostResolver};
 use completer::Finished;
 use policy::{AttemptResult, Decision, RetryPolicy};
@@ -556,20 +556,30 @@ async fn deliver_one(
             DeliveryOutcome::Held,
             Some(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
             None,
-            "held",
+            AttemptOutcome::Held,
         ),
-        Decision::Succeeded => (DeliveryOutcome::Succeeded, None, None, "succeeded"),
+        Decision::Succeeded => (
+            DeliveryOutcome::Succeeded,
+            None,
+            None,
+            AttemptOutcome::Succeeded,
+        ),
         Decision::Retry { delay } => (
             DeliveryOutcome::Retry,
             Some(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
             None,
             if matches!(report.result, AttemptResult::Gone) {
-                "gone"
+                AttemptOutcome::Gone
             } else {
-                "retry"
+                AttemptOutcome::Retry
             },
         ),
-        Decision::Dead { reason } => (DeliveryOutcome::Dead, None, Some(reason), "dead"),
+        Decision::Dead { reason } => (
+            DeliveryOutcome::Dead,
+            None,
+            Some(reason),
+            AttemptOutcome::Dead,
+        ),
     };
     metrics
         .delivery_attempts
