@@ -1,10 +1,15 @@
 //! The words of the domain, shared by every component and depending on none: tenants,
 //! consumers, event types and idempotency keys (their syntax, which the API, the SQL
-//! function `hookd.enqueue()` and the CRDs agree on), credential scopes, and the map from
-//! Kubernetes namespaces to tenants.
+//! function `hookd.enqueue()` and the CRDs agree on), credential scopes, the map from
+//! Kubernetes namespaces to tenants, and the queue's states ([`DeliveryStatus`],
+//! [`ErrorClass`], [`CircuitState`]).
 
 use std::collections::HashMap;
 use std::str::FromStr;
+
+mod queue;
+
+pub use queue::{CircuitState, DeliveryStatus, ErrorClass};
 
 /// What a credential may do. Each route needs exactly one.
 #[derive(

@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha256};
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -20,7 +20,40 @@ pub struct RouteStatus {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Outcome {
-    pub outcome: &'static str,
+    pub outcome: AttemptOutcome,
+}
+
+/// What one delivery attempt came to: the `outcome` label of `hookd_delivery_attempts`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    Succeeded,
+    /// failed; another attempt is scheduled
+    Retry,
+    /// the receiver answered 410 Gone (the endpoint is disabled)
+    Gone,
+    /// not sent: the signing secret cannot be decrypted here
+    Held,
+    /// dead-lettered
+    Dead,
+}
+
+impl AttemptOutcome {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Succeeded => "succeeded",
+            AttemptOutcome::Retry => "retry",
+            AttemptOutcome::Gone => "gone",
+            AttemptOutcome::Held => "held",
+            AttemptOutcome::Dead => "dead",
+        }
+    }
+}
+
+// Written by hand: the derive would write the variant names as they are (`Succeeded`).
+impl EncodeLabelValue for AttemptOutcome {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -338,5 +371,37 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dashboards and alert rules in manifests/monitoring select these label values.
+    #[test]
+    fn attempt_outcomes_render_as_their_label_values() {
+        let m = Metrics::new();
+        let all = [
+            AttemptOutcome::Succeeded,
+            AttemptOutcome::Retry,
+            AttemptOutcome::Gone,
+            AttemptOutcome::Held,
+            AttemptOutcome::Dead,
+        ];
+        for outcome in all {
+            m.delivery_attempts
+                .get_or_create(&Outcome { outcome })
+                .inc();
+        }
+        let text = m.render();
+        for value in ["succeeded", "retry", "gone", "held", "dead"] {
+            assert!(
+                text.contains(&format!(
+                    "hookd_delivery_attempts_total{{outcome=\"{value}\"}} 1"
+                )),
+                "{value}: {text}"
+            );
+        }
     }
 }

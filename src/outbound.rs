@@ -17,6 +17,8 @@ use std::time::Duration;
 use ipnet::IpNet;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
+use crate::domain::ErrorClass;
+
 /// Operator-configured CIDRs that are reachable even though they are in forbidden ranges
 /// (e.g. an internal receiver on 10.20.0.0/16).
 #[derive(Clone, Debug, Default)]
@@ -372,29 +374,28 @@ pub async fn read_capped(mut resp: reqwest::Response, cap: usize) -> (String, bo
     (text, truncated)
 }
 
-/// Classifies a send error for the attempt log: "timeout", "connect",
-/// "destination_forbidden", "dns", "request" or "body".
-pub fn classify_error(e: &reqwest::Error) -> &'static str {
+/// Classifies a send error for the attempt log.
+pub fn classify_error(e: &reqwest::Error) -> ErrorClass {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
         if let Some(dest) = err.downcast_ref::<DestinationError>() {
             return match dest {
-                DestinationError::Forbidden(_) => "destination_forbidden",
-                DestinationError::Resolve { .. } => "dns",
-                DestinationError::BadUrl(_) => "request",
+                DestinationError::Forbidden(_) => ErrorClass::DestinationForbidden,
+                DestinationError::Resolve { .. } => ErrorClass::Dns,
+                DestinationError::BadUrl(_) => ErrorClass::Request,
             };
         }
         source = err.source();
     }
     if e.is_timeout() {
-        "timeout"
+        ErrorClass::Timeout
     } else if e.is_connect() {
         // Checked after the chain walk: resolver failures also surface as connect errors.
-        "connect"
+        ErrorClass::Connect
     } else if e.is_body() || e.is_decode() {
-        "body"
+        ErrorClass::Body
     } else {
-        "request"
+        ErrorClass::Request
     }
 }
 
@@ -669,7 +670,11 @@ mod tests {
         check_url(&url, &AllowList::default()).unwrap();
 
         let err = client.get(url).send().await.unwrap_err();
-        assert_eq!(classify_error(&err), "destination_forbidden", "{err:?}");
+        assert_eq!(
+            classify_error(&err),
+            ErrorClass::DestinationForbidden,
+            "{err:?}"
+        );
         assert_eq!(resolver.calls.load(Ordering::SeqCst), 1);
         assert_eq!(hits.load(Ordering::SeqCst), 0);
     }
@@ -683,7 +688,7 @@ mod tests {
             .send()
             .await
             .unwrap_err();
-        assert_eq!(classify_error(&err), "destination_forbidden");
+        assert_eq!(classify_error(&err), ErrorClass::DestinationForbidden);
     }
 
     #[tokio::test]
@@ -715,12 +720,12 @@ mod tests {
     async fn resolver_failure_is_dns() {
         let client = build_client(opts("", Some(Arc::new(FailingResolver))));
         let err = client.get("http://nowhere.test/").send().await.unwrap_err();
-        assert_eq!(classify_error(&err), "dns", "{err:?}");
+        assert_eq!(classify_error(&err), ErrorClass::Dns, "{err:?}");
 
         let empty = FixedResolver::new(&[]);
         let client = build_client(opts("", Some(empty)));
         let err = client.get("http://nowhere.test/").send().await.unwrap_err();
-        assert_eq!(classify_error(&err), "dns", "{err:?}");
+        assert_eq!(classify_error(&err), ErrorClass::Dns, "{err:?}");
     }
 
     #[tokio::test]
@@ -738,7 +743,7 @@ mod tests {
             .send()
             .await
             .unwrap_err();
-        assert_eq!(classify_error(&err), "connect", "{err:?}");
+        assert_eq!(classify_error(&err), ErrorClass::Connect, "{err:?}");
     }
 
     #[tokio::test]
@@ -759,7 +764,7 @@ mod tests {
             .send()
             .await
             .unwrap_err();
-        assert_eq!(classify_error(&err), "timeout", "{err:?}");
+        assert_eq!(classify_error(&err), ErrorClass::Timeout, "{err:?}");
     }
 
     #[tokio::test]

@@ -15,6 +15,7 @@ use chrono::{DateTime, Utc};
 use common::*;
 use hookd::db::deliveries::{self, ClaimRequest, ClaimedDelivery, Completion, DeliveryOutcome};
 use hookd::db::endpoints::{self, CircuitInput};
+use hookd::domain::{CircuitState, DeliveryStatus, ErrorClass};
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -72,7 +73,7 @@ fn outcome(c: &ClaimedDelivery, status: &'static str) -> Completion {
         started_at: Utc::now(),
         duration_ms: 1,
         status_code: Some(if status == "succeeded" { 200 } else { 500 }),
-        error_class: (status != "succeeded").then_some("http_status"),
+        error_class: (status != "succeeded").then_some(ErrorClass::HttpStatus),
         error: (status != "succeeded").then(|| "HTTP 500".to_string()),
         response_snippet: None,
         dead_reason: (status == "dead").then(|| "test: exhausted".to_string()),
@@ -561,7 +562,7 @@ async fn http_500_schedules_a_retry_and_logs_the_attempt(pool: PgPool) {
     let a = &log[0];
     assert_eq!(a.attempt, 1);
     assert_eq!(a.status_code, Some(500));
-    assert_eq!(a.error_class.as_deref(), Some("http_status"));
+    assert_eq!(a.error_class, Some(ErrorClass::HttpStatus));
     assert_eq!(a.response_snippet.as_deref(), Some("o"), "capped at 1 byte");
     let delay = (row.visible_at - a.started_at).as_seconds_f64();
     assert!(
@@ -766,7 +767,7 @@ async fn gone_disables_the_endpoint_and_holds_its_deliveries(pool: PgPool) {
     }
     let a = attempt_rows(&pool, ids[0]).await;
     assert_eq!(a[0].status_code, Some(410));
-    assert_eq!(a[0].error_class.as_deref(), Some("gone"));
+    assert_eq!(a[0].error_class, Some(ErrorClass::Gone));
 
     // Nothing of the disabled endpoint is claimable, even far in the future; another
     // endpoint's row is.
@@ -1023,7 +1024,7 @@ async fn circuit_opens_after_failures_and_a_probe_closes_it(pool: PgPool) {
     }
     assert!(
         wait_until(Duration::from_secs(10), || async {
-            endpoint_row(&pool, x).await.circuit_state == "open"
+            endpoint_row(&pool, x).await.circuit_state == CircuitState::Open
         })
         .await
     );
@@ -1056,7 +1057,7 @@ async fn circuit_opens_after_failures_and_a_probe_closes_it(pool: PgPool) {
     assert!(
         wait_until(Duration::from_secs(5), || async {
             let e = endpoint_row(&pool, x).await;
-            e.circuit_state == "closed" && e.circuit_failures == 0
+            e.circuit_state == CircuitState::Closed && e.circuit_failures == 0
         })
         .await
     );
@@ -1147,7 +1148,10 @@ async fn open_circuit_is_skipped_and_yields_a_single_probe(pool: PgPool) {
     }
     assert_eq!(probes.len(), 1, "exactly one half-open probe");
     assert_eq!(probes[0].1.endpoint_id, x);
-    assert_eq!(endpoint_row(&pool, x).await.circuit_state, "half_open");
+    assert_eq!(
+        endpoint_row(&pool, x).await.circuit_state,
+        CircuitState::HalfOpen
+    );
     let (pw, probe) = &probes[0];
 
     // The probe succeeds: closed, failures 0, and the backlog flows again.
@@ -1199,7 +1203,10 @@ async fn open_circuit_is_skipped_and_yields_a_single_probe(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(p.len(), 1);
-    assert_eq!(endpoint_row(&pool, x).await.circuit_state, "half_open");
+    assert_eq!(
+        endpoint_row(&pool, x).await.circuit_state,
+        CircuitState::HalfOpen
+    );
     complete(&pool, w, &[outcome(&p[0], "failed")]).await;
     assert_eq!(
         endpoints::record_circuit(&mut conn, &[fail(1)], 3, 2.0)
@@ -1209,7 +1216,7 @@ async fn open_circuit_is_skipped_and_yields_a_single_probe(pool: PgPool) {
         "a failed probe re-opens the circuit"
     );
     let ep = endpoint_row(&pool, x).await;
-    assert_eq!(ep.circuit_state, "open");
+    assert_eq!(ep.circuit_state, CircuitState::Open);
     assert!(ep.circuit_open_until.unwrap() > Utc::now());
     assert!(
         deliveries::claim(&pool, &claim_req(w, 100, None))
@@ -1254,7 +1261,7 @@ async fn circuit_counter_is_atomic_under_concurrency(
     }
     let ep = endpoint_row(&pool, x).await;
     assert_eq!(ep.circuit_failures, 40);
-    assert_eq!(ep.circuit_state, "closed");
+    assert_eq!(ep.circuit_state, CircuitState::Closed);
 }
 
 // ---- concurrency, wake-ups, stop, outbound safety ----
@@ -1425,7 +1432,7 @@ async fn loopback_destination_is_refused_without_allow_list(pool: PgPool) {
     assert!(wait_status(&pool, id, "dead", Duration::from_secs(10)).await);
     let log = attempt_rows(&pool, id).await;
     assert_eq!(log.len(), 1);
-    assert_eq!(log[0].error_class.as_deref(), Some("destination_forbidden"));
+    assert_eq!(log[0].error_class, Some(ErrorClass::DestinationForbidden));
     assert_eq!(log[0].status_code, None);
     let reason: String =
         sqlx::query_scalar("SELECT reason FROM hookd.dead_letters WHERE delivery_id = $1")
@@ -1436,4 +1443,197 @@ async fn loopback_destination_is_refused_without_allow_list(pool: PgPool) {
     assert!(reason.contains("destination_forbidden"), "{reason}");
     d.stop().await;
     assert_eq!(rx.count(), 0);
+}
+
+// ---- the queue's SQL literals are the values of its enums ----
+
+/// The string literals `column` is compared with in SQL text: `column = 'x'`,
+/// `column <> 'x'`, `column [NOT] IN ('x', …)`, and Postgres's deparsed
+/// `column = ANY (ARRAY['x'::text, …])`. Comparisons with anything else (a parameter,
+/// another column, a CASE) yield nothing.
+fn literals_compared_with(sql: &str, column: &str) -> Vec<String> {
+    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut out = Vec::new();
+    for (at, _) in sql.match_indices(column) {
+        let end = at + column.len();
+        if (at > 0 && ident(sql.as_bytes()[at - 1]))
+            || sql.as_bytes().get(end).is_some_and(|b| ident(*b))
+        {
+            continue;
+        }
+        let rest = sql[end..].trim_start();
+        let Some(rest) = ["<>", "!=", "=", "NOT IN", "IN"]
+            .into_iter()
+            .find_map(|op| {
+                let r = rest.strip_prefix(op)?;
+                (!op.ends_with("IN") || r.starts_with(|c: char| c == '(' || c.is_whitespace()))
+                    .then_some(r)
+            })
+        else {
+            continue;
+        };
+        let rest = rest.trim_start();
+        let rest = rest.strip_prefix("ANY").map_or(rest, str::trim_start);
+        let span = if rest.starts_with('(') {
+            // up to the matching parenthesis, outside quotes
+            let (mut depth, mut quoted, mut stop) = (0, false, rest.len());
+            for (i, c) in rest.char_indices() {
+                match c {
+                    '\'' => quoted = !quoted,
+                    '(' if !quoted => depth += 1,
+                    ')' if !quoted => {
+                        depth -= 1;
+                        if depth == 0 {
+                            stop = i;
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            &rest[..stop]
+        } else if let Some(literal) = rest.strip_prefix('\'') {
+            out.extend(literal.split('\'').next().map(str::to_string));
+            continue;
+        } else {
+            continue;
+        };
+        out.extend(span.split('\'').skip(1).step_by(2).map(str::to_string));
+    }
+    out
+}
+
+#[test]
+fn literals_are_found_in_written_and_deparsed_sql() {
+    let sql = "WHERE d.status IN ('pending', 'failed') AND status = 'dead' AND x.status <> 'a'
+               AND o.status NOT IN ('b') AND last_status = 'no' AND status = $1
+               AND (status = ANY (ARRAY['in_progress'::text, 'c'::text])) AND status = CASE WHEN";
+    assert_eq!(
+        literals_compared_with(sql, "status"),
+        ["pending", "failed", "dead", "a", "b", "in_progress", "c"]
+    );
+}
+
+/// Every status, class and circuit literal the database holds (CHECK constraints,
+/// partial-index predicates, functions and triggers) and every one the statements of
+/// `src/db/` write is a value of `DeliveryStatus` / `CircuitState`, the CHECK constraints
+/// accept exactly the enums' values, `deliveries_claimable` is exactly
+/// `deliveries::CLAIMABLE`, and sqlx writes and reads the enums as those literals.
+#[sqlx::test]
+async fn sql_literals_are_the_values_of_the_queue_enums(pool: PgPool) {
+    use std::collections::BTreeSet;
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    let statuses = set(&DeliveryStatus::ALL.map(DeliveryStatus::as_str));
+    let circuits = set(&CircuitState::ALL.map(CircuitState::as_str));
+
+    // the CHECK constraints: exactly the enums' values
+    let check = |table: &'static str, column: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let defs: Vec<String> = sqlx::query_scalar(
+                "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
+                 JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey)
+                 WHERE c.conrelid = $1::regclass AND c.contype = 'c' AND a.attname = $2",
+            )
+            .bind(table)
+            .bind(column)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            assert_eq!(defs.len(), 1, "one CHECK on {table}.{column}: {defs:?}");
+            literals_compared_with(&defs[0], column)
+                .into_iter()
+                .collect::<BTreeSet<_>>()
+        }
+    };
+    assert_eq!(check("hookd.deliveries", "status").await, statuses);
+    assert_eq!(check("hookd.endpoints", "circuit_state").await, circuits);
+
+    // partial indexes, functions and triggers of the schema
+    let indexes: Vec<(String, String)> = sqlx::query_as(
+        "SELECT indexname::text, indexdef FROM pg_indexes WHERE schemaname = 'hookd'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let claimable = indexes
+        .iter()
+        .find(|(name, _)| name == "deliveries_claimable")
+        .map(|(_, def)| literals_compared_with(def, "status"))
+        .expect("deliveries_claimable exists");
+    assert_eq!(
+        claimable.into_iter().collect::<BTreeSet<_>>(),
+        set(&deliveries::CLAIMABLE.map(DeliveryStatus::as_str)),
+        "the claim index's predicate is deliveries::CLAIMABLE"
+    );
+    let mut stored: Vec<(String, String)> = indexes;
+    stored.extend(
+        sqlx::query_as::<_, (String, String)>(
+            "SELECT p.proname::text, pg_get_functiondef(p.oid) FROM pg_proc p
+             JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = 'hookd' AND p.prokind = 'f'
+             UNION ALL
+             SELECT t.tgname::text, pg_get_triggerdef(t.oid) FROM pg_trigger t
+             JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = 'hookd' AND NOT t.tgisinternal",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap(),
+    );
+    // and the statements of src/db/, where `held` is the one outcome `complete` reads
+    // that is not a status (it stores it as `failed`)
+    let db_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/db");
+    for file in std::fs::read_dir(&db_dir).unwrap() {
+        let path = file.unwrap().path();
+        stored.push((
+            path.display().to_string(),
+            std::fs::read_to_string(&path).unwrap(),
+        ));
+    }
+    let mut seen = 0;
+    for (name, sql) in &stored {
+        for lit in literals_compared_with(sql, "status") {
+            let known = statuses.contains(&lit) || lit == DeliveryOutcome::Held.as_sql();
+            assert!(
+                known,
+                "{name}: status literal {lit:?} is not a DeliveryStatus"
+            );
+            seen += 1;
+        }
+        for lit in literals_compared_with(sql, "circuit_state") {
+            assert!(
+                circuits.contains(&lit),
+                "{name}: circuit literal {lit:?} is not a CircuitState"
+            );
+            seen += 1;
+        }
+    }
+    assert!(seen > 50, "the scan found the literals ({seen})");
+
+    // sqlx writes the enums as these literals and reads them back
+    for s in DeliveryStatus::ALL {
+        let (text, back): (String, DeliveryStatus) = sqlx::query_as("SELECT $1::text, $1::text")
+            .bind(s)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!((text.as_str(), back), (s.as_str(), s));
+    }
+    for c in CircuitState::ALL {
+        let (text, back): (String, CircuitState) = sqlx::query_as("SELECT $1::text, $1::text")
+            .bind(c)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!((text.as_str(), back), (c.as_str(), c));
+    }
+    for e in ErrorClass::ALL {
+        let (text, back): (String, ErrorClass) = sqlx::query_as("SELECT $1::text, $1::text")
+            .bind(e)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!((text.as_str(), back), (e.as_str(), e));
+    }
 }

@@ -12,6 +12,7 @@ use common::*;
 use hookd::db::deliveries::{
     self, ClaimRequest, ClaimedDelivery, Completion, DeliveryOutcome, ReplayOutcome,
 };
+use hookd::domain::ErrorClass;
 use reqwest::StatusCode;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -46,7 +47,7 @@ fn outcome(c: &ClaimedDelivery, status: DeliveryOutcome) -> Completion {
         } else {
             500
         }),
-        error_class: (status != DeliveryOutcome::Succeeded).then_some("http_status"),
+        error_class: (status != DeliveryOutcome::Succeeded).then_some(ErrorClass::HttpStatus),
         error: None,
         response_snippet: None,
         dead_reason: (status == DeliveryOutcome::Dead).then(|| "test".to_string()),

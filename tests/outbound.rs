@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use common::*;
 use hookd::dispatch::DispatchConfig;
+use hookd::domain::ErrorClass;
 use hookd::outbound::{
     self, AllowList, ClientOptions, DestinationError, GuardedResolver, HostResolver, LookupFuture,
 };
@@ -198,7 +199,7 @@ async fn dns_rebinding_never_reaches_the_loopback_listener() {
     let err = c.get(&url).send().await.unwrap_err();
     assert_eq!(
         outbound::classify_error(&err),
-        "destination_forbidden",
+        ErrorClass::DestinationForbidden,
         "{err:?}"
     );
     assert_eq!(resolver.calls(), 2);
@@ -227,8 +228,8 @@ async fn dispatcher_delivers_only_to_the_address_it_checked(pool: PgPool) {
     let second = enqueue_one(&pool, "rebind").await;
     let a = wait_attempt(&pool, second).await;
     assert_eq!(
-        a.error_class.as_deref(),
-        Some("destination_forbidden"),
+        a.error_class,
+        Some(ErrorClass::DestinationForbidden),
         "{a:?}"
     );
     // the tenant is told it was refused, not which internal address the name resolved
@@ -275,7 +276,7 @@ async fn redirect_is_not_followed_and_is_recorded_as_a_failure(pool: PgPool) {
     let a = wait_attempt(&pool, id).await;
     d.stop().await;
     assert_eq!(a.status_code, Some(302));
-    assert_eq!(a.error_class.as_deref(), Some("http_status"));
+    assert_eq!(a.error_class, Some(ErrorClass::HttpStatus));
     assert_eq!(a.error.as_deref(), Some("HTTP 302"));
     assert_eq!(delivery_status(&pool, id).await, ("failed".to_string(), 1));
     assert_eq!(redirector_hits.load(Ordering::SeqCst), 1);
@@ -407,8 +408,8 @@ async fn dispatcher_refuses_ipv6_and_mapped_loopback(pool: PgPool) {
         let id = enqueue_one(&pool, &format!("v6-{i}")).await;
         let a = wait_attempt(&pool, id).await;
         assert_eq!(
-            a.error_class.as_deref(),
-            Some("destination_forbidden"),
+            a.error_class,
+            Some(ErrorClass::DestinationForbidden),
             "{url}: {a:?}"
         );
         assert!(

@@ -10,17 +10,20 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use super::body::{parse, read_limited, require_json};
 use super::caller::Caller;
 use super::error::ApiError;
-use super::messages::{DeliveryStatus, DeliverySummary};
+use super::messages::DeliverySummary;
 use super::openapi::responses;
 use super::{AppState, path_id};
 use crate::auth::Scope;
 use crate::db::{self, deliveries::ReplayOutcome};
+use crate::domain::{CircuitState, DeliveryStatus, ErrorClass};
 
 /// One entry of the attempt log.
 #[derive(Serialize, ToSchema)]
@@ -30,7 +33,8 @@ pub struct AttemptOut {
     started_at: DateTime<Utc>,
     duration_ms: i32,
     status_code: Option<i32>,
-    error_class: Option<String>,
+    #[schema(value_type = Option<String>)]
+    error_class: Option<ErrorClass>,
     error: Option<String>,
     response_snippet: Option<String>,
 }
@@ -45,8 +49,7 @@ pub struct DeliveryOut {
     event_id: Uuid,
     endpoint_id: Uuid,
     tenant: String,
-    #[schema(value_type = DeliveryStatus)]
-    status: String,
+    status: DeliveryStatus,
     attempt_count: i32,
     next_attempt_at: Option<DateTime<Utc>>,
     last_status_code: Option<i32>,
@@ -70,7 +73,8 @@ pub struct EndpointStateOut {
     /// why it is paused or disabled
     state_reason: Option<String>,
     /// `closed`, `open` or `half_open`
-    circuit_state: String,
+    #[schema(value_type = String)]
+    circuit_state: CircuitState,
     /// while the circuit is open: when one probe delivery is tried again
     circuit_open_until: Option<DateTime<Utc>>,
 }
@@ -161,7 +165,7 @@ pub struct ReplayOut {
     delivery_id: Uuid,
     /// always `pending`: the delivery is due now
     #[schema(value_type = String)]
-    status: &'static str,
+    status: DeliveryStatus,
 }
 
 /// POST /v1/deliveries/{id}/replay
@@ -208,7 +212,7 @@ pub async fn replay(
                 StatusCode::ACCEPTED,
                 Json(ReplayOut {
                     delivery_id: id,
-                    status: "pending",
+                    status: DeliveryStatus::Pending,
                 }),
             )
                 .into_response())
@@ -222,17 +226,39 @@ pub async fn replay(
     }
 }
 
-/// Statuses a window replay may select (schema only).
-#[derive(ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub enum ReplayableStatus {
-    Pending,
-    Failed,
-    Succeeded,
-    Dead,
-    Cancelled,
+/// A status a window replay may select: [`DeliveryStatus::REPLAYABLE`], which is also
+/// what the document lists. Requests carry it as a string, parsed here, so that a bad one
+/// gets this route's own 422 (`invalid_status`) rather than a body error.
+struct ReplayableStatus(DeliveryStatus);
+
+impl ReplayableStatus {
+    fn parse(s: &str) -> Result<ReplayableStatus, ApiError> {
+        DeliveryStatus::parse(s)
+            .filter(|s| DeliveryStatus::REPLAYABLE.contains(s))
+            .map(ReplayableStatus)
+            .ok_or_else(|| {
+                ApiError::unprocessable(
+                    "invalid_status",
+                    format!(
+                        "status {s:?} cannot be replayed; use any of {:?}",
+                        DeliveryStatus::REPLAYABLE.map(DeliveryStatus::as_str)
+                    ),
+                )
+            })
+    }
 }
+
+impl utoipa::PartialSchema for ReplayableStatus {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(DeliveryStatus::REPLAYABLE.map(DeliveryStatus::as_str)))
+            .description(Some("Statuses a window replay may select."))
+            .into()
+    }
+}
+
+impl ToSchema for ReplayableStatus {}
 
 /// Which of the endpoint's deliveries to replay; an empty body takes every default.
 #[derive(Deserialize, ToSchema)]
@@ -311,14 +337,13 @@ pub async fn replay_endpoint(
         statuses: None,
         limit: None,
     });
-    let statuses = input.statuses.unwrap_or_else(|| vec!["dead".into()]);
-    const REPLAYABLE: [&str; 5] = ["pending", "failed", "succeeded", "dead", "cancelled"];
-    if let Some(bad) = statuses.iter().find(|s| !REPLAYABLE.contains(&s.as_str())) {
-        return Err(ApiError::unprocessable(
-            "invalid_status",
-            format!("status {bad:?} cannot be replayed; use any of {REPLAYABLE:?}"),
-        ));
-    }
+    let statuses: Vec<DeliveryStatus> = match input.statuses {
+        None => vec![DeliveryStatus::Dead],
+        Some(given) => given
+            .iter()
+            .map(|s| ReplayableStatus::parse(s).map(|r| r.0))
+            .collect::<Result<_, _>>()?,
+    };
     let limit = input.limit.unwrap_or(1000);
     if !(1..=10_000).contains(&limit) {
         return Err(ApiError::unprocessable(

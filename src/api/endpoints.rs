@@ -18,12 +18,12 @@ use uuid::Uuid;
 use super::body::{json, json_or_empty, nullable};
 use super::caller::Caller;
 use super::error::ApiError;
-use super::messages::{DeliveryStatus, DeliverySummary};
+use super::messages::DeliverySummary;
 use super::openapi::responses;
 use super::{AppState, path_id};
 use crate::auth::Scope;
 use crate::db::{self, endpoints::ApiState, endpoints::EndpointView, endpoints::PatchRefused};
-use crate::domain;
+use crate::domain::{self, CircuitState, DeliveryStatus};
 
 /// Largest request body of these routes.
 const BODY_LIMIT: usize = 64 * 1024;
@@ -32,7 +32,8 @@ const BODY_LIMIT: usize = 64 * 1024;
 #[serde(rename_all = "camelCase")]
 pub struct CircuitOut {
     /// `closed`, `open` or `half_open`
-    state: String,
+    #[schema(value_type = String)]
+    state: CircuitState,
     /// while open: when one probe delivery is tried
     open_until: Option<DateTime<Utc>>,
 }
@@ -1058,23 +1059,20 @@ pub struct EndpointDeliveryPage {
     next_cursor: Option<String>,
 }
 
-pub(super) const STATUSES: [&str; 6] = [
-    "pending",
-    "in_progress",
-    "failed",
-    "succeeded",
-    "dead",
-    "cancelled",
-];
-
-pub(super) fn check_status(s: Option<&str>) -> Result<(), ApiError> {
-    match s {
-        Some(s) if !STATUSES.contains(&s) => Err(ApiError::unprocessable(
-            "invalid_status",
-            format!("status {s:?} is not one of {STATUSES:?}"),
-        )),
-        _ => Ok(()),
-    }
+/// A `?status=` filter: absent, or one of the delivery statuses (else 422).
+pub(super) fn parse_status(s: Option<&str>) -> Result<Option<DeliveryStatus>, ApiError> {
+    s.map(|s| {
+        DeliveryStatus::parse(s).ok_or_else(|| {
+            ApiError::unprocessable(
+                "invalid_status",
+                format!(
+                    "status {s:?} is not one of {:?}",
+                    DeliveryStatus::ALL.map(DeliveryStatus::as_str)
+                ),
+            )
+        })
+    })
+    .transpose()
 }
 
 /// GET /v1/endpoints/{id}/deliveries
@@ -1107,14 +1105,14 @@ pub async fn deliveries(
     let id = path_id(id, "endpoint")?;
     let p = query(params)?;
     let limit = page_limit(p.limit)?;
-    check_status(p.status.as_deref())?;
+    let status = parse_status(p.status.as_deref())?;
     let before = uuid_cursor(p.cursor.as_deref())?;
     visible(&state, &caller, id).await?;
     let rows = db::deliveries::list_for_endpoint(
         &state.pool,
         &db::deliveries::EndpointDeliveryQuery {
             endpoint_id: id,
-            status: p.status.as_deref(),
+            status,
             before,
             since: p.since,
             until: p.until,

@@ -21,7 +21,7 @@ use super::openapi::{any_json_but_null, responses};
 use super::{AppState, Limits, path_id};
 use crate::auth::{Principal, Scope, Subject};
 use crate::db;
-use crate::domain;
+use crate::domain::{self, DeliveryStatus};
 use crate::outbox::{Enqueued, NewMessage};
 
 /// One event to enqueue. Unknown fields are refused (422): a misspelt `idempotencyKey`
@@ -435,26 +435,12 @@ pub async fn create_batch(
     Ok((status, Json(out)).into_response())
 }
 
-/// The states of a delivery (schema only; rows carry them as text).
-#[derive(ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub enum DeliveryStatus {
-    Pending,
-    InProgress,
-    Failed,
-    Succeeded,
-    Dead,
-    Cancelled,
-}
-
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeliverySummary {
     pub delivery_id: Uuid,
     pub endpoint_id: Uuid,
-    #[schema(value_type = DeliveryStatus)]
-    pub status: String,
+    pub status: DeliveryStatus,
     /// attempts since enqueue or the last replay (the same number as `attemptCount`)
     pub attempts: i32,
     /// `attempts` under the name `GET /v1/deliveries/{id}` uses, where `attempts` is the
@@ -470,7 +456,7 @@ pub struct DeliverySummary {
 
 impl From<db::deliveries::DeliveryRow> for DeliverySummary {
     fn from(d: db::deliveries::DeliveryRow) -> Self {
-        let waiting = matches!(d.status.as_str(), "pending" | "failed");
+        let waiting = d.status.is_waiting();
         DeliverySummary {
             delivery_id: d.id,
             endpoint_id: d.endpoint_id,
@@ -649,7 +635,7 @@ pub async fn list(
     let p = super::endpoints::query(params)?;
     let tenant = caller.resolve_tenant(p.tenant)?;
     let limit = super::endpoints::page_limit(p.limit)?;
-    super::endpoints::check_status(p.status.as_deref())?;
+    let status = super::endpoints::parse_status(p.status.as_deref())?;
     super::endpoints::check_consumer_filter(p.consumer.as_deref())?;
     if let Some(t) = p.event_type.as_deref() {
         domain::validate_event_type(t)
@@ -666,7 +652,7 @@ pub async fn list(
             },
             consumer: p.consumer.as_deref(),
             event_type: p.event_type.as_deref(),
-            status: p.status.as_deref(),
+            status,
             before,
             since: p.since,
             until: p.until,

@@ -5,6 +5,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::DbError;
+use crate::domain::ErrorClass;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct AttemptRow {
@@ -12,7 +13,7 @@ pub struct AttemptRow {
     pub started_at: DateTime<Utc>,
     pub duration_ms: i32,
     pub status_code: Option<i32>,
-    pub error_class: Option<String>,
+    pub error_class: Option<ErrorClass>,
     pub error: Option<String>,
     pub response_snippet: Option<String>,
 }

@@ -6,8 +6,16 @@ use sqlx::{Arguments, PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::DbError;
+use crate::domain::{DeliveryStatus, ErrorClass};
 
-pub const CLAIMABLE: [&str; 3] = ["pending", "in_progress", "failed"];
+/// The statuses a claim takes: the predicate of the partial index `deliveries_claimable`
+/// and of every query that counts the backlog (a test in tests/dispatch.rs reads the
+/// index's predicate back from the database).
+pub const CLAIMABLE: [DeliveryStatus; 3] = [
+    DeliveryStatus::Pending,
+    DeliveryStatus::InProgress,
+    DeliveryStatus::Failed,
+];
 
 /// What one worker asks for in one claim.
 #[derive(Debug, Clone)]
@@ -440,7 +448,7 @@ pub struct Completion {
     pub started_at: DateTime<Utc>,
     pub duration_ms: i32,
     pub status_code: Option<i32>,
-    pub error_class: Option<&'static str>,
+    pub error_class: Option<ErrorClass>,
     pub error: Option<String>,
     pub response_snippet: Option<String>,
     /// reason recorded on the dead-letter row when `status` is `Dead`
@@ -465,9 +473,9 @@ impl DeliveryOutcome {
     /// which it stores as `failed` with the attempt uncounted.
     pub fn as_sql(self) -> &'static str {
         match self {
-            DeliveryOutcome::Succeeded => "succeeded",
-            DeliveryOutcome::Retry => "failed",
-            DeliveryOutcome::Dead => "dead",
+            DeliveryOutcome::Succeeded => DeliveryStatus::Succeeded.as_str(),
+            DeliveryOutcome::Retry => DeliveryStatus::Failed.as_str(),
+            DeliveryOutcome::Dead => DeliveryStatus::Dead.as_str(),
             DeliveryOutcome::Held => "held",
         }
     }
@@ -715,7 +723,7 @@ pub async fn replay_endpoint(
     endpoint_id: Uuid,
     since: Option<DateTime<Utc>>,
     until: Option<DateTime<Utc>>,
-    statuses: &[String],
+    statuses: &[DeliveryStatus],
     limit: i64,
     tenant: Option<&str>,
 ) -> Result<(i64, i64), DbError> {
@@ -761,7 +769,7 @@ pub struct DeliveryRow {
     pub event_id: Uuid,
     pub endpoint_id: Uuid,
     pub tenant: String,
-    pub status: String,
+    pub status: DeliveryStatus,
     pub attempts: i32,
     pub visible_at: DateTime<Utc>,
     pub last_status_code: Option<i32>,
@@ -855,9 +863,9 @@ pub async fn dispatch_backlog(pool: &PgPool, cap: i64) -> Result<i64, DbError> {
 
 /// Filters of one endpoint's delivery listing (newest first, keyset on the UUIDv7 id).
 #[derive(Debug, Clone, Default)]
-pub struct EndpointDeliveryQuery<'a> {
+pub struct EndpointDeliveryQuery {
     pub endpoint_id: Uuid,
-    pub status: Option<&'a str>,
+    pub status: Option<DeliveryStatus>,
     pub before: Option<Uuid>,
     pub since: Option<DateTime<Utc>>,
     pub until: Option<DateTime<Utc>>,
@@ -877,7 +885,7 @@ pub struct DeliveryListRow {
 /// range of the UUIDv7 ids.
 pub async fn list_for_endpoint(
     pool: &PgPool,
-    q: &EndpointDeliveryQuery<'_>,
+    q: &EndpointDeliveryQuery,
 ) -> Result<Vec<DeliveryListRow>, DbError> {
     let lower = q.since.map(super::events::uuid_floor);
     let upper = match (q.before, q.until.map(super::events::uuid_floor)) {

@@ -5,6 +5,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::DbError;
+use crate::domain::CircuitState;
 
 /// The endpoint row as the sync core wants it (identity + declared policy + state).
 #[derive(Debug, Clone)]
@@ -326,7 +327,7 @@ pub async fn record_circuit_transitions(
     let ok: Vec<bool> = inputs.iter().map(|i| i.any_success).collect();
     let fails: Vec<i32> = inputs.iter().map(|i| i.trailing_failures).collect();
     let versions: Vec<i64> = inputs.iter().map(|i| i.config_version).collect();
-    let rows: Vec<(Uuid, String, bool, String)> = sqlx::query_as(
+    let rows: Vec<(Uuid, CircuitState, bool, CircuitState)> = sqlx::query_as(
         r#"
         WITH i AS (
             -- only outcomes of the endpoint's current configuration count
@@ -382,9 +383,9 @@ pub async fn record_circuit_transitions(
     .await?;
     let mut t = CircuitTransitions::default();
     for (id, was, open_now, now) in rows {
-        if open_now && was != "open" {
+        if open_now && was != CircuitState::Open {
             t.opened.push(id);
-        } else if was != "closed" && now == "closed" {
+        } else if was != CircuitState::Closed && now == CircuitState::Closed {
             t.closed.push(id);
         }
     }
@@ -402,7 +403,7 @@ pub struct EndpointRow {
     pub event_types: Vec<String>,
     pub state: String,
     pub state_reason: Option<String>,
-    pub circuit_state: String,
+    pub circuit_state: CircuitState,
     pub circuit_failures: i32,
     pub circuit_open_until: Option<DateTime<Utc>>,
 }
@@ -447,7 +448,7 @@ pub struct EndpointStats {
     pub id: Uuid,
     pub state: String,
     pub state_reason: Option<String>,
-    pub circuit_state: String,
+    pub circuit_state: CircuitState,
     pub circuit_failures: i32,
     pub circuit_open_until: Option<DateTime<Utc>>,
     pub last_success_at: Option<DateTime<Utc>>,
@@ -538,7 +539,7 @@ pub struct EndpointView {
     pub managed_by: String,
     pub k8s_namespace: Option<String>,
     pub k8s_name: Option<String>,
-    pub circuit_state: String,
+    pub circuit_state: CircuitState,
     pub circuit_open_until: Option<DateTime<Utc>>,
     pub secret_unreadable: Option<String>,
     pub secret_unreadable_since: Option<DateTime<Utc>>,

@@ -5,6 +5,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{Audience, DbError};
+use crate::domain::DeliveryStatus;
 
 /// One event to insert. `id` is minted by the caller (UUIDv7) so that inserted rows can
 /// be matched back to requests without relying on result order.
@@ -326,7 +327,7 @@ pub struct EventQuery<'a> {
     pub consumer: Option<&'a str>,
     pub event_type: Option<&'a str>,
     /// messages with at least one delivery in this status
-    pub status: Option<&'a str>,
+    pub status: Option<DeliveryStatus>,
     /// ids below this one (the previous page's last id)
     pub before: Option<Uuid>,
     pub since: Option<DateTime<Utc>>,

@@ -8,12 +8,9 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AF
 use super::policy::{AttemptResult, parse_retry_after};
 use super::secrets::SecretUnreadable;
 use crate::db::deliveries::ClaimedDelivery;
+use crate::domain::ErrorClass;
 use crate::outbound::{self, AllowList};
 use crate::signing::{self, SigningSecret};
-
-/// Error class of an attempt that was not made because a signing secret could not be
-/// decrypted (a key missing from this dispatcher's keyring, or a tampered row).
-pub const SECRET_UNREADABLE: &str = "secret_unreadable";
 
 pub struct AttemptReport {
     pub result: AttemptResult,
@@ -56,7 +53,7 @@ impl Sender<'_> {
             Err(e) => {
                 return (
                     AttemptResult::Permanent {
-                        class: "invalid_url",
+                        class: ErrorClass::InvalidUrl,
                         error: format!("endpoint url is invalid: {e}"),
                     },
                     None,
@@ -68,7 +65,7 @@ impl Sender<'_> {
         if let Err(e) = outbound::check_url(&url, self.allow) {
             return (
                 AttemptResult::Permanent {
-                    class: "destination_forbidden",
+                    class: ErrorClass::DestinationForbidden,
                     error: e.to_string(),
                 },
                 None,
@@ -82,7 +79,7 @@ impl Sender<'_> {
                 return (
                     AttemptResult::Retryable {
                         status: None,
-                        class: SECRET_UNREADABLE,
+                        class: ErrorClass::SecretUnreadable,
                         error: e.to_string(),
                         retry_after: None,
                     },
@@ -96,7 +93,7 @@ impl Sender<'_> {
             return (
                 AttemptResult::Retryable {
                     status: None,
-                    class: "no_signing_secret",
+                    class: ErrorClass::NoSigningSecret,
                     error: "endpoint has no usable signing secret".into(),
                     retry_after: None,
                 },
@@ -152,7 +149,7 @@ impl Sender<'_> {
             Err(e) => {
                 let class = outbound::classify_error(&e);
                 let error = error_chain(&e);
-                let result = if class == "destination_forbidden" {
+                let result = if class == ErrorClass::DestinationForbidden {
                     AttemptResult::Permanent { class, error }
                 } else {
                     AttemptResult::Retryable {
@@ -181,7 +178,7 @@ impl Sender<'_> {
         } else {
             AttemptResult::Retryable {
                 status: Some(code),
-                class: "http_status",
+                class: ErrorClass::HttpStatus,
                 error: format!("HTTP {code}"),
                 retry_after,
             }

@@ -32,7 +32,8 @@ use crate::db::{
         TenantBusy, TenantShares,
     },
 };
-use crate::metrics::{Metrics, Outcome};
+use crate::domain::ErrorClass;
+use crate::metrics::{AttemptOutcome, Metrics, Outcome};
 use crate::outbound::{self, AllowList, ClientOptions, HostResolver};
 use completer::Finished;
 use policy::{AttemptResult, Decision, RetryPolicy};
@@ -574,7 +575,11 @@ async fn deliver_one(
     let decision = policy.decide(attempt, &report.result, &mut rng);
     let (status_code, error_class, error) = match &report.result {
         AttemptResult::Success { status } => (Some(i32::from(*status)), None, None),
-        AttemptResult::Gone => (Some(410), Some("gone"), Some("HTTP 410 Gone".to_string())),
+        AttemptResult::Gone => (
+            Some(410),
+            Some(ErrorClass::Gone),
+            Some("HTTP 410 Gone".to_string()),
+        ),
         AttemptResult::Retryable {
             status,
             class,
@@ -585,7 +590,7 @@ async fn deliver_one(
     };
     // A secret this dispatcher cannot open is its own configuration, not the receiver's
     // answer: nothing was sent, so the attempt is given back and the delivery held.
-    let unreadable = matches!(report.result, AttemptResult::Retryable { class, .. } if class == deliver::SECRET_UNREADABLE);
+    let unreadable = matches!(report.result, AttemptResult::Retryable { class, .. } if class == ErrorClass::SecretUnreadable);
     let decision = if unreadable {
         Decision::Retry { delay: HELD_FOR }
     } else {
@@ -596,20 +601,30 @@ async fn deliver_one(
             DeliveryOutcome::Held,
             Some(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
             None,
-            "held",
+            AttemptOutcome::Held,
         ),
-        Decision::Succeeded => (DeliveryOutcome::Succeeded, None, None, "succeeded"),
+        Decision::Succeeded => (
+            DeliveryOutcome::Succeeded,
+            None,
+            None,
+            AttemptOutcome::Succeeded,
+        ),
         Decision::Retry { delay } => (
             DeliveryOutcome::Retry,
             Some(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
             None,
             if matches!(report.result, AttemptResult::Gone) {
-                "gone"
+                AttemptOutcome::Gone
             } else {
-                "retry"
+                AttemptOutcome::Retry
             },
         ),
-        Decision::Dead { reason } => (DeliveryOutcome::Dead, None, Some(reason), "dead"),
+        Decision::Dead { reason } => (
+            DeliveryOutcome::Dead,
+            None,
+            Some(reason),
+            AttemptOutcome::Dead,
+        ),
     };
     metrics
         .delivery_attempts
@@ -620,7 +635,7 @@ async fn deliver_one(
         config_version: row.config_version,
         success: matches!(report.result, AttemptResult::Success { .. }),
         // an unreadable secret is this side's configuration, not the receiver's health
-        failure: matches!(report.result, AttemptResult::Retryable { class, .. } if class != deliver::SECRET_UNREADABLE),
+        failure: matches!(report.result, AttemptResult::Retryable { class, .. } if class != ErrorClass::SecretUnreadable),
         gone: matches!(report.result, AttemptResult::Gone),
         completion: Completion {
             delivery_id: row.id,

@@ -7,6 +7,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use rand::Rng;
 
+use crate::domain::ErrorClass;
+
 /// What one HTTP attempt produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AttemptResult {
@@ -17,12 +19,12 @@ pub enum AttemptResult {
     /// non-2xx, timeout, connection error: retry per schedule.
     Retryable {
         status: Option<u16>,
-        class: &'static str,
+        class: ErrorClass,
         error: String,
         retry_after: Option<Duration>,
     },
     /// Nothing a retry can fix (destination refused by policy, unparseable URL): dead now.
-    Permanent { class: &'static str, error: String },
+    Permanent { class: ErrorClass, error: String },
 }
 
 /// The longest delay a retry schedule may hold (30 days). Checked at start, so a typo in
@@ -123,7 +125,7 @@ impl RetryPolicy {
                 if attempt >= self.max_attempts {
                     let last = match status {
                         Some(s) => format!("HTTP {s}"),
-                        None => (*class).to_string(),
+                        None => class.to_string(),
                     };
                     return Decision::Dead {
                         reason: format!("exhausted {attempt} attempts; last: {last}"),
@@ -168,7 +170,7 @@ mod tests {
     fn fail(retry_after: Option<u64>) -> AttemptResult {
         AttemptResult::Retryable {
             status: Some(503),
-            class: "http_status",
+            class: ErrorClass::HttpStatus,
             error: "HTTP 503".into(),
             retry_after: retry_after.map(Duration::from_secs),
         }
@@ -269,7 +271,7 @@ mod tests {
         let p = policy(0.0);
         let mut rng = StdRng::seed_from_u64(1);
         let perm = AttemptResult::Permanent {
-            class: "destination_forbidden",
+            class: ErrorClass::DestinationForbidden,
             error: "x".into(),
         };
         assert!(matches!(

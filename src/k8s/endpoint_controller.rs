@@ -32,6 +32,7 @@ use super::crd::{SecretKeyRef, WebhookEndpoint, WebhookEndpointStatus};
 use super::sync::{self, ResolvedSecret, SecretProblem, SyncOutcome};
 use super::{Context, Error, FIELD_MANAGER, ObjectEvent};
 use crate::db::{self, endpoints::EndpointStats};
+use crate::domain::CircuitState;
 
 /// The finalizer that holds deletion until the endpoint row is disabled.
 pub const FINALIZER: &str = "hookd.dev/endpoint";
@@ -556,8 +557,8 @@ pub fn desired_status(
         generation,
         now,
     );
-    let healthy = match stats.circuit_state.as_str() {
-        "closed" => condition(
+    let healthy = match stats.circuit_state {
+        CircuitState::Closed => condition(
             prev,
             "Healthy",
             "True",
@@ -566,7 +567,7 @@ pub fn desired_status(
             generation,
             now,
         ),
-        "open" => condition(
+        CircuitState::Open => condition(
             prev,
             "Healthy",
             "False",
@@ -578,7 +579,7 @@ pub fn desired_status(
             generation,
             now,
         ),
-        _ => condition(
+        CircuitState::HalfOpen => condition(
             prev,
             "Healthy",
             "False",
@@ -593,7 +594,7 @@ pub fn desired_status(
         conditions: vec![ready, secret_resolved, healthy],
         endpoint_id: Some(stats.id.to_string()),
         active_secrets: Some(outcome.active_secrets),
-        circuit: Some(stats.circuit_state.clone()),
+        circuit: Some(stats.circuit_state.to_string()),
         backlog: Some(stats.backlog),
         dead_letters: Some(stats.dead_letters),
         last_success_time: stats.last_success_at.map(to_time),
@@ -628,7 +629,7 @@ pub fn refused_status(
         endpoint_id: stats.map(|s| s.id.to_string()),
         // a held row signs nothing
         active_secrets: stats.map(|_| 0),
-        circuit: stats.map(|s| s.circuit_state.clone()),
+        circuit: stats.map(|s| s.circuit_state.to_string()),
         backlog: stats.map(|s| s.backlog),
         dead_letters: stats.map(|s| s.dead_letters),
         last_success_time: stats.and_then(|s| s.last_success_at.map(to_time)),
@@ -700,9 +701,12 @@ pub fn status_events(
     {
         out.push(ObjectEvent::warning(reason, c.message.clone()));
     }
-    let old_circuit = old.and_then(|s| s.circuit.as_deref());
-    match (old_circuit, new.circuit.as_deref()) {
-        (o, Some("open")) if o != Some("open") && o != Some("half_open") => {
+    // the status carries the circuit as its database spelling
+    let circuit = |s: &WebhookEndpointStatus| s.circuit.as_deref().and_then(CircuitState::parse);
+    match (old.and_then(circuit), circuit(new)) {
+        (o, Some(CircuitState::Open))
+            if !matches!(o, Some(CircuitState::Open | CircuitState::HalfOpen)) =>
+        {
             out.push(ObjectEvent::warning(
                 "CircuitOpened",
                 find(&new.conditions, "Healthy")
@@ -710,10 +714,11 @@ pub fn status_events(
                     .unwrap_or_default(),
             ))
         }
-        (Some("open" | "half_open"), Some("closed")) => out.push(ObjectEvent::normal(
-            "CircuitClosed",
-            "a probe succeeded; deliveries flow again".into(),
-        )),
+        (Some(CircuitState::Open | CircuitState::HalfOpen), Some(CircuitState::Closed)) => out
+            .push(ObjectEvent::normal(
+                "CircuitClosed",
+                "a probe succeeded; deliveries flow again".into(),
+            )),
         _ => {}
     }
     out
@@ -758,12 +763,12 @@ mod tests {
         }
     }
 
-    fn stats(circuit: &str) -> EndpointStats {
+    fn stats(circuit: CircuitState) -> EndpointStats {
         EndpointStats {
             id: Uuid::nil(),
             state: "active".into(),
             state_reason: None,
-            circuit_state: circuit.into(),
+            circuit_state: circuit,
             circuit_failures: 0,
             circuit_open_until: None,
             last_success_at: None,
@@ -794,9 +799,9 @@ mod tests {
     #[test]
     fn unchanged_world_gives_identical_status() {
         let mut e = ep();
-        let first = desired_status(&e, None, &outcome(), &stats("closed"), &t(100));
+        let first = desired_status(&e, None, &outcome(), &stats(CircuitState::Closed), &t(100));
         e.status = Some(first.clone());
-        let second = desired_status(&e, None, &outcome(), &stats("closed"), &t(200));
+        let second = desired_status(&e, None, &outcome(), &stats(CircuitState::Closed), &t(200));
         assert_eq!(
             first, second,
             "a later reconcile must not rewrite the status"
@@ -810,7 +815,13 @@ mod tests {
             namespace: "team-a".into(),
             name: "s".into(),
         };
-        let s = desired_status(&ep(), Some(&problem), &outcome(), &stats("closed"), &t(1));
+        let s = desired_status(
+            &ep(),
+            Some(&problem),
+            &outcome(),
+            &stats(CircuitState::Closed),
+            &t(1),
+        );
         let ready = find(&s.conditions, "Ready").unwrap();
         assert_eq!(
             (ready.status.as_str(), ready.reason.as_str()),
@@ -830,13 +841,19 @@ mod tests {
     fn paused_disabled_and_circuit() {
         let mut paused = ep();
         paused.spec.paused = true;
-        let s = desired_status(&paused, None, &outcome(), &stats("closed"), &t(1));
+        let s = desired_status(
+            &paused,
+            None,
+            &outcome(),
+            &stats(CircuitState::Closed),
+            &t(1),
+        );
         assert_eq!(find(&s.conditions, "Ready").unwrap().reason, "Paused");
 
-        let mut st = stats("closed");
+        let mut st = stats(CircuitState::Closed);
         st.state = "disabled".into();
         st.state_reason = Some("receiver answered 410 Gone".into());
-        let closed = desired_status(&ep(), None, &outcome(), &stats("closed"), &t(1));
+        let closed = desired_status(&ep(), None, &outcome(), &stats(CircuitState::Closed), &t(1));
         let disabled = desired_status(&ep(), None, &outcome(), &st, &t(2));
         let ready = find(&disabled.conditions, "Ready").unwrap();
         assert_eq!(ready.reason, "EndpointDisabled");
@@ -847,7 +864,7 @@ mod tests {
             vec!["EndpointDisabled"]
         );
 
-        let mut open = stats("open");
+        let mut open = stats(CircuitState::Open);
         open.circuit_failures = 5;
         let opened = desired_status(&ep(), None, &outcome(), &open, &t(3));
         assert_eq!(opened.circuit.as_deref(), Some("open"));
@@ -875,7 +892,7 @@ mod tests {
     fn rotation_and_creation_events() {
         let mut o = outcome();
         o.created = true;
-        let s = desired_status(&ep(), None, &o, &stats("closed"), &t(1));
+        let s = desired_status(&ep(), None, &o, &stats(CircuitState::Closed), &t(1));
         let ev = status_events(None, &s, &o);
         assert_eq!(
             ev.iter().map(|e| e.reason).collect::<Vec<_>>(),

@@ -19,9 +19,9 @@ pub(crate) fn exported_series() -> BTreeSet<String> {
         route: "messages",
         status: 201,
     });
-    let _ = m
-        .delivery_attempts
-        .get_or_create(&hookd::metrics::Outcome { outcome: "dead" });
+    let _ = m.delivery_attempts.get_or_create(&hookd::metrics::Outcome {
+        outcome: hookd::metrics::AttemptOutcome::Dead,
+    });
     let text = m.render();
     let mut out = BTreeSet::new();
     for line in text.lines() {
