@@ -782,7 +782,7 @@ mod tests {
 
     #[test]
     fn a_secret_no_dispatcher_can_open_makes_the_endpoint_not_ready() {
-        let mut st = stats("closed");
+        let mut st = stats(CircuitState::Closed);
         st.secret_unreadable = Some("no key \"k2\" in this keyring".into());
         let s = desired_status(&ep(), None, &outcome(), &st, &t(1));
         let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
