@@ -63,6 +63,23 @@ pub enum Command {
     Bench(crate::bench::BenchArgs),
 }
 
+/// The `hookd` executable's body: logging, the metrics token, the chosen component, the
+/// exit status. Public so that the bench can run its child processes as `hookd api` and
+/// `hookd dispatch` from its own executable (the same build, no second binary to find).
+pub async fn main(cli: Cli) -> std::process::ExitCode {
+    runtime::init_tracing(&cli.log, cli.log_format);
+    if let Some(token) = cli.metrics_token.as_deref().filter(|t| !t.is_empty()) {
+        crate::metrics::require_scrape_token(token);
+    }
+    match run(cli.command).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hookd: error: {}", runtime::error_line(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs the chosen component until it finishes or a signal stops it.
 pub async fn run(command: Command) -> anyhow::Result<()> {
     match command {
