@@ -11,12 +11,15 @@ FROM rust:1.95-trixie AS builder
 WORKDIR /src
 
 # Dependencies in their own layer: rebuilt only when Cargo.toml or Cargo.lock change.
-# Stub targets let cargo build every dependency without the sources.
+# Stub targets let cargo build every dependency without the sources. The workspace's
+# other member, the benchmark, is not built: cargo only needs its manifest to load the
+# workspace (and check Cargo.lock).
 COPY Cargo.toml Cargo.lock ./
+COPY bench/Cargo.toml ./bench/
 RUN mkdir src \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs \
-    && cargo build --release --locked \
+    && cargo build --release --locked -p hookd \
     && rm -rf src
 
 # The crate itself (migrations are compiled into the binary by sqlx::migrate!).
@@ -25,7 +28,7 @@ COPY migrations ./migrations
 # COPY keeps the files' old modification times, older than the stub build; touching the
 # crate roots makes cargo rebuild hookd instead of keeping the stub.
 RUN touch src/main.rs src/lib.rs \
-    && cargo build --release --locked \
+    && cargo build --release --locked -p hookd \
     && install -D -m 0755 target/release/hookd /out/hookd
 
 # glibc, libgcc, CA certificates and a nonroot user (65532), nothing else.

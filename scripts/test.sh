@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The project's one test command: fmt, clippy, nextest and a bounded schemathesis run
-# (scripts/schemathesis.sh) against a Postgres.
+# The project's one test command: fmt, clippy and nextest over the workspace (hookd and
+# the bench crate) and a bounded schemathesis run (scripts/schemathesis.sh) against a
+# Postgres.
 #
 # If DATABASE_URL is set it is used as is. Otherwise a throwaway cluster is
 # created in a fresh temp dir on a free 127.0.0.1 port and destroyed on exit
@@ -195,17 +196,19 @@ fi
 # --- Cargo steps ---------------------------------------------------------------
 
 if [[ "${HOOKD_TEST_SKIP_LINT:-0}" != 1 ]]; then
-  log "cargo fmt --check"
-  cargo fmt --check
-  log "cargo clippy"
-  cargo clippy --all-targets --locked -- -D warnings
+  # --all / --workspace: the bench crate (bench/) is linted like the product
+  log "cargo fmt --all --check"
+  cargo fmt --all --check
+  log "cargo clippy --workspace"
+  cargo clippy --workspace --all-targets --locked -- -D warnings
 else
   log "HOOKD_TEST_SKIP_LINT=1: skipping fmt and clippy"
 fi
 
-log "cargo nextest run"
-# Not exec: the EXIT trap must still run to tear the cluster down.
-cargo nextest run --locked --no-fail-fast "$@"
+log "cargo nextest run --workspace"
+# Not exec: the EXIT trap must still run to tear the cluster down. --workspace: the bench
+# crate's smoke test (bench/tests/) runs with the product's tests.
+cargo nextest run --workspace --locked --no-fail-fast "$@"
 
 if [[ "${HOOKD_TEST_SKIP_SCHEMATHESIS:-0}" != 1 ]]; then
   log "schemathesis against a live hookd api"

@@ -6,7 +6,6 @@
 pub mod api;
 pub mod apply;
 pub mod auth;
-pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod crypto;

@@ -218,7 +218,6 @@ fn help_hides_credentials_from_the_environment() {
         "receiver",
         "rekey",
         "prune",
-        "bench",
     ] {
         let (ok, out, _) = hookd(&[sub, "--help"], &envs);
         assert!(ok, "{sub} --help");
@@ -229,6 +228,29 @@ fn help_hides_credentials_from_the_environment() {
     let (ok, out, _) = hookd(&["token", "create", "--help"], &envs);
     assert!(ok);
     assert!(!out.contains("hunter2"), "{out}");
+}
+
+/// `hookd bench` (the bench is the hookd-bench crate now) answers old scripts with the
+/// command to run and exit status 2, not an unknown-subcommand error; `--help` hides it.
+#[test]
+fn bench_names_the_command_that_replaced_it() {
+    let out = Command::new(hookd_bin())
+        .args(["bench", "--quick", "--only", "claim"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.ends_with("cargo run --release -p hookd-bench -- --quick --only claim\n"),
+        "{err}"
+    );
+    let (ok, help, _) = hookd(&["--help"], &[]);
+    assert!(ok);
+    assert!(
+        !help.lines().any(|l| l.trim_start().starts_with("bench")),
+        "{help}"
+    );
 }
 
 /// Postgres processes whose command line names `dir`.

@@ -59,8 +59,48 @@ pub enum Command {
     /// Manage static API tokens
     #[command(subcommand)]
     Token(token::TokenCommand),
-    /// Measure ingest, dispatch, end-to-end latency and claim cost on this machine (in a dedicated, dropped database)
-    Bench(crate::bench::BenchArgs),
+    /// The bench moved to the hookd-bench crate; this only says so (exit status 2)
+    #[command(hide = true, disable_help_flag = true)]
+    Bench(BenchMoved),
+}
+
+/// `hookd bench [args]`: the benchmark is no longer part of the product (it is the
+/// hookd-bench crate of this workspace); old scripts and docs get the command to run.
+#[derive(Debug, clap::Args)]
+pub struct BenchMoved {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+    pub args: Vec<String>,
+}
+
+impl BenchMoved {
+    /// The one line `hookd bench` prints.
+    pub fn message(&self) -> String {
+        let mut command = String::from("cargo run --release -p hookd-bench");
+        if !self.args.is_empty() {
+            command.push_str(" -- ");
+            command.push_str(&self.args.join(" "));
+        }
+        format!(
+            "hookd bench moved out of the hookd binary into the hookd-bench crate; in the source tree run: {command}"
+        )
+    }
+}
+
+/// The `hookd` executable's body: logging, the metrics token, the chosen component, the
+/// exit status. Public so that the bench can run its child processes as `hookd api` and
+/// `hookd dispatch` from its own executable (the same build, no second binary to find).
+pub async fn main(cli: Cli) -> std::process::ExitCode {
+    runtime::init_tracing(&cli.log, cli.log_format);
+    if let Some(token) = cli.metrics_token.as_deref().filter(|t| !t.is_empty()) {
+        crate::metrics::require_scrape_token(token);
+    }
+    match run(cli.command).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hookd: error: {}", runtime::error_line(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 /// Runs the chosen component until it finishes or a signal stops it.
@@ -146,6 +186,10 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             retention::run_once(&pool, &args.retention).await
         }
         Command::Token(cmd) => token::run(cmd).await,
-        Command::Bench(args) => crate::bench::run(args, runtime::shutdown_on_signals()).await,
+        Command::Bench(moved) => {
+            eprintln!("{}", moved.message());
+            // 2, like a usage error: the command line names something hookd no longer has
+            std::process::exit(2)
+        }
     }
 }

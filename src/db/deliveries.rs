@@ -550,7 +550,7 @@ pub async fn complete(conn: &mut PgConnection, batch: &[Completion]) -> Result<V
             -- statistics say: with the fence as a plain join filter the planner expects
             -- ~1 in_progress row (true of the table as a whole), scans the table and
             -- joins it to the batch in a nested loop: 0.3-0.8 s per 512 outcomes on a
-            -- 20 k-row table, measured by `hookd bench`.
+            -- 20 k-row table, measured by `hookd-bench`.
             SELECT x.id, i.token FROM i
             CROSS JOIN LATERAL (
                 SELECT d.id FROM hookd.deliveries d

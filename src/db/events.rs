@@ -86,7 +86,7 @@ pub async fn insert_with_fanout(
                 -- tenant holds. LATERAL fixes that order whatever the statistics say (a
                 -- freshly filled table is estimated at one row, and the planner then scans
                 -- the tenant's subscriptions and filters: 18 events/s among 10,000
-                -- endpoints of distinct types, measured by `hookd bench --only consumers`).
+                -- endpoints of distinct types, measured by `hookd-bench --only consumers`).
                 SELECT DISTINCT m.endpoint_id
                 FROM unnest(ev.keys) AS k(pattern)
                 CROSS JOIN LATERAL (

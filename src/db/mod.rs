@@ -2,7 +2,6 @@
 //! per table. Callers get typed functions and row structs, never SQL text.
 
 pub mod attempts;
-pub mod bench;
 pub mod consumers;
 pub mod dead_letters;
 pub mod deliveries;

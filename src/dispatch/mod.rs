@@ -328,7 +328,7 @@ pub async fn run_dispatcher(
         user_agent: format!("hookd/{}", env!("CARGO_PKG_VERSION")),
         // Idle connections are kept per host, not per endpoint: several endpoints on one
         // receiver host share them. Capping them at one endpoint's in-flight limit made
-        // every delivery beyond it open a fresh connection (measured by `hookd bench`:
+        // every delivery beyond it open a fresh connection (measured by `hookd-bench`:
         // 8 endpoints on one host, connect + close per request).
         pool_max_idle_per_host: cfg.concurrency,
     }));

@@ -18,10 +18,11 @@ use uuid::Uuid;
 use super::load::{self, Conn, Target, ms, p50_p99, percentile};
 use super::receiver::FastReceiver;
 use super::{BenchError, Check, Ctx, Report, Row, progress};
-use crate::auth::{AuthMode, Scope};
-use crate::config::{ApiSettings, DispatchSettings};
-use crate::db::{self, deliveries::ClaimRequest};
-use crate::signing::SigningSecret;
+use crate::db;
+use hookd::auth::{AuthMode, Scope};
+use hookd::config::{ApiSettings, DispatchSettings};
+use hookd::db::deliveries::{self, ClaimRequest};
+use hookd::signing::SigningSecret;
 
 const INGEST_COMMITTERS: usize = 4;
 const INGEST_MAX_GROUP: usize = 256;
@@ -42,9 +43,9 @@ pub(crate) fn random_signing_secret() -> String {
 /// Empties endpoints and the queue (secrets, deliveries, attempts, dead letters follow
 /// by cascade).
 async fn reset(ctx: &Ctx) -> Result<(), BenchError> {
-    sqlx::query("SELECT 1").execute(&ctx.pool).await.ok();
-    db::bench::truncate_queue(&ctx.pool).await?;
-    db::bench::delete_endpoints(&ctx.pool).await?;
+    db::round_trip(&ctx.pool).await.ok();
+    db::truncate_queue(&ctx.pool).await?;
+    db::delete_endpoints(&ctx.pool).await?;
     Ok(())
 }
 
@@ -62,10 +63,10 @@ async fn endpoints(ctx: &Ctx, tenant: &str, urls: &[String]) -> Result<Vec<Uuid>
     }
     let file = Path::new("bench.yaml");
     let docs =
-        crate::apply::parse_documents(file, &yaml).map_err(|e| BenchError::Setup(e.to_string()))?;
-    let plan = crate::apply::plan(&[(file.to_path_buf(), docs)])
+        hookd::apply::parse_documents(file, &yaml).map_err(|e| BenchError::Setup(e.to_string()))?;
+    let plan = hookd::apply::plan(&[(file.to_path_buf(), docs)])
         .map_err(|e| BenchError::Setup(e.to_string()))?;
-    let applied = crate::apply::apply_plan(&ctx.pool, &plan, &ctx.keyring)
+    let applied = hookd::apply::apply_plan(&ctx.pool, &plan, &ctx.keyring)
         .await
         .map_err(|e| BenchError::Setup(e.to_string()))?;
     Ok(applied.into_iter().map(|(_, o)| o.endpoint_id).collect())
@@ -111,12 +112,12 @@ async fn start_api(
     let pool = ctx.new_pool()?;
     let settings = api_settings(auth);
     let stop = ctx.shutdown.child_token();
-    let state = crate::api::AppState::start(pool, &settings, None, stop.clone());
+    let state = hookd::api::AppState::start(pool, &settings, None, stop.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    tokio::spawn(crate::api::server::serve_api_on(
+    tokio::spawn(hookd::api::server::serve_api_on(
         listener,
-        crate::api::app(state),
+        hookd::api::app(state),
         settings.listener_limits(),
         stop.clone(),
     ));
@@ -158,15 +159,15 @@ impl RunningDispatcher {
 }
 
 fn start_dispatcher(ctx: &Ctx) -> Result<RunningDispatcher, BenchError> {
-    let cfg = crate::dispatch::DispatchConfig::from_settings(&dispatch_settings())
+    let cfg = hookd::dispatch::DispatchConfig::from_settings(&dispatch_settings())
         .map_err(|e| BenchError::Setup(e.to_string()))?;
     let pool = ctx.new_pool()?;
     let stop = ctx.shutdown.child_token();
-    let task = tokio::spawn(crate::dispatch::run_dispatcher(
+    let task = tokio::spawn(hookd::dispatch::run_dispatcher(
         pool,
         cfg,
         ctx.keyring.clone(),
-        crate::metrics::Metrics::new(),
+        hookd::metrics::Metrics::new(),
         stop.clone(),
     ));
     Ok(RunningDispatcher { stop, task })
@@ -243,7 +244,7 @@ pub(crate) async fn ingest(ctx: &Ctx, report: &mut Report) -> Result<(), BenchEr
     plan.push((1, false, top, AuthMode::On));
     let mut auth_api: Option<(SocketAddr, CancellationToken, String)> = None;
     for (fanout, batch, c, auth) in plan {
-        db::bench::truncate_queue(&ctx.pool).await?;
+        db::truncate_queue(&ctx.pool).await?;
         let tenant = format!("bench-fo{fanout}");
         let one = |seq: u64| {
             format!(
@@ -266,9 +267,9 @@ pub(crate) async fn ingest(ctx: &Ctx, report: &mut Report) -> Result<(), BenchEr
             AuthMode::None => (addr, None),
             AuthMode::On => {
                 if auth_api.is_none() {
-                    let token = crate::auth::tokens::create(
+                    let token = hookd::auth::tokens::create(
                         &ctx.pool,
-                        &crate::auth::tokens::TokenRequest {
+                        &hookd::auth::tokens::TokenRequest {
                             consumer: None,
                             tenant: tenant.clone(),
                             scopes: vec![Scope::Produce],
@@ -302,7 +303,7 @@ pub(crate) async fn ingest(ctx: &Ctx, report: &mut Report) -> Result<(), BenchEr
                 r.first_error.unwrap_or_default()
             )));
         }
-        let (ev, dl) = db::bench::queue_counts(&ctx.pool).await?;
+        let (ev, dl) = db::queue_counts(&ctx.pool).await?;
         acked += r.events_acked_total;
         rows += ev as u64;
         expected_deliveries += ev as u64 * fanout as u64;
@@ -358,13 +359,13 @@ pub(crate) async fn ingest(ctx: &Ctx, report: &mut Report) -> Result<(), BenchEr
 
 // ---- baselines ----
 
-fn baseline_row(tenant: &str, endpoint_id: Uuid, payload: &str) -> db::bench::BaselineRow {
+fn baseline_row(tenant: &str, endpoint_id: Uuid, payload: &str) -> db::BaselineRow {
     let event_type = "bench.baseline";
     let mut h = Sha256::new();
     h.update(event_type.as_bytes());
     h.update(b"\n");
     h.update(payload.as_bytes());
-    db::bench::BaselineRow {
+    db::BaselineRow {
         event_id: Uuid::now_v7(),
         delivery_id: Uuid::now_v7(),
         tenant: tenant.to_string(),
@@ -410,9 +411,9 @@ async fn sql_loop(
                     .map(|_| baseline_row("bench-base", endpoint_id, &body))
                     .collect();
                 if per_tx == 1 {
-                    db::bench::baseline_insert_one(&pool, &rows[0]).await?;
+                    db::baseline_insert_one(&pool, &rows[0]).await?;
                 } else {
-                    db::bench::baseline_insert_many(&pool, &rows).await?;
+                    db::baseline_insert_many(&pool, &rows).await?;
                 }
                 total += per_tx as u64;
                 if t0 >= measure_from {
@@ -446,10 +447,10 @@ pub(crate) async fn baselines(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
     let mut results = Vec::new();
     let (mut acked, mut rows) = (0, 0);
     for per_tx in [1usize, 64] {
-        db::bench::truncate_queue(&ctx.pool).await?;
+        db::truncate_queue(&ctx.pool).await?;
         let r = sql_loop(ctx, &pool, endpoint_id, c, per_tx).await?;
         acked += r.acked_total;
-        rows += db::bench::queue_counts(&ctx.pool).await?.0 as u64;
+        rows += db::queue_counts(&ctx.pool).await?.0 as u64;
         let rate = r.events as f64 / s.window.as_secs_f64();
         results.push(rate);
         report.rows.push(Row {
@@ -534,7 +535,7 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
             .collect();
         let ids = endpoints(ctx, "bench-dispatch", &urls).await?;
         let t = Instant::now();
-        db::bench::fill(
+        db::fill(
             &ctx.pool,
             "bench-dispatch",
             &ids,
@@ -543,7 +544,7 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
             false,
         )
         .await?;
-        db::bench::vacuum_analyze(&ctx.pool).await?;
+        db::vacuum_analyze(&ctx.pool).await?;
         progress(&format!(
             "dispatch: {rows} deliveries pre-filled in {}",
             secs(t.elapsed())
@@ -562,7 +563,7 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
             })
             .await?;
             wait_for("every outcome written", timeout, async || {
-                Ok(db::bench::open_deliveries(&ctx.pool).await? == 0)
+                Ok(db::open_deliveries(&ctx.pool).await? == 0)
             })
             .await
         }
@@ -574,7 +575,7 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
         waited?;
         let arrivals = rx.take();
         let unique: std::collections::HashSet<Uuid> = arrivals.iter().map(|a| a.0).collect();
-        let succeeded = db::bench::count_status(&ctx.pool, "succeeded").await?;
+        let succeeded = db::count_status(&ctx.pool, "succeeded").await?;
         let rate = rows as f64 / elapsed.as_secs_f64();
         let by = if dispatchers > 1 {
             format!(", {dispatchers} dispatchers")
@@ -629,15 +630,15 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
 pub(crate) async fn e2e(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
     // what every acknowledged enqueue waits for, so the latencies below can be read
     // against this machine's disk
-    db::bench::create_commit_probe(&ctx.pool).await?;
+    db::create_commit_probe(&ctx.pool).await?;
     let samples = if ctx.args.smoke { 10 } else { 200 };
     let (mut commits, mut trips) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
     for _ in 0..samples {
         let t = Instant::now();
-        db::bench::commit_probe(&ctx.pool).await?;
+        db::commit_probe(&ctx.pool).await?;
         commits.push(t.elapsed());
         let t = Instant::now();
-        db::bench::round_trip(&ctx.pool).await?;
+        db::round_trip(&ctx.pool).await?;
         trips.push(t.elapsed());
     }
     commits.sort_unstable();
@@ -678,8 +679,9 @@ pub(crate) async fn e2e(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError
     );
 
     // API, dispatcher and receiver as separate processes (the deployed topology)
-    let Some(bin) = hookd_binary() else {
-        progress("e2e: separate processes skipped (this is not the hookd binary)");
+    let (Some(mut api), Some(mut dispatch)) = (crate::hookd_command(), crate::hookd_command())
+    else {
+        progress("e2e: separate processes skipped (this is not the hookd-bench executable)");
         return Ok(());
     };
     reset(ctx).await?;
@@ -696,12 +698,10 @@ pub(crate) async fn e2e(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError
             .stdout(std::process::Stdio::null())
             .kill_on_drop(true);
     };
-    let mut api = tokio::process::Command::new(&bin);
     api.arg("api")
         .env("HOOKD_LISTEN", format!("127.0.0.1:{api_port}"))
         .env("HOOKD_AUTH", "none");
     common(&mut api);
-    let mut dispatch = tokio::process::Command::new(&bin);
     dispatch
         .arg("dispatch")
         .env("HOOKD_LISTEN", format!("127.0.0.1:{dispatch_port}"))
@@ -739,13 +739,6 @@ pub(crate) async fn e2e(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError
         "`hookd api` and `hookd dispatch` as child processes with default settings, receiver in the bench process",
     );
     Ok(())
-}
-
-/// The `hookd` executable, when this process is one (the test suite runs the bench
-/// inside a test binary, which cannot be started as `hookd api`).
-fn hookd_binary() -> Option<std::path::PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    (exe.file_stem()? == "hookd").then_some(exe)
 }
 
 /// DATABASE_URL of the bench database on the bench's server.
@@ -957,11 +950,11 @@ pub(crate) async fn claim(ctx: &Ctx, report: &mut Report) -> Result<(), BenchErr
     for (due, terminal) in points {
         let t = Instant::now();
         if due > filled {
-            db::bench::fill(&ctx.pool, "bench-claim", &ids, due - filled, &body, false).await?;
+            db::fill(&ctx.pool, "bench-claim", &ids, due - filled, &body, false).await?;
             filled = due;
         }
         if terminal > terminal_filled {
-            db::bench::fill(
+            db::fill(
                 &ctx.pool,
                 "bench-claim",
                 &ids,
@@ -972,7 +965,7 @@ pub(crate) async fn claim(ctx: &Ctx, report: &mut Report) -> Result<(), BenchErr
             .await?;
             terminal_filled = terminal;
         }
-        db::bench::vacuum_analyze(&ctx.pool).await?;
+        db::vacuum_analyze(&ctx.pool).await?;
         let fill_time = t.elapsed();
         let worker = Uuid::now_v7();
         let req = ClaimRequest {
@@ -984,7 +977,7 @@ pub(crate) async fn claim(ctx: &Ctx, report: &mut Report) -> Result<(), BenchErr
             now: None,
             default_max_attempts: 8,
         };
-        let plan = db::deliveries::explain_claim(&ctx.pool, &req).await?;
+        let plan = deliveries::explain_claim(&ctx.pool, &req).await?;
         if ctx.args.explain {
             progress(&format!(
                 "claim plan at {due} due, {terminal} terminal:\n{}",
@@ -997,7 +990,7 @@ pub(crate) async fn claim(ctx: &Ctx, report: &mut Report) -> Result<(), BenchErr
         let mut claimed = 0usize;
         for _ in 0..s.claim_samples {
             let t0 = Instant::now();
-            let rows = db::deliveries::claim(&ctx.pool, &req).await?;
+            let rows = deliveries::claim(&ctx.pool, &req).await?;
             lat.push(t0.elapsed());
             claimed += rows.len();
         }
@@ -1072,8 +1065,8 @@ pub(crate) async fn endpoint_scale(ctx: &Ctx, report: &mut Report) -> Result<(),
             &[UNUSED_URL.to_string(), UNUSED_URL.to_string()],
         )
         .await?;
-        db::bench::idle_endpoints(&ctx.pool, (count - 2).max(0)).await?;
-        let active = db::bench::active_endpoints(&ctx.pool).await?;
+        db::idle_endpoints(&ctx.pool, (count - 2).max(0)).await?;
+        let active = db::active_endpoints(&ctx.pool).await?;
         let setup = t.elapsed();
         let req = |limit: i64| ClaimRequest {
             worker_id: Uuid::now_v7(),
@@ -1089,13 +1082,13 @@ pub(crate) async fn endpoint_scale(ctx: &Ctx, report: &mut Report) -> Result<(),
         let mut empty = Vec::with_capacity(samples);
         for _ in 0..samples {
             let t0 = Instant::now();
-            db::deliveries::claim(&ctx.pool, &req(100)).await?;
+            deliveries::claim(&ctx.pool, &req(100)).await?;
             empty.push(t0.elapsed());
         }
         let mut next = Vec::with_capacity(samples);
         for _ in 0..samples {
             let t0 = Instant::now();
-            db::deliveries::next_due(&ctx.pool).await?;
+            deliveries::next_due(&ctx.pool).await?;
             next.push(t0.elapsed());
         }
         empty.sort_unstable();
@@ -1104,7 +1097,7 @@ pub(crate) async fn endpoint_scale(ctx: &Ctx, report: &mut Report) -> Result<(),
         // an idle dispatcher beside them
         let d = start_dispatcher(ctx)?;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let pids = db::bench::backend_pids(&ctx.pool, &ctx.database).await?;
+        let pids = db::backend_pids(&ctx.pool, &ctx.database).await?;
         let before = cpu_seconds(&pids);
         let t0 = Instant::now();
         tokio::time::sleep(s.idle_window).await;
@@ -1117,7 +1110,7 @@ pub(crate) async fn endpoint_scale(ctx: &Ctx, report: &mut Report) -> Result<(),
 
         // rows due
         let due = (samples as i64) * 100 * 2;
-        db::bench::fill(
+        db::fill(
             &ctx.pool,
             "bench-scale",
             &busy,
@@ -1126,12 +1119,12 @@ pub(crate) async fn endpoint_scale(ctx: &Ctx, report: &mut Report) -> Result<(),
             false,
         )
         .await?;
-        db::bench::vacuum_analyze(&ctx.pool).await?;
+        db::vacuum_analyze(&ctx.pool).await?;
         let mut full = Vec::with_capacity(samples);
         let mut rows = 0usize;
         for _ in 0..samples {
             let t0 = Instant::now();
-            rows += db::deliveries::claim(&ctx.pool, &req(100)).await?.len();
+            rows += deliveries::claim(&ctx.pool, &req(100)).await?.len();
             full.push(t0.elapsed());
         }
         full.sort_unstable();
@@ -1206,20 +1199,20 @@ async fn start_managed_api(ctx: &Ctx) -> Result<(SocketAddr, CancellationToken),
     let pool = ctx.new_pool()?;
     let settings = api_settings(AuthMode::None);
     let stop = ctx.shutdown.child_token();
-    let keyring = crate::crypto::Keyring::from_config("bench", &ctx.key_text, "bench-old", "")
+    let keyring = hookd::crypto::Keyring::from_config("bench", &ctx.key_text, "bench-old", "")
         .map_err(|e| BenchError::Setup(e.to_string()))?;
-    let state = crate::api::AppState::start(pool, &settings, None, stop.clone()).with_manage(
-        crate::api::ManageDeps {
+    let state = hookd::api::AppState::start(pool, &settings, None, stop.clone()).with_manage(
+        hookd::api::ManageDeps {
             keyring: Ok(keyring),
-            allow: crate::outbound::AllowList::parse("127.0.0.0/8").map_err(BenchError::Setup)?,
+            allow: hookd::outbound::AllowList::parse("127.0.0.0/8").map_err(BenchError::Setup)?,
             public_url: None,
         },
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    tokio::spawn(crate::api::server::serve_api_on(
+    tokio::spawn(hookd::api::server::serve_api_on(
         listener,
-        crate::api::app(state),
+        hookd::api::app(state),
         settings.listener_limits(),
         stop.clone(),
     ));
@@ -1237,7 +1230,7 @@ async fn ingest_at_64(
     what: &str,
 ) -> Result<f64, BenchError> {
     let s = &ctx.scale;
-    db::bench::truncate_queue(&ctx.pool).await?;
+    db::truncate_queue(&ctx.pool).await?;
     let target = Arc::new(Target {
         addr,
         path: "/v1/messages",
@@ -1254,7 +1247,7 @@ async fn ingest_at_64(
             r.first_error.unwrap_or_default()
         )));
     }
-    let (ev, dl) = db::bench::queue_counts(&ctx.pool).await?;
+    let (ev, dl) = db::queue_counts(&ctx.pool).await?;
     report.checks.push(Check {
         what: format!("consumers: {what}: delivery rows == events x {fanout}"),
         expected: ev as u64 * fanout as u64,
@@ -1305,10 +1298,10 @@ pub(crate) async fn consumers(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
     // consumer's tenant holding `consumers` x 3 endpoints.
     let consumers = s.consumer_count;
     let started = Instant::now();
-    db::bench::bulk_consumer_endpoints(&ctx.pool, "bench-c", consumers, 3, UNUSED_URL).await?;
+    db::bulk_consumer_endpoints(&ctx.pool, "bench-c", consumers, 3, UNUSED_URL).await?;
     let fill = started.elapsed();
-    db::bench::bulk_tenant_endpoints(&ctx.pool, "bench-w", 3, None, UNUSED_URL).await?;
-    db::bench::vacuum_analyze(&ctx.pool).await?;
+    db::bulk_tenant_endpoints(&ctx.pool, "bench-w", 3, None, UNUSED_URL).await?;
+    db::vacuum_analyze(&ctx.pool).await?;
     let body = |tenant: &str, consumer: Option<&str>| {
         format!(
             r#"{{"tenant":"{tenant}","eventType":"bench.fanout",{}"payload":{}}}"#,
@@ -1355,9 +1348,8 @@ pub(crate) async fn consumers(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
     let counts = s.typed_endpoint_counts.clone();
     for (k, &n) in counts.iter().enumerate() {
         let tenant = format!("bench-t{n}");
-        db::bench::bulk_tenant_endpoints(&ctx.pool, &tenant, n, Some("bench.t"), UNUSED_URL)
-            .await?;
-        db::bench::vacuum_analyze(&ctx.pool).await?;
+        db::bulk_tenant_endpoints(&ctx.pool, &tenant, n, Some("bench.t"), UNUSED_URL).await?;
+        db::vacuum_analyze(&ctx.pool).await?;
         let body = format!(
             r#"{{"tenant":"{tenant}","eventType":"bench.t1","payload":{}}}"#,
             payload(s.payload_bytes, 0)

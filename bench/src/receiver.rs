@@ -14,7 +14,7 @@ use axum::http::{HeaderMap, StatusCode};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::signing::SigningSecret;
+use hookd::signing::SigningSecret;
 
 #[derive(Default)]
 struct Shared {
@@ -49,12 +49,12 @@ impl FastReceiver {
         let router = Router::new()
             .fallback(axum::routing::post(deliver))
             .with_state(shared.clone());
-        let limits = crate::api::server::ListenerLimits {
+        let limits = hookd::api::server::ListenerLimits {
             header_timeout: Duration::from_secs(60),
             max_connections: 4096,
             max_head_bytes: 64 * 1024,
         };
-        tokio::spawn(crate::api::server::serve_api_on(
+        tokio::spawn(hookd::api::server::serve_api_on(
             listener, router, limits, shutdown,
         ));
         Ok(FastReceiver { shared, addr })
@@ -97,7 +97,7 @@ async fn deliver(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
         return StatusCode::BAD_REQUEST;
     };
     if let Some(secret) = &shared.verify {
-        let verified = crate::signing::verify(
+        let verified = hookd::signing::verify(
             secret,
             header("webhook-id"),
             header("webhook-timestamp"),

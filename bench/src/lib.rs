@@ -1,26 +1,63 @@
-//! `hookd bench`: measures ingest, dispatch, end-to-end latency and claim cost on this
-//! machine, through the real API, outbox and dispatcher code, and compares ingest with
-//! what plain SQL reaches on the same pool. One entry point: [`run`].
+//! `hookd-bench`: measures ingest, dispatch, end-to-end latency and claim cost on this
+//! machine, through the real API, outbox and dispatcher code of the `hookd` library, and
+//! compares ingest with what plain SQL reaches on the same pool. One entry point: [`run`].
+//!
+//! A crate of its own so that the `hookd` product carries no benchmark code (and none of
+//! its `CREATE/DROP DATABASE` and `TRUNCATE` statements, which live in [`db`] here).
 //!
 //! Everything runs in this process against 127.0.0.1: the API (axum app on the real
-//! listener), a load generator, the dispatcher and a fast receiver. The database is
-//! always a dedicated one (`hookd_bench_<pid>_<n>`) created on the server DATABASE_URL
-//! names, or on a throwaway cluster when it is unset, and dropped at the end, so no
-//! user database ever keeps the millions of rows the claim section writes.
+//! listener), a load generator, the dispatcher and a fast receiver; only the e2e section's
+//! "separate processes" rows start `hookd api` and `hookd dispatch` as child processes
+//! (this executable run as `hookd`, see [`hookd_command`]). The database is always a
+//! dedicated one (`hookd_bench_<pid>_<n>`) created on the server DATABASE_URL names, or on
+//! a throwaway cluster when it is unset, and dropped at the end, so no user database ever
+//! keeps the millions of rows the claim section writes.
 
+mod db;
 pub mod load;
 pub mod receiver;
 mod sections;
 
+use std::ffi::OsStr;
 use std::fmt::Write as _;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::crypto::Keyring;
-use crate::db::{self, DbError, PoolSettings};
-use crate::pgtemp::TempPostgres;
+use hookd::crypto::Keyring;
+use hookd::db::{DbError, PoolSettings};
+use hookd::pgtemp::TempPostgres;
+
+/// The name of this crate's executable.
+pub const BIN_NAME: &str = "hookd-bench";
+
+/// The `argv[0]` under which this executable behaves as the `hookd` binary.
+const HOOKD_ARGV0: &str = "hookd";
+
+/// Whether this process was started as `hookd` ([`hookd_command`]): its `main` then hands
+/// the command line to `hookd::cli::main`, the product binary's own body.
+pub fn invoked_as_hookd() -> bool {
+    std::env::args_os()
+        .next()
+        .is_some_and(|a| Path::new(&a).file_name() == Some(OsStr::new(HOOKD_ARGV0)))
+}
+
+/// A command that runs `hookd <args>` in a child process: this executable with
+/// `argv[0] = hookd`. The children are thus always the same build as the bench (no
+/// second binary to find, none stale), running the product's entry point with its
+/// defaults. `None` when this process is not the `hookd-bench` executable (the test
+/// suite runs the bench inside a test harness, which cannot be started as `hookd`).
+pub fn hookd_command() -> Option<tokio::process::Command> {
+    let exe = std::env::current_exe().ok()?;
+    if exe.file_stem()? != BIN_NAME {
+        return None;
+    }
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.arg0(HOOKD_ARGV0);
+    Some(cmd)
+}
 
 #[derive(Debug, Clone, clap::Args)]
 #[command(
@@ -226,7 +263,7 @@ pub enum BenchError {
     #[error(transparent)]
     Db(#[from] DbError),
     #[error("throwaway PostgreSQL: {0}")]
-    TempPg(#[from] crate::pgtemp::TempPgError),
+    TempPg(#[from] hookd::pgtemp::TempPgError),
     #[error("migrations: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("I/O: {0}")]
@@ -366,18 +403,18 @@ impl Ctx {
     /// A fresh pool on the bench database (each component gets its own, as separate
     /// processes would).
     pub fn new_pool(&self) -> Result<sqlx::PgPool, BenchError> {
-        Ok(db::connect_lazy_to(
+        Ok(hookd::db::connect_lazy_to(
             &self.pool_settings,
             Some(&self.database),
         )?)
     }
 }
 
-/// `hookd bench`: runs the sections, prints the table, fails if a count check failed.
+/// `hookd-bench`: runs the sections, prints the table, fails if a count check failed.
 pub async fn run(args: BenchArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     if cfg!(debug_assertions) && !args.smoke {
         eprintln!(
-            "hookd bench: this is a debug build; figures are not representative (cargo build --release)"
+            "hookd-bench: this is a debug build; figures are not representative (cargo run --release -p hookd-bench)"
         );
     }
     let report = run_report(args, shutdown).await?;
@@ -415,7 +452,7 @@ pub async fn run_report(
         .clone()
         .or_else(|| temp.as_ref().map(TempPostgres::url))
         .expect("a url or a throwaway cluster");
-    let admin = db::connect_lazy(&PoolSettings {
+    let admin = hookd::db::connect_lazy(&PoolSettings {
         url: server_url.clone(),
         max_connections: 2,
         acquire_timeout: Duration::from_secs(10),
@@ -425,7 +462,7 @@ pub async fn run_report(
         std::process::id(),
         rand::random::<u16>()
     );
-    db::bench::create_database(&admin, &database).await?;
+    db::create_database(&admin, &database).await?;
     progress(&format!("created database {database}"));
     let pool_settings = PoolSettings {
         url: server_url,
@@ -434,8 +471,8 @@ pub async fn run_report(
     };
 
     let outcome = async {
-        let pool = db::connect_lazy_to(&pool_settings, Some(&database))?;
-        let key_text = crate::crypto::generate_key_text("bench");
+        let pool = hookd::db::connect_lazy_to(&pool_settings, Some(&database))?;
+        let key_text = hookd::crypto::generate_key_text("bench");
         let keyring = Keyring::from_config("bench", &key_text, "bench-old", "")
             .map_err(|e| BenchError::Setup(e.to_string()))?;
         let ctx = Ctx {
@@ -457,7 +494,7 @@ pub async fn run_report(
     .await;
 
     // Always drop what we created, whatever happened above.
-    let dropped = db::bench::drop_database(&admin, &database).await;
+    let dropped = db::drop_database(&admin, &database).await;
     admin.close().await;
     if let Some(t) = temp
         && let Err(e) = t.shutdown().await
@@ -472,7 +509,7 @@ pub async fn run_report(
 }
 
 async fn run_sections(ctx: &Ctx) -> Result<Report, BenchError> {
-    db::migrate(&ctx.pool).await?;
+    hookd::db::migrate(&ctx.pool).await?;
     let mut report = Report::default();
     let mut h = |k: &str, v: String| report.header.push((k.to_string(), v));
     h(
@@ -489,7 +526,7 @@ async fn run_sections(ctx: &Ctx) -> Result<Report, BenchError> {
         ),
     );
     h("machine", machine());
-    for (k, v) in db::bench::server_settings(&ctx.pool).await? {
+    for (k, v) in db::server_settings(&ctx.pool).await? {
         h(&format!("pg {k}"), v);
     }
     h(
@@ -541,7 +578,7 @@ async fn run_sections(ctx: &Ctx) -> Result<Report, BenchError> {
 }
 
 pub(crate) fn progress(msg: &str) {
-    eprintln!("hookd bench: {msg}");
+    eprintln!("{BIN_NAME}: {msg}");
 }
 
 /// CPUs and memory of this machine, from std and /proc (Linux).

@@ -11,7 +11,7 @@ use http::{Request, StatusCode};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 
-use super::BenchError;
+use crate::BenchError;
 
 /// What each request sends.
 #[derive(Clone)]

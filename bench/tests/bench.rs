@@ -1,14 +1,34 @@
-//! `hookd bench` at a tiny scale (the hidden `--smoke`): every section runs through the
+//! `hookd-bench` at a tiny scale (the hidden `--smoke`): every section runs through the
 //! real API, dispatcher and claim code, the table has every row with sane numbers, the
 //! counts add up (delivered == enqueued, acked == committed), and the dedicated database
 //! is gone afterwards.
 
-mod common;
-
-use common::*;
-use hookd::bench::{BenchArgs, Report, Section, run_report};
+use hookd_bench::{BenchArgs, Report, Section, run_report};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+
+fn init() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// A `postgres://` URL of the server behind `pool` (the bench creates its own database
+/// there).
+fn database_url(pool: &PgPool) -> String {
+    let o = pool.connect_options();
+    format!(
+        "postgres://{}@{}:{}/{}",
+        o.get_username(),
+        o.get_host(),
+        o.get_port(),
+        o.get_database().unwrap_or("postgres")
+    )
+}
 
 fn assert_row(report: &Report, section: &str, figure: &str) -> f64 {
     let row = report
@@ -150,4 +170,18 @@ async fn only_runs_the_named_sections(pool: PgPool) {
         report.render()
     );
     assert_eq!(report.rows.len(), 4, "{}", report.render());
+}
+
+/// `hookd-bench --help` never prints the value of DATABASE_URL (a password).
+#[test]
+fn help_hides_the_database_password() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hookd-bench"))
+        .arg("--help")
+        .env("DATABASE_URL", "postgres://hookd:hunter2@db:5432/hookd")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("--database-url"), "{help}");
+    assert!(!help.contains("hunter2"), "{help}");
 }

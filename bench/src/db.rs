@@ -1,13 +1,15 @@
-//! SQL of `hookd bench`: its dedicated database, the server settings it reports, the
-//! plain-SQL baselines it compares ingest with, and set-based fixture fills.
+//! Every SQL statement of the bench (the rule "all SQL in `db`" holds per crate): its
+//! dedicated database, the server settings it reports, the plain-SQL baselines it
+//! compares ingest with, and set-based fixture fills. What the bench measures of hookd
+//! itself goes through `hookd::db`.
 //!
-//! Nothing here runs outside the benchmark, and the benchmark only ever runs it inside a
+//! Nothing here is part of the hookd product, and the bench only ever runs it inside a
 //! database it created itself (`hookd_bench_<pid>_<n>`), which it drops at the end.
 
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::DbError;
+use hookd::db::DbError;
 
 /// `name` must be a plain identifier minted by the caller (letters, digits, `_`): it is
 /// spliced into the statement, since CREATE/DROP DATABASE take no parameters.
@@ -43,15 +45,6 @@ pub async fn drop_database(admin: &PgPool, name: &str) -> Result<(), DbError> {
     .execute(admin)
     .await?;
     Ok(())
-}
-
-pub async fn database_exists(admin: &PgPool, name: &str) -> Result<bool, DbError> {
-    Ok(
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(name)
-            .fetch_one(admin)
-            .await?,
-    )
 }
 
 /// The server settings that decide the figures: (name, value) in a fixed order.
