@@ -12,6 +12,37 @@ use clap::Args;
 use crate::db::PoolSettings;
 use crate::domain::{AuthMode, NamespaceTenants, Scope};
 
+/// A settings type as its flags' defaults make it, whatever the environment holds: the
+/// one place defaults are written is the `#[arg(default_value…)]` of each field, and
+/// tests, `hookd dev` and the bench start from this instead of restating them.
+fn clap_defaults<T: Args + clap::FromArgMatches>() -> T {
+    // without their environment variables, so a HOOKD_* set in the caller's shell never
+    // changes what "the default" means
+    let cmd = T::augment_args(clap::Command::new("defaults")).mut_args(|a| a.env(None));
+    let matches = cmd
+        .try_get_matches_from(["defaults"])
+        .expect("every setting of a component has a default");
+    T::from_arg_matches(&matches).expect("defaults parse into their settings type")
+}
+
+macro_rules! settings_defaults {
+    ($($t:ty),*) => {$(
+        impl $t {
+            /// The settings with every flag at its default (environment ignored).
+            pub fn defaults() -> Self {
+                clap_defaults()
+            }
+        }
+    )*};
+}
+
+settings_defaults!(
+    ApiSettings,
+    DispatchSettings,
+    RetentionSettings,
+    ControllerSettings
+);
+
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum LogFormat {
     Text,

@@ -82,24 +82,10 @@ fn payload(bytes: usize, seq: u64) -> String {
 fn api_settings(auth: AuthMode) -> ApiSettings {
     ApiSettings {
         listen: "127.0.0.1:0".parse().expect("an address"),
-        max_payload_bytes: 256 * 1024,
-        max_batch: 100,
         ingest_committers: INGEST_COMMITTERS,
         ingest_max_group: INGEST_MAX_GROUP,
-        idempotency_wait_ms: 5000,
-        notify: true,
         auth,
-        auth_sa_scopes: vec![Scope::Produce, Scope::Read],
-        auth_namespace_tenants: Default::default(),
-        tenant_rate_limit: None,
-        api_request_timeout_secs: 30,
-        api_header_timeout_secs: 20,
-        api_max_connections: 4096,
-        api_max_header_bytes: 16 * 1024,
-        api_max_url_bytes: 4096,
-        api_max_inflight_bytes: 128 << 20,
-        api_tenant_inflight_bytes: None,
-        portal_frame_ancestors: Default::default(),
+        ..ApiSettings::defaults()
     }
 }
 
@@ -125,24 +111,15 @@ async fn start_api(
 }
 
 fn dispatch_settings() -> DispatchSettings {
+    // what `hookd dispatch` runs with (lease included: 5 s, renewed), but the slots
     DispatchSettings {
         listen: "127.0.0.1:0".parse().expect("an address"),
-        lease_secs: 60,
-        request_timeout_secs: 15,
         concurrency: DISPATCH_CONCURRENCY,
         endpoint_concurrency: ENDPOINT_CONCURRENCY,
         // the receiver is on loopback, which is refused by default
         allowed_destinations: "127.0.0.0/8".into(),
-        retry_schedule: "5,300,1800,7200,18000,36000,36000".into(),
-        max_attempts: None,
-        retry_jitter: 0.2,
-        max_retry_after_secs: 3600,
-        circuit_failures: 5,
-        circuit_cooldown_secs: 30,
-        poll_ms: 1000,
-        notify: true,
         shutdown_grace_secs: 10,
-        response_snippet_bytes: 1024,
+        ..DispatchSettings::defaults()
     }
 }
 

@@ -214,27 +214,11 @@ pub async fn endpoint_with_keyring(
 
 // ---- the API, in process, on an ephemeral port ----
 
+/// The defaults of `hookd api`, on an ephemeral loopback port.
 pub fn api_settings() -> ApiSettings {
     ApiSettings {
         listen: "127.0.0.1:0".parse().unwrap(),
-        max_payload_bytes: 256 * 1024,
-        max_batch: 100,
-        ingest_committers: 4,
-        ingest_max_group: 256,
-        idempotency_wait_ms: 5000,
-        notify: true,
-        auth: AuthMode::On,
-        auth_sa_scopes: vec![Scope::Produce, Scope::Read],
-        auth_namespace_tenants: Default::default(),
-        tenant_rate_limit: None,
-        api_request_timeout_secs: 30,
-        api_header_timeout_secs: 20,
-        api_max_connections: 4096,
-        api_max_header_bytes: 16 * 1024,
-        api_max_url_bytes: 4096,
-        api_max_inflight_bytes: 128 << 20,
-        api_tenant_inflight_bytes: None,
-        portal_frame_ancestors: Default::default(),
+        ..ApiSettings::defaults()
     }
 }
 
@@ -574,15 +558,11 @@ pub fn dispatch_settings() -> DispatchSettings {
         endpoint_concurrency: 16,
         allowed_destinations: "127.0.0.0/8".into(),
         retry_schedule: "1,1,1".into(),
-        max_attempts: None,
         retry_jitter: 0.0,
-        max_retry_after_secs: 3600,
-        circuit_failures: 5,
-        circuit_cooldown_secs: 30,
         poll_ms: 50,
-        notify: true,
         shutdown_grace_secs: 5,
         response_snippet_bytes: 256,
+        ..DispatchSettings::defaults()
     }
 }
 
