@@ -6,6 +6,7 @@
 //! deliveries. Outcomes go to the batch completer. Wake-ups come from NOTIFY, a timer to
 //! the next due row, freed slots, and a poll fallback.
 
+mod classify;
 mod completer;
 mod deliver;
 pub mod policy;
@@ -27,16 +28,12 @@ use crate::config::{DispatchSettings, RetentionSettings};
 use crate::crypto::Keyring;
 use crate::db::{
     self,
-    deliveries::{
-        ClaimRequest, ClaimedDelivery, Completion, ConsumerBusy, DeliveryOutcome, Release,
-        TenantBusy, TenantShares,
-    },
+    deliveries::{ClaimRequest, ClaimedDelivery, ConsumerBusy, Release, TenantBusy, TenantShares},
 };
-use crate::domain::ErrorClass;
-use crate::metrics::{AttemptOutcome, Metrics, Outcome};
+use crate::metrics::{Metrics, Outcome};
 use crate::outbound::{self, AllowList, ClientOptions, HostResolver};
 use completer::Finished;
-use policy::{AttemptResult, Decision, RetryPolicy};
+use policy::RetryPolicy;
 
 /// The shortest lease accepted. Leases are renewed (fenced on the claim token) every
 /// quarter lease while a request runs, so a lease need not outlive the request timeout;
@@ -546,10 +543,7 @@ pub async fn run_dispatcher(
     tracing::info!("dispatcher stopped");
 }
 
-/// How long a delivery whose signing secret cannot be decrypted waits before it is tried
-/// again (by whichever dispatcher claims it: one configured with the key sends it).
-const HELD_FOR: Duration = Duration::from_secs(60);
-
+/// One attempt: preflight and request ([`deliver`]), then classification ([`classify`]).
 async fn deliver_one(
     cfg: &DispatchConfig,
     client: &reqwest::Client,
@@ -567,91 +561,13 @@ async fn deliver_one(
     metrics
         .delivery_seconds
         .observe(report.duration.as_secs_f64());
-    let attempt = u32::try_from(row.attempts).unwrap_or(1);
-    let policy = cfg
-        .retry
-        .for_endpoint(row.retry_schedule_secs.as_deref(), row.max_attempts);
     let mut rng = rand::rngs::SmallRng::from_os_rng();
-    let decision = policy.decide(attempt, &report.result, &mut rng);
-    let (status_code, error_class, error) = match &report.result {
-        AttemptResult::Success { status } => (Some(i32::from(*status)), None, None),
-        AttemptResult::Gone => (
-            Some(410),
-            Some(ErrorClass::Gone),
-            Some("HTTP 410 Gone".to_string()),
-        ),
-        AttemptResult::Retryable {
-            status,
-            class,
-            error,
-            ..
-        } => (status.map(i32::from), Some(*class), Some(error.clone())),
-        AttemptResult::Permanent { class, error } => (None, Some(*class), Some(error.clone())),
-    };
-    // A secret this dispatcher cannot open is its own configuration, not the receiver's
-    // answer: nothing was sent, so the attempt is given back and the delivery held.
-    let unreadable = matches!(report.result, AttemptResult::Retryable { class, .. } if class == ErrorClass::SecretUnreadable);
-    let decision = if unreadable {
-        Decision::Retry { delay: HELD_FOR }
-    } else {
-        decision
-    };
-    let (status, retry_delay, dead_reason, outcome) = match decision {
-        Decision::Retry { delay } if unreadable => (
-            DeliveryOutcome::Held,
-            Some(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
-            None,
-            AttemptOutcome::Held,
-        ),
-        Decision::Succeeded => (
-            DeliveryOutcome::Succeeded,
-            None,
-            None,
-            AttemptOutcome::Succeeded,
-        ),
-        Decision::Retry { delay } => (
-            DeliveryOutcome::Retry,
-            Some(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
-            None,
-            if matches!(report.result, AttemptResult::Gone) {
-                AttemptOutcome::Gone
-            } else {
-                AttemptOutcome::Retry
-            },
-        ),
-        Decision::Dead { reason } => (
-            DeliveryOutcome::Dead,
-            None,
-            Some(reason),
-            AttemptOutcome::Dead,
-        ),
-    };
+    let (finished, outcome) = classify::classify(&cfg.retry, &row, report, &mut rng);
     metrics
         .delivery_attempts
         .get_or_create(&Outcome { outcome })
         .inc();
-    Finished {
-        endpoint_id: row.endpoint_id,
-        config_version: row.config_version,
-        success: matches!(report.result, AttemptResult::Success { .. }),
-        // an unreadable secret is this side's configuration, not the receiver's health
-        failure: matches!(report.result, AttemptResult::Retryable { class, .. } if class != ErrorClass::SecretUnreadable),
-        gone: matches!(report.result, AttemptResult::Gone),
-        completion: Completion {
-            delivery_id: row.id,
-            claim_token: row.claim_token,
-            attempt: row.attempt_seq,
-            status,
-            retry_delay_ms: retry_delay,
-            started_at: report.started_at,
-            duration_ms: i32::try_from(report.duration.as_millis()).unwrap_or(i32::MAX),
-            status_code,
-            error_class,
-            error,
-            response_snippet: report.snippet,
-            dead_reason,
-        },
-    }
+    finished
 }
 
 /// Renews the leases of deliveries in flight every quarter lease, fenced on their claim
