@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use futures::future::BoxFuture;
 use rand::SeedableRng;
 use sqlx::PgPool;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
@@ -60,7 +61,25 @@ pub struct DispatchConfig {
     /// DNS for receiver host names; `None` is the system resolver. Tests script answers
     /// here (e.g. DNS rebinding); whatever it answers still passes the outbound guard.
     pub resolver: Option<Arc<dyn HostResolver>>,
+    /// Told each delivery a worker reaches a [`Stage`] with, and awaited before the
+    /// worker goes on: tests set it to hold a worker between claim and completion (as
+    /// River's test signals do) and look at the queue meanwhile. `None` outside tests,
+    /// where it costs one branch per stage. A held worker keeps its slot and its lease
+    /// (still renewed), and is stopped like a send if the lease is lost.
+    pub stage_hook: Option<StageHook>,
 }
+
+/// Where a worker is with a claimed delivery, as [`DispatchConfig::stage_hook`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// leased and about to be sent
+    Claimed,
+    /// sent and classified; the outcome is not yet handed to the completer
+    Sent,
+}
+
+/// See [`DispatchConfig::stage_hook`]: called with the stage and the delivery's id.
+pub type StageHook = Arc<dyn Fn(Stage, Uuid) -> BoxFuture<'static, ()> + Send + Sync>;
 
 impl std::fmt::Debug for DispatchConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -73,6 +92,7 @@ impl std::fmt::Debug for DispatchConfig {
             .field("allow", &self.allow)
             .field("retry", &self.retry)
             .field("resolver", &self.resolver.as_ref().map(|_| "custom"))
+            .field("stage_hook", &self.stage_hook.as_ref().map(|_| "set"))
             .finish_non_exhaustive()
     }
 }
@@ -142,6 +162,7 @@ impl DispatchConfig {
             shutdown_grace: Duration::from_secs(s.shutdown_grace_secs),
             snippet_bytes: s.response_snippet_bytes,
             resolver: None,
+            stage_hook: None,
         })
     }
 }
@@ -636,8 +657,18 @@ impl DeliveryTask {
         {
             l.started = true;
         }
+        let attempt = async {
+            if let Some(hook) = &cfg.stage_hook {
+                hook(Stage::Claimed, delivery_id).await;
+            }
+            let finished = deliver_one(&cfg, &client, &metrics, row, signing).await;
+            if let Some(hook) = &cfg.stage_hook {
+                hook(Stage::Sent, delivery_id).await;
+            }
+            finished
+        };
         let finished = tokio::select! {
-            f = deliver_one(&cfg, &client, &metrics, row, signing) => Some(f),
+            f = attempt => Some(f),
             _ = stop.cancelled() => None,
         };
         match finished {
