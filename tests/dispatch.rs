@@ -15,10 +15,12 @@ use chrono::{DateTime, Utc};
 use common::*;
 use hookd::db::deliveries::{self, ClaimRequest, ClaimedDelivery, Completion, DeliveryOutcome};
 use hookd::db::endpoints::{self, CircuitInput};
+use hookd::dispatch::{Stage, StageHook};
 use hookd::domain::{CircuitState, DeliveryStatus, ErrorClass};
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::DropGuard;
 use uuid::Uuid;
 
@@ -1411,6 +1413,114 @@ async fn graceful_stop_finishes_in_flight_delivery(pool: PgPool) {
         delivery_status(&pool, id).await,
         ("succeeded".to_string(), 1)
     );
+}
+
+/// A stage hook that tells the test each stage a worker reaches and holds the worker
+/// there until the test sends on the channel it hands over (or drops it).
+type Reached = (Stage, Uuid, oneshot::Sender<()>);
+
+fn holding_hook() -> (StageHook, mpsc::UnboundedReceiver<Reached>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let hook: StageHook = Arc::new(move |stage, id| {
+        let tx = tx.clone();
+        Box::pin(async move {
+            let (go, held) = oneshot::channel();
+            if tx.send((stage, id, go)).is_ok() {
+                let _ = held.await;
+            }
+        })
+    });
+    (hook, rx)
+}
+
+async fn next_stage(reached: &mut mpsc::UnboundedReceiver<Reached>) -> Reached {
+    tokio::time::timeout(Duration::from_secs(10), reached.recv())
+        .await
+        .expect("a worker reaches the next stage")
+        .expect("the hook is alive")
+}
+
+/// (status, locked_by, seconds of lease left) of one delivery.
+async fn lease_of(pool: &PgPool, id: Uuid) -> (String, Option<Uuid>, f64) {
+    sqlx::query_as(
+        "SELECT status, locked_by, extract(epoch FROM visible_at - now())::float8
+         FROM hookd.deliveries WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A worker held between claim and send (by the stage hook) for longer than its 2 s
+/// lease keeps the delivery: the row stays in_progress under that worker with a lease
+/// renewed into the future, and a second dispatcher polling meanwhile claims nothing.
+/// Released, it sends once; held again after the send, the row is still in_progress (a
+/// crash here would resend it: at least once), and released, it is succeeded after one
+/// attempt with one request received. Before the hook, "claimed but not yet sent" could
+/// only be caught by racing a slow receiver.
+#[sqlx::test]
+async fn a_worker_held_after_claim_keeps_its_lease_and_sends_once(pool: PgPool) {
+    let rx = Receiver::start(&[SECRET_A]).await;
+    endpoint(&pool, opts("held", rx.url("/hook"))).await;
+    let settings = hookd::config::DispatchSettings {
+        lease_secs: 2,
+        ..dispatch_settings()
+    };
+    let (hook, mut reached) = holding_hook();
+    let mut cfg = hookd::dispatch::DispatchConfig::from_settings(&settings).unwrap();
+    cfg.stage_hook = Some(hook);
+    let held = TestDispatcher::start_with(&pool, cfg, test_keyring()).await;
+    let event = enqueue_sql(&pool, "held", 1).await[0];
+    let id: Uuid = sqlx::query_scalar("SELECT id FROM hookd.deliveries WHERE event_id = $1")
+        .bind(event)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+
+    let (stage, claimed, go) = next_stage(&mut reached).await;
+    assert_eq!((stage, claimed), (Stage::Claimed, id));
+    let (status, locked_by, lease_left) = lease_of(&pool, id).await;
+    assert_eq!(status, "in_progress");
+    assert_eq!(locked_by, Some(held.worker_id));
+    assert!(lease_left > 0.0, "leased: {lease_left}s left");
+
+    let other = TestDispatcher::start(&pool, settings).await;
+    // longer than the lease: only renewal keeps the row from the other dispatcher
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (status, locked_by, lease_left) = lease_of(&pool, id).await;
+    assert_eq!(status, "in_progress");
+    assert_eq!(locked_by, Some(held.worker_id), "still the held worker's");
+    assert!(lease_left > 0.0, "renewed while held: {lease_left}s left");
+    assert_eq!(
+        other.metrics.claimed.get(),
+        0,
+        "the other dispatcher took it"
+    );
+    assert_eq!(held.metrics.leases_lost.get(), 0);
+    assert_eq!(rx.count(), 0, "not sent while held");
+
+    go.send(()).unwrap();
+    let (stage, sent, go) = next_stage(&mut reached).await;
+    assert_eq!((stage, sent), (Stage::Sent, id));
+    assert_eq!(rx.count(), 1);
+    assert_eq!(
+        delivery_status(&pool, id).await.0,
+        "in_progress",
+        "the outcome is not written before the worker hands it over"
+    );
+
+    go.send(()).unwrap();
+    assert!(wait_status(&pool, id, "succeeded", Duration::from_secs(5)).await);
+    assert_eq!(
+        delivery_status(&pool, id).await,
+        ("succeeded".to_string(), 1)
+    );
+    assert_eq!(attempt_rows(&pool, id).await.len(), 1);
+    assert_eq!(rx.ids(), vec![id.to_string()], "received once");
+    assert_eq!(other.metrics.claimed.get(), 0);
+    other.stop().await;
+    held.stop().await;
 }
 
 /// With an empty allow-list, a loopback destination is refused: the delivery is dead at

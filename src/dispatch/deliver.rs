@@ -1,8 +1,11 @@
-//! One HTTP attempt: sign, send, read a capped snippet, classify.
+//! One HTTP attempt in two steps: **preflight** (the destination and the signing
+//! secrets, checked before any I/O) and **request** (sign, send, read a capped snippet).
+//! What the result means for the delivery is [`super::classify`]'s.
 
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use super::policy::{AttemptResult, parse_retry_after};
@@ -26,6 +29,12 @@ pub struct Sender<'a> {
     pub snippet_bytes: usize,
 }
 
+/// What preflight admits: a destination that may be sent to and the secrets to sign with.
+struct Cleared {
+    url: reqwest::Url,
+    secrets: Vec<SigningSecret>,
+}
+
 impl Sender<'_> {
     pub async fn send(
         &self,
@@ -34,7 +43,10 @@ impl Sender<'_> {
     ) -> AttemptReport {
         let started_at = Utc::now();
         let t0 = Instant::now();
-        let (result, snippet) = self.attempt(d, secrets).await;
+        let (result, snippet) = match preflight(d, self.allow, secrets) {
+            Ok(cleared) => self.request(d, cleared).await,
+            Err(refused) => (refused, None),
+        };
         AttemptReport {
             result,
             started_at,
@@ -43,93 +55,13 @@ impl Sender<'_> {
         }
     }
 
-    async fn attempt(
+    /// Signs and sends the delivery, and reads at most `snippet_bytes` of the answer.
+    async fn request(
         &self,
         d: &ClaimedDelivery,
-        secrets: Result<Vec<SigningSecret>, SecretUnreadable>,
+        cleared: Cleared,
     ) -> (AttemptResult, Option<String>) {
-        let url = match reqwest::Url::parse(&d.url) {
-            Ok(u) => u,
-            Err(e) => {
-                return (
-                    AttemptResult::Permanent {
-                        class: ErrorClass::InvalidUrl,
-                        error: format!("endpoint url is invalid: {e}"),
-                    },
-                    None,
-                );
-            }
-        };
-        // IP-literal hosts bypass the guarded resolver; host names are checked (and
-        // pinned) by it when the connection is made.
-        if let Err(e) = outbound::check_url(&url, self.allow) {
-            return (
-                AttemptResult::Permanent {
-                    class: ErrorClass::DestinationForbidden,
-                    error: e.to_string(),
-                },
-                None,
-            );
-        }
-        let secrets = match secrets {
-            Ok(s) => s,
-            Err(e) => {
-                // Never send unsigned or half-signed. Retried on the schedule: a
-                // dispatcher restarted with the right keys delivers it.
-                return (
-                    AttemptResult::Retryable {
-                        status: None,
-                        class: ErrorClass::SecretUnreadable,
-                        error: e.to_string(),
-                        retry_after: None,
-                    },
-                    None,
-                );
-            }
-        };
-        if secrets.is_empty() {
-            // Never send unsigned. Secrets are validated at reconcile time, so this means
-            // the endpoint lost its secret between claim and send: retry later.
-            return (
-                AttemptResult::Retryable {
-                    status: None,
-                    class: ErrorClass::NoSigningSecret,
-                    error: "endpoint has no usable signing secret".into(),
-                    retry_after: None,
-                },
-                None,
-            );
-        }
-        let id = d.id.to_string();
-        let ts = Utc::now().timestamp();
-        let body = d.payload.as_bytes();
-        let signature = signing::signature_header(&secrets, &id, ts, body);
-
-        let mut headers = HeaderMap::with_capacity(12);
-        // Static endpoint headers first, so the protocol headers below always win.
-        if let Some(map) = d.headers.0.as_object() {
-            for (k, v) in map {
-                if let (Ok(name), Some(Ok(value))) = (
-                    HeaderName::from_bytes(k.as_bytes()),
-                    v.as_str().map(HeaderValue::from_str),
-                ) {
-                    headers.insert(name, value);
-                }
-            }
-        }
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        let id_value = HeaderValue::from_str(&id).expect("uuid is a header value");
-        headers.insert("webhook-id", id_value.clone());
-        headers.insert("idempotency-key", id_value);
-        headers.insert("webhook-timestamp", HeaderValue::from(ts));
-        if let Ok(v) = HeaderValue::from_str(&signature) {
-            headers.insert("webhook-signature", v);
-        }
-        if let Ok(v) = HeaderValue::from_str(&d.event_type) {
-            headers.insert("hookd-event-type", v);
-        }
-        headers.insert("hookd-attempt", HeaderValue::from(d.attempts));
-
+        let headers = signed_headers(d, &cleared.secrets);
         let timeout = d
             .timeout_ms
             .and_then(|ms| u64::try_from(ms).ok())
@@ -138,7 +70,7 @@ impl Sender<'_> {
 
         let resp = self
             .client
-            .post(url)
+            .post(cleared.url)
             .headers(headers)
             .timeout(timeout)
             .body(d.payload.clone())
@@ -146,21 +78,7 @@ impl Sender<'_> {
             .await;
         let resp = match resp {
             Ok(r) => r,
-            Err(e) => {
-                let class = outbound::classify_error(&e);
-                let error = error_chain(&e);
-                let result = if class == ErrorClass::DestinationForbidden {
-                    AttemptResult::Permanent { class, error }
-                } else {
-                    AttemptResult::Retryable {
-                        status: None,
-                        class,
-                        error,
-                        retry_after: None,
-                    }
-                };
-                return (result, None);
-            }
+            Err(e) => return (send_failed(&e), None),
         };
         let status = resp.status();
         let retry_after = resp
@@ -170,20 +88,111 @@ impl Sender<'_> {
             .and_then(|v| parse_retry_after(v, Utc::now()));
         let (snippet, _truncated) = outbound::read_capped(resp, self.snippet_bytes).await;
         let snippet = (!snippet.is_empty()).then_some(snippet);
-        let code = status.as_u16();
-        let result = if status.is_success() {
-            AttemptResult::Success { status: code }
-        } else if code == 410 {
-            AttemptResult::Gone
-        } else {
-            AttemptResult::Retryable {
-                status: Some(code),
-                class: ErrorClass::HttpStatus,
-                error: format!("HTTP {code}"),
-                retry_after,
+        (answered(status, retry_after), snippet)
+    }
+}
+
+/// The checks that need no I/O: a parseable URL the allow-list admits, and secrets to
+/// sign with. A refusal is the attempt's result; nothing was sent.
+fn preflight(
+    d: &ClaimedDelivery,
+    allow: &AllowList,
+    secrets: Result<Vec<SigningSecret>, SecretUnreadable>,
+) -> Result<Cleared, AttemptResult> {
+    let url = reqwest::Url::parse(&d.url).map_err(|e| AttemptResult::Permanent {
+        class: ErrorClass::InvalidUrl,
+        error: format!("endpoint url is invalid: {e}"),
+    })?;
+    // IP-literal hosts bypass the guarded resolver; host names are checked (and
+    // pinned) by it when the connection is made.
+    outbound::check_url(&url, allow).map_err(|e| AttemptResult::Permanent {
+        class: ErrorClass::DestinationForbidden,
+        error: e.to_string(),
+    })?;
+    // Never send unsigned or half-signed. Retried on the schedule: a dispatcher
+    // restarted with the right keys delivers it.
+    let secrets = secrets.map_err(|e| AttemptResult::Retryable {
+        status: None,
+        class: ErrorClass::SecretUnreadable,
+        error: e.to_string(),
+        retry_after: None,
+    })?;
+    if secrets.is_empty() {
+        // Never send unsigned. Secrets are validated at reconcile time, so this means
+        // the endpoint lost its secret between claim and send: retry later.
+        return Err(AttemptResult::Retryable {
+            status: None,
+            class: ErrorClass::NoSigningSecret,
+            error: "endpoint has no usable signing secret".into(),
+            retry_after: None,
+        });
+    }
+    Ok(Cleared { url, secrets })
+}
+
+/// The endpoint's static headers, then the protocol's: ids, timestamp and signature.
+fn signed_headers(d: &ClaimedDelivery, secrets: &[SigningSecret]) -> HeaderMap {
+    let id = d.id.to_string();
+    let ts = Utc::now().timestamp();
+    let signature = signing::signature_header(secrets, &id, ts, d.payload.as_bytes());
+
+    let mut headers = HeaderMap::with_capacity(12);
+    // Static endpoint headers first, so the protocol headers below always win.
+    if let Some(map) = d.headers.0.as_object() {
+        for (k, v) in map {
+            if let (Ok(name), Some(Ok(value))) = (
+                HeaderName::from_bytes(k.as_bytes()),
+                v.as_str().map(HeaderValue::from_str),
+            ) {
+                headers.insert(name, value);
             }
-        };
-        (result, snippet)
+        }
+    }
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let id_value = HeaderValue::from_str(&id).expect("uuid is a header value");
+    headers.insert("webhook-id", id_value.clone());
+    headers.insert("idempotency-key", id_value);
+    headers.insert("webhook-timestamp", HeaderValue::from(ts));
+    if let Ok(v) = HeaderValue::from_str(&signature) {
+        headers.insert("webhook-signature", v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&d.event_type) {
+        headers.insert("hookd-event-type", v);
+    }
+    headers.insert("hookd-attempt", HeaderValue::from(d.attempts));
+    headers
+}
+
+/// A request that got no answer.
+fn send_failed(e: &reqwest::Error) -> AttemptResult {
+    let class = outbound::classify_error(e);
+    let error = error_chain(e);
+    if class == ErrorClass::DestinationForbidden {
+        AttemptResult::Permanent { class, error }
+    } else {
+        AttemptResult::Retryable {
+            status: None,
+            class,
+            error,
+            retry_after: None,
+        }
+    }
+}
+
+/// A request the receiver answered.
+fn answered(status: StatusCode, retry_after: Option<Duration>) -> AttemptResult {
+    let code = status.as_u16();
+    if status.is_success() {
+        AttemptResult::Success { status: code }
+    } else if code == 410 {
+        AttemptResult::Gone
+    } else {
+        AttemptResult::Retryable {
+            status: Some(code),
+            class: ErrorClass::HttpStatus,
+            error: format!("HTTP {code}"),
+            retry_after,
+        }
     }
 }
 

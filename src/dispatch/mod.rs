@@ -6,6 +6,7 @@
 //! deliveries. Outcomes go to the batch completer. Wake-ups come from NOTIFY, a timer to
 //! the next due row, freed slots, and a poll fallback.
 
+mod classify;
 mod completer;
 mod deliver;
 pub mod policy;
@@ -16,10 +17,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use futures::future::BoxFuture;
 use rand::SeedableRng;
 use sqlx::PgPool;
-use tokio::sync::{Notify, Semaphore};
-use tokio::task::JoinSet;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -27,16 +29,12 @@ use crate::config::{DispatchSettings, RetentionSettings};
 use crate::crypto::Keyring;
 use crate::db::{
     self,
-    deliveries::{
-        ClaimRequest, ClaimedDelivery, Completion, ConsumerBusy, DeliveryOutcome, Release,
-        TenantBusy, TenantShares,
-    },
+    deliveries::{ClaimRequest, ClaimedDelivery, ConsumerBusy, Release, TenantBusy, TenantShares},
 };
-use crate::domain::ErrorClass;
-use crate::metrics::{AttemptOutcome, Metrics, Outcome};
+use crate::metrics::{Metrics, Outcome};
 use crate::outbound::{self, AllowList, ClientOptions, HostResolver};
 use completer::Finished;
-use policy::{AttemptResult, Decision, RetryPolicy};
+use policy::RetryPolicy;
 
 /// The shortest lease accepted. Leases are renewed (fenced on the claim token) every
 /// quarter lease while a request runs, so a lease need not outlive the request timeout;
@@ -63,7 +61,25 @@ pub struct DispatchConfig {
     /// DNS for receiver host names; `None` is the system resolver. Tests script answers
     /// here (e.g. DNS rebinding); whatever it answers still passes the outbound guard.
     pub resolver: Option<Arc<dyn HostResolver>>,
+    /// Told each delivery a worker reaches a [`Stage`] with, and awaited before the
+    /// worker goes on: tests set it to hold a worker between claim and completion (as
+    /// River's test signals do) and look at the queue meanwhile. `None` outside tests,
+    /// where it costs one branch per stage. A held worker keeps its slot and its lease
+    /// (still renewed), and is stopped like a send if the lease is lost.
+    pub stage_hook: Option<StageHook>,
 }
+
+/// Where a worker is with a claimed delivery, as [`DispatchConfig::stage_hook`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// leased and about to be sent
+    Claimed,
+    /// sent and classified; the outcome is not yet handed to the completer
+    Sent,
+}
+
+/// See [`DispatchConfig::stage_hook`]: called with the stage and the delivery's id.
+pub type StageHook = Arc<dyn Fn(Stage, Uuid) -> BoxFuture<'static, ()> + Send + Sync>;
 
 impl std::fmt::Debug for DispatchConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -76,6 +92,7 @@ impl std::fmt::Debug for DispatchConfig {
             .field("allow", &self.allow)
             .field("retry", &self.retry)
             .field("resolver", &self.resolver.as_ref().map(|_| "custom"))
+            .field("stage_hook", &self.stage_hook.as_ref().map(|_| "set"))
             .finish_non_exhaustive()
     }
 }
@@ -145,6 +162,7 @@ impl DispatchConfig {
             shutdown_grace: Duration::from_secs(s.shutdown_grace_secs),
             snippet_bytes: s.response_snippet_bytes,
             resolver: None,
+            stage_hook: None,
         })
     }
 }
@@ -310,6 +328,9 @@ impl InFlight {
     }
 }
 
+/// The most rows one claim asks for, however many slots are free.
+const MAX_CLAIM_BATCH: usize = 1000;
+
 /// The dispatcher loop, until `shutdown`; then drains in-flight deliveries within the
 /// grace period, hands back the leases of any it had to abandon, and flushes outcomes.
 pub async fn run_dispatcher(
@@ -319,72 +340,146 @@ pub async fn run_dispatcher(
     metrics: Metrics,
     shutdown: CancellationToken,
 ) {
-    let cfg = Arc::new(cfg);
-    let mut secret_cache = secrets::SecretCache::new(keyring, metrics.clone());
-    let client = Arc::new(outbound::build_client(ClientOptions {
-        allow: cfg.allow.clone(),
-        resolver: cfg.resolver.clone(),
-        connect_timeout: Duration::from_secs(5).min(cfg.request_timeout),
-        user_agent: format!("hookd/{}", env!("CARGO_PKG_VERSION")),
-        // Idle connections are kept per host, not per endpoint: several endpoints on one
-        // receiver host share them. Capping them at one endpoint's in-flight limit made
-        // every delivery beyond it open a fresh connection (measured by `hookd-bench`:
-        // 8 endpoints on one host, connect + close per request).
-        pool_max_idle_per_host: cfg.concurrency,
-    }));
-    let slots = Arc::new(Semaphore::new(cfg.concurrency));
-    let in_flight = Arc::new(Mutex::new(InFlight::default()));
-    let wake = Arc::new(Notify::new());
-    let slot_freed = Arc::new(Notify::new());
-    if cfg.notify {
-        crate::notify::spawn_listener(pool.clone(), wake.clone(), shutdown.clone());
-    }
-    spawn_backlog_sampler(pool.clone(), metrics.clone(), shutdown.clone());
-    let (done_tx, completer) = completer::spawn(
-        pool.clone(),
-        completer::CompleterConfig {
-            max_batch: 512,
-            queue: cfg.concurrency.max(512) * 2,
-            circuit_threshold: i32::try_from(cfg.circuit_threshold).unwrap_or(i32::MAX),
-            circuit_cooldown: cfg.circuit_cooldown,
-            shutdown_grace: cfg.shutdown_grace,
-        },
-        metrics.clone(),
-        shutdown.clone(),
-    );
-    // Renewal keeps running through the shutdown drain, until every send has ended.
-    let renewer_stop = CancellationToken::new();
-    let renewer = spawn_lease_renewer(
-        pool.clone(),
-        cfg.lease,
-        in_flight.clone(),
-        renewer_stop.clone(),
-    );
-    let mut tasks = JoinSet::new();
-    let mut error_backoff = Duration::from_millis(100);
-
+    let mut d = Dispatcher::start(pool, cfg, keyring, metrics, &shutdown);
     while !shutdown.is_cancelled() {
         // reap finished tasks so the JoinSet does not grow
-        while tasks.try_join_next().is_some() {}
-        let free = slots.available_permits();
+        while d.tasks.try_join_next().is_some() {}
+        let free = d.slots.available_permits();
         if free == 0 {
             tokio::select! {
-                _ = slot_freed.notified() => {}
-                _ = shutdown.cancelled() => break,
+                _ = d.slot_freed.notified() => {}
+                _ = shutdown.cancelled() => {}
             }
             continue;
         }
+        let limit = free.min(MAX_CLAIM_BATCH);
+        let Some((rows, claimed_at)) = d.claim(limit, &shutdown).await else {
+            continue;
+        };
+        let got = rows.len();
+        for row in rows {
+            d.spawn(row, claimed_at);
+        }
+        if got == limit {
+            continue; // a full batch: more is probably due right now
+        }
+        d.sleep_until_due(got > 0, &shutdown).await;
+    }
+    d.drain_and_release().await;
+}
+
+/// The claimer loop's state, shared with the delivery tasks it spawns; one method per
+/// step of the loop.
+struct Dispatcher {
+    pool: PgPool,
+    cfg: Arc<DispatchConfig>,
+    client: Arc<reqwest::Client>,
+    metrics: Metrics,
+    /// one permit per delivery in flight, up to `concurrency`
+    slots: Arc<Semaphore>,
+    in_flight: Arc<Mutex<InFlight>>,
+    /// NOTIFY: something may have become due
+    wake: Arc<Notify>,
+    slot_freed: Arc<Notify>,
+    secret_cache: secrets::SecretCache,
+    done_tx: mpsc::Sender<Finished>,
+    completer: JoinHandle<()>,
+    renewer_stop: CancellationToken,
+    renewer: JoinHandle<()>,
+    tasks: JoinSet<()>,
+    error_backoff: Duration,
+}
+
+impl Dispatcher {
+    /// Builds the HTTP client and starts the tasks that run beside the loop: the NOTIFY
+    /// listener, the backlog sampler, the completer and the lease renewer.
+    fn start(
+        pool: PgPool,
+        cfg: DispatchConfig,
+        keyring: Arc<Keyring>,
+        metrics: Metrics,
+        shutdown: &CancellationToken,
+    ) -> Dispatcher {
+        let cfg = Arc::new(cfg);
+        let secret_cache = secrets::SecretCache::new(keyring, metrics.clone());
+        let client = Arc::new(outbound::build_client(ClientOptions {
+            allow: cfg.allow.clone(),
+            resolver: cfg.resolver.clone(),
+            connect_timeout: Duration::from_secs(5).min(cfg.request_timeout),
+            user_agent: format!("hookd/{}", env!("CARGO_PKG_VERSION")),
+            // Idle connections are kept per host, not per endpoint: several endpoints on one
+            // receiver host share them. Capping them at one endpoint's in-flight limit made
+            // every delivery beyond it open a fresh connection (measured by `hookd-bench`:
+            // 8 endpoints on one host, connect + close per request).
+            pool_max_idle_per_host: cfg.concurrency,
+        }));
+        let slots = Arc::new(Semaphore::new(cfg.concurrency));
+        let in_flight = Arc::new(Mutex::new(InFlight::default()));
+        let wake = Arc::new(Notify::new());
+        let slot_freed = Arc::new(Notify::new());
+        if cfg.notify {
+            crate::notify::spawn_listener(pool.clone(), wake.clone(), shutdown.clone());
+        }
+        spawn_backlog_sampler(pool.clone(), metrics.clone(), shutdown.clone());
+        let (done_tx, completer) = completer::spawn(
+            pool.clone(),
+            completer::CompleterConfig {
+                max_batch: 512,
+                queue: cfg.concurrency.max(512) * 2,
+                circuit_threshold: i32::try_from(cfg.circuit_threshold).unwrap_or(i32::MAX),
+                circuit_cooldown: cfg.circuit_cooldown,
+                shutdown_grace: cfg.shutdown_grace,
+            },
+            metrics.clone(),
+            shutdown.clone(),
+        );
+        // Renewal keeps running through the shutdown drain, until every send has ended.
+        let renewer_stop = CancellationToken::new();
+        let renewer = spawn_lease_renewer(
+            pool.clone(),
+            cfg.lease,
+            in_flight.clone(),
+            renewer_stop.clone(),
+        );
+        Dispatcher {
+            pool,
+            cfg,
+            client,
+            metrics,
+            slots,
+            in_flight,
+            wake,
+            slot_freed,
+            secret_cache,
+            done_tx,
+            completer,
+            renewer_stop,
+            renewer,
+            tasks: JoinSet::new(),
+            error_backoff: Duration::from_millis(100),
+        }
+    }
+
+    /// Claims up to `limit` due deliveries within every tenant's and consumer's share,
+    /// and when, by this host's clock, the statement was sent (what leases are counted
+    /// from). `None` when the claim failed; it returns after the error backoff, or at
+    /// shutdown.
+    async fn claim(
+        &mut self,
+        limit: usize,
+        shutdown: &CancellationToken,
+    ) -> Option<(Vec<ClaimedDelivery>, Instant)> {
         let (busy, shares) = {
-            let f = in_flight.lock().expect("in-flight lock");
+            let f = self.in_flight.lock().expect("in-flight lock");
             (
                 f.per_endpoint.iter().map(|(k, v)| (*k, *v)).collect(),
-                f.shares(cfg.concurrency),
+                f.shares(self.cfg.concurrency),
             )
         };
-        let limit = free.min(1000);
+        let cfg = &self.cfg;
         let started = Instant::now();
         let claimed = db::deliveries::claim_shared(
-            &pool,
+            &self.pool,
             &ClaimRequest {
                 worker_id: cfg.worker_id,
                 limit: limit as i64,
@@ -397,159 +492,208 @@ pub async fn run_dispatcher(
             &shares,
         )
         .await;
-        metrics
+        self.metrics
             .claim_seconds
             .observe(started.elapsed().as_secs_f64());
-        let rows = match claimed {
+        match claimed {
             Ok(rows) => {
-                error_backoff = Duration::from_millis(100);
-                rows
+                self.error_backoff = Duration::from_millis(100);
+                self.metrics.claimed.inc_by(rows.len() as u64);
+                Some((rows, started))
             }
             Err(e) => {
                 tracing::warn!(error = %e, "claim failed; retrying");
                 tokio::select! {
-                    _ = tokio::time::sleep(error_backoff) => {}
-                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(self.error_backoff) => {}
+                    _ = shutdown.cancelled() => return None,
                 }
-                error_backoff = (error_backoff * 2).min(Duration::from_secs(5));
-                continue;
+                self.error_backoff = (self.error_backoff * 2).min(Duration::from_secs(5));
+                None
             }
-        };
-        let got = rows.len();
-        metrics.claimed.inc_by(got as u64);
-        for row in rows {
-            let signing = secret_cache.open(&row);
-            let permit = slots
-                .clone()
-                .try_acquire_owned()
-                .expect("claimed no more rows than free slots");
-            let stop = CancellationToken::new();
-            {
-                let mut f = in_flight.lock().expect("in-flight lock");
-                f.take(&row);
-                f.leases.insert(
-                    row.id,
-                    HeldLease {
-                        claim_token: row.claim_token,
-                        started: false,
-                        until: started + cfg.lease,
-                        stop: stop.clone(),
-                    },
-                );
-            }
-            metrics.deliveries_in_flight.inc();
-            let (cfg, client, done_tx, in_flight, slot_freed, metrics) = (
-                cfg.clone(),
-                client.clone(),
-                done_tx.clone(),
-                in_flight.clone(),
-                slot_freed.clone(),
-                metrics.clone(),
+        }
+    }
+
+    /// Takes a slot and the in-flight bookkeeping for one claimed row, and spawns the
+    /// task that sends it.
+    fn spawn(&mut self, row: ClaimedDelivery, claimed_at: Instant) {
+        let signing = self.secret_cache.open(&row);
+        let permit = self
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .expect("claimed no more rows than free slots");
+        let stop = CancellationToken::new();
+        {
+            let mut f = self.in_flight.lock().expect("in-flight lock");
+            f.take(&row);
+            f.leases.insert(
+                row.id,
+                HeldLease {
+                    claim_token: row.claim_token,
+                    started: false,
+                    until: claimed_at + self.cfg.lease,
+                    stop: stop.clone(),
+                },
             );
-            tasks.spawn(async move {
-                let endpoint_id = row.endpoint_id;
-                let delivery_id = row.id;
-                let owner = (row.tenant.clone(), row.consumer.clone());
-                if let Some(l) = in_flight
-                    .lock()
-                    .expect("in-flight lock")
-                    .leases
-                    .get_mut(&delivery_id)
-                {
-                    l.started = true;
-                }
-                let finished = tokio::select! {
-                    f = deliver_one(&cfg, &client, &metrics, row, signing) => Some(f),
-                    _ = stop.cancelled() => None,
-                };
-                match finished {
-                    // Waits while the completer's queue is full: this slot stays taken, so
-                    // the claimer slows down rather than outcomes piling up in memory.
-                    Some(finished) => {
-                        let _ = done_tx.send(finished).await;
-                    }
-                    None => {
-                        metrics.leases_lost.inc();
-                        tracing::warn!(delivery = %delivery_id, "lease lost or not renewed in time; send abandoned (the delivery is sent again by whoever holds it next)");
-                    }
-                }
-                {
-                    let mut f = in_flight.lock().expect("in-flight lock");
-                    f.give_back(endpoint_id, owner);
-                    f.leases.remove(&delivery_id);
-                }
-                metrics.deliveries_in_flight.dec();
-                drop(permit);
-                slot_freed.notify_one();
-            });
         }
-        if got == limit {
-            continue; // a full batch: more is probably due right now
-        }
-        // Nothing more is claimable now: sleep until something may be.
-        let next_due = db::deliveries::next_due(&pool).await.ok().flatten();
-        let mut sleep_for = cfg.poll_interval;
+        self.metrics.deliveries_in_flight.inc();
+        let task = DeliveryTask {
+            cfg: self.cfg.clone(),
+            client: self.client.clone(),
+            done_tx: self.done_tx.clone(),
+            in_flight: self.in_flight.clone(),
+            slot_freed: self.slot_freed.clone(),
+            metrics: self.metrics.clone(),
+            permit,
+            stop,
+        };
+        self.tasks.spawn(task.run(row, signing));
+    }
+
+    /// Nothing more is claimable now: sleeps until something may be (the next due row,
+    /// a NOTIFY, a freed slot, the poll interval) or shutdown.
+    async fn sleep_until_due(&self, claimed_some: bool, shutdown: &CancellationToken) {
+        let next_due = db::deliveries::next_due(&self.pool).await.ok().flatten();
+        let mut sleep_for = self.cfg.poll_interval;
         if let Some(at) = next_due
             && let Ok(d) = (at - Utc::now()).to_std()
         {
             sleep_for = sleep_for.min(d + Duration::from_millis(1));
         }
         tokio::select! {
-            _ = wake.notified() => {}
+            _ = self.wake.notified() => {}
             _ = tokio::time::sleep(sleep_for) => {}
             // a freed slot may unblock an endpoint that was at its cap; a short pause
             // lets several completions accumulate into one claim
-            _ = slot_freed.notified(), if got > 0 || !in_flight.lock().expect("in-flight lock").per_endpoint.is_empty() => {
+            _ = self.slot_freed.notified(), if claimed_some || !self.in_flight.lock().expect("in-flight lock").per_endpoint.is_empty() => {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
-            _ = shutdown.cancelled() => break,
+            _ = shutdown.cancelled() => {}
         }
     }
 
-    // Shutdown: no more claims. Let in-flight deliveries finish within the grace period.
-    let pending = tasks.len();
-    if pending > 0 {
-        tracing::info!(in_flight = pending, grace = ?cfg.shutdown_grace, "draining in-flight deliveries");
-    }
-    let drained = tokio::time::timeout(cfg.shutdown_grace, async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
-        tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
-        let leases: Vec<Release> = {
-            let f = in_flight.lock().expect("in-flight lock");
-            f.leases
-                .iter()
-                .map(|(id, l)| Release {
-                    delivery_id: *id,
-                    claim_token: l.claim_token,
-                    started: l.started,
-                })
-                .collect()
-        };
-        match db::deliveries::release(&pool, &leases).await {
-            Ok(n) => tracing::warn!(
-                released = n,
-                "grace period over; handed back leases of unfinished deliveries"
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "could not hand back leases; they lapse by themselves")
+    /// Shutdown: no more claims. Lets in-flight deliveries finish within the grace
+    /// period, hands back the leases of those it had to abandon, then flushes outcomes.
+    async fn drain_and_release(mut self) {
+        let pending = self.tasks.len();
+        if pending > 0 {
+            tracing::info!(in_flight = pending, grace = ?self.cfg.shutdown_grace, "draining in-flight deliveries");
+        }
+        let drained = tokio::time::timeout(self.cfg.shutdown_grace, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            self.tasks.abort_all();
+            while self.tasks.join_next().await.is_some() {}
+            let leases: Vec<Release> = {
+                let f = self.in_flight.lock().expect("in-flight lock");
+                f.leases
+                    .iter()
+                    .map(|(id, l)| Release {
+                        delivery_id: *id,
+                        claim_token: l.claim_token,
+                        started: l.started,
+                    })
+                    .collect()
+            };
+            match db::deliveries::release(&self.pool, &leases).await {
+                Ok(n) => tracing::warn!(
+                    released = n,
+                    "grace period over; handed back leases of unfinished deliveries"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not hand back leases; they lapse by themselves")
+                }
             }
         }
+        self.renewer_stop.cancel();
+        let _ = self.renewer.await;
+        // the last sender: the completer writes what is queued and exits
+        drop(self.done_tx);
+        let _ = self.completer.await;
+        tracing::info!("dispatcher stopped");
     }
-    renewer_stop.cancel();
-    let _ = renewer.await;
-    drop(done_tx);
-    let _ = completer.await;
-    tracing::info!("dispatcher stopped");
 }
 
-/// How long a delivery whose signing secret cannot be decrypted waits before it is tried
-/// again (by whichever dispatcher claims it: one configured with the key sends it).
-const HELD_FOR: Duration = Duration::from_secs(60);
+/// One delivery's task: its handles on the loop's shared state, its slot, and the token
+/// that stops its send when its lease is lost.
+struct DeliveryTask {
+    cfg: Arc<DispatchConfig>,
+    client: Arc<reqwest::Client>,
+    done_tx: mpsc::Sender<Finished>,
+    in_flight: Arc<Mutex<InFlight>>,
+    slot_freed: Arc<Notify>,
+    metrics: Metrics,
+    permit: OwnedSemaphorePermit,
+    stop: CancellationToken,
+}
 
+impl DeliveryTask {
+    /// Sends the delivery, reports the outcome to the completer, and gives back its slot.
+    async fn run(
+        self,
+        row: ClaimedDelivery,
+        signing: Result<Vec<crate::signing::SigningSecret>, secrets::SecretUnreadable>,
+    ) {
+        let DeliveryTask {
+            cfg,
+            client,
+            done_tx,
+            in_flight,
+            slot_freed,
+            metrics,
+            permit,
+            stop,
+        } = self;
+        let endpoint_id = row.endpoint_id;
+        let delivery_id = row.id;
+        let owner = (row.tenant.clone(), row.consumer.clone());
+        if let Some(l) = in_flight
+            .lock()
+            .expect("in-flight lock")
+            .leases
+            .get_mut(&delivery_id)
+        {
+            l.started = true;
+        }
+        let attempt = async {
+            if let Some(hook) = &cfg.stage_hook {
+                hook(Stage::Claimed, delivery_id).await;
+            }
+            let finished = deliver_one(&cfg, &client, &metrics, row, signing).await;
+            if let Some(hook) = &cfg.stage_hook {
+                hook(Stage::Sent, delivery_id).await;
+            }
+            finished
+        };
+        let finished = tokio::select! {
+            f = attempt => Some(f),
+            _ = stop.cancelled() => None,
+        };
+        match finished {
+            // Waits while the completer's queue is full: this slot stays taken, so
+            // the claimer slows down rather than outcomes piling up in memory.
+            Some(finished) => {
+                let _ = done_tx.send(finished).await;
+            }
+            None => {
+                metrics.leases_lost.inc();
+                tracing::warn!(delivery = %delivery_id, "lease lost or not renewed in time; send abandoned (the delivery is sent again by whoever holds it next)");
+            }
+        }
+        {
+            let mut f = in_flight.lock().expect("in-flight lock");
+            f.give_back(endpoint_id, owner);
+            f.leases.remove(&delivery_id);
+        }
+        metrics.deliveries_in_flight.dec();
+        drop(permit);
+        slot_freed.notify_one();
+    }
+}
+
+/// One attempt: preflight and request ([`deliver`]), then classification ([`classify`]).
 async fn deliver_one(
     cfg: &DispatchConfig,
     client: &reqwest::Client,
@@ -567,91 +711,13 @@ async fn deliver_one(
     metrics
         .delivery_seconds
         .observe(report.duration.as_secs_f64());
-    let attempt = u32::try_from(row.attempts).unwrap_or(1);
-    let policy = cfg
-        .retry
-        .for_endpoint(row.retry_schedule_secs.as_deref(), row.max_attempts);
     let mut rng = rand::rngs::SmallRng::from_os_rng();
-    let decision = policy.decide(attempt, &report.result, &mut rng);
-    let (status_code, error_class, error) = match &report.result {
-        AttemptResult::Success { status } => (Some(i32::from(*status)), None, None),
-        AttemptResult::Gone => (
-            Some(410),
-            Some(ErrorClass::Gone),
-            Some("HTTP 410 Gone".to_string()),
-        ),
-        AttemptResult::Retryable {
-            status,
-            class,
-            error,
-            ..
-        } => (status.map(i32::from), Some(*class), Some(error.clone())),
-        AttemptResult::Permanent { class, error } => (None, Some(*class), Some(error.clone())),
-    };
-    // A secret this dispatcher cannot open is its own configuration, not the receiver's
-    // answer: nothing was sent, so the attempt is given back and the delivery held.
-    let unreadable = matches!(report.result, AttemptResult::Retryable { class, .. } if class == ErrorClass::SecretUnreadable);
-    let decision = if unreadable {
-        Decision::Retry { delay: HELD_FOR }
-    } else {
-        decision
-    };
-    let (status, retry_delay, dead_reason, outcome) = match decision {
-        Decision::Retry { delay } if unreadable => (
-            DeliveryOutcome::Held,
-            Some(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
-            None,
-            AttemptOutcome::Held,
-        ),
-        Decision::Succeeded => (
-            DeliveryOutcome::Succeeded,
-            None,
-            None,
-            AttemptOutcome::Succeeded,
-        ),
-        Decision::Retry { delay } => (
-            DeliveryOutcome::Retry,
-            Some(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
-            None,
-            if matches!(report.result, AttemptResult::Gone) {
-                AttemptOutcome::Gone
-            } else {
-                AttemptOutcome::Retry
-            },
-        ),
-        Decision::Dead { reason } => (
-            DeliveryOutcome::Dead,
-            None,
-            Some(reason),
-            AttemptOutcome::Dead,
-        ),
-    };
+    let (finished, outcome) = classify::classify(&cfg.retry, &row, report, &mut rng);
     metrics
         .delivery_attempts
         .get_or_create(&Outcome { outcome })
         .inc();
-    Finished {
-        endpoint_id: row.endpoint_id,
-        config_version: row.config_version,
-        success: matches!(report.result, AttemptResult::Success { .. }),
-        // an unreadable secret is this side's configuration, not the receiver's health
-        failure: matches!(report.result, AttemptResult::Retryable { class, .. } if class != ErrorClass::SecretUnreadable),
-        gone: matches!(report.result, AttemptResult::Gone),
-        completion: Completion {
-            delivery_id: row.id,
-            claim_token: row.claim_token,
-            attempt: row.attempt_seq,
-            status,
-            retry_delay_ms: retry_delay,
-            started_at: report.started_at,
-            duration_ms: i32::try_from(report.duration.as_millis()).unwrap_or(i32::MAX),
-            status_code,
-            error_class,
-            error,
-            response_snippet: report.snippet,
-            dead_reason,
-        },
-    }
+    finished
 }
 
 /// Renews the leases of deliveries in flight every quarter lease, fenced on their claim
