@@ -14,7 +14,7 @@ WORKDIR /src
 # Stub targets let cargo build every dependency without the sources. The workspace's
 # other member, the benchmark, is not built: cargo only needs its manifest to load the
 # workspace (and check Cargo.lock).
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY bench/Cargo.toml ./bench/
 RUN mkdir src \
     && echo 'fn main() {}' > src/main.rs \

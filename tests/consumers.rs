@@ -1226,3 +1226,74 @@ async fn consumer_metadata_with_extreme_numbers_reads_back(pool: PgPool) {
             .unwrap_or_else(|e| panic!("{path}: {e}: {text}"));
     }
 }
+
+/// Fan-out reads the matching subscriptions only, however the tenant's endpoints are
+/// spread. With many consumers the planner estimates one subscription per (tenant,
+/// consumer) and, left free, scanned all of a tenant's tenant-wide subscriptions for
+/// every event, filtering by pattern: `hookd-bench --only consumers` measured 0.05-0.09 x
+/// the ingest rate among 10,000 tenant-wide endpoints of distinct types.
+#[sqlx::test]
+async fn fan_out_reads_only_the_matching_subscriptions_whatever_the_statistics(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO hookd.consumers (tenant, uid) SELECT 'wide', 'c' || g FROM generate_series(1, 3000) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO hookd.endpoints (id, tenant, consumer, managed_by, url, event_types)
+         SELECT hookd.uuid_v7(), 'wide', CASE WHEN g <= 3000 THEN 'c' || g END, 'api',
+                'https://example.com/' || g, ARRAY['t.' || g]
+         FROM generate_series(1, 6000) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE hookd.subscriptions")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let events: Vec<hookd::db::events::NewEvent> = (0..16)
+        .map(|i| hookd::db::events::NewEvent {
+            id: Uuid::now_v7(),
+            tenant: "wide".into(),
+            event_type: format!("t.{}", 3001 + i),
+            payload: "{}".into(),
+            idempotency_key: None,
+            request_hash: vec![0],
+            consumer: None,
+        })
+        .collect();
+    let mut tx = pool.begin().await.unwrap();
+    let inserted = hookd::db::events::insert_with_fanout(&mut tx, &events)
+        .await
+        .unwrap();
+    assert!(inserted.iter().all(|e| e.delivery_ids.len() == 1));
+    let read: i64 = sqlx::query_scalar(
+        "SELECT pg_stat_get_xact_tuples_returned('hookd.subscriptions_pkey'::regclass)",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    // one match per event (each type has 3 patterns: *, t.*, t.<n>)
+    assert!(read <= 16 * 3, "{read} subscription entries read for 16 events");
+    tx.rollback().await.unwrap();
+
+    // hookd.enqueue likewise, past the five calls after which PL/pgSQL may plan once for
+    // any tenant and consumer
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(
+        "SELECT hookd.enqueue('wide', 't.' || g, '{}', NULL, NULL) FROM generate_series(3001, 3016) g",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let read: i64 = sqlx::query_scalar(
+        "SELECT pg_stat_get_xact_tuples_returned('hookd.subscriptions_pkey'::regclass)",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert!(read <= 16 * 3, "hookd.enqueue: {read} subscription entries read for 16 events");
+    tx.rollback().await.unwrap();
+}

@@ -83,16 +83,19 @@ pub async fn insert_with_fanout(
             FROM ev CROSS JOIN LATERAL (
                 -- The patterns drive: one probe of the subscriptions' primary key on
                 -- (tenant, consumer, pattern) per pattern the type matches, whatever the
-                -- tenant holds. LATERAL fixes that order whatever the statistics say (a
-                -- freshly filled table is estimated at one row, and the planner then scans
-                -- the tenant's subscriptions and filters: 18 events/s among 10,000
-                -- endpoints of distinct types, measured by `hookd-bench --only consumers`).
+                -- tenant holds. OFFSET 0 keeps the planner from flattening the probe into
+                -- a join it may reorder: the tenant and consumer come from the row, so it
+                -- estimates their subscriptions at the average, one row when a tenant has
+                -- many consumers, and then scanned all of a tenant's tenant-wide
+                -- subscriptions per event and filtered by pattern (0.05 x the ingest rate
+                -- among 10,000 endpoints of distinct types, `hookd-bench --only consumers`).
                 SELECT DISTINCT m.endpoint_id
                 FROM unnest(ev.keys) AS k(pattern)
                 CROSS JOIN LATERAL (
                     SELECT s.endpoint_id FROM hookd.subscriptions s
                     WHERE s.tenant = ev.tenant AND s.consumer = coalesce(ev.consumer, '')
-                      AND s.pattern = k.pattern) m) s
+                      AND s.pattern = k.pattern
+                    OFFSET 0) m) s
             RETURNING id, event_id
         )
         SELECT ev.id AS event_id,
