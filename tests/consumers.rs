@@ -1276,7 +1276,10 @@ async fn fan_out_reads_only_the_matching_subscriptions_whatever_the_statistics(p
     .await
     .unwrap();
     // one match per event (each type has 3 patterns: *, t.*, t.<n>)
-    assert!(read <= 16 * 3, "{read} subscription entries read for 16 events");
+    assert!(
+        read <= 16 * 3,
+        "{read} subscription entries read for 16 events"
+    );
     tx.rollback().await.unwrap();
 
     // hookd.enqueue likewise, past the five calls after which PL/pgSQL may plan once for
@@ -1294,6 +1297,9 @@ async fn fan_out_reads_only_the_matching_subscriptions_whatever_the_statistics(p
     .fetch_one(&mut *tx)
     .await
     .unwrap();
-    assert!(read <= 16 * 3, "hookd.enqueue: {read} subscription entries read for 16 events");
+    assert!(
+        read <= 16 * 3,
+        "hookd.enqueue: {read} subscription entries read for 16 events"
+    );
     tx.rollback().await.unwrap();
 }
