@@ -90,3 +90,10 @@ BEGIN
   RETURN v_id;
 END
 $$;
+
+-- And whatever the estimate: with 100,000 consumers subscribed to `*` in one tenant the
+-- planner estimated a probe at 233,000 rows, chose a sequential scan and JIT-compiled it
+-- (0.8 s per call, `hookd-bench --only consumers` at 300,000 endpoints). Every statement
+-- here is a key lookup or an insert, so neither is ever the better choice.
+ALTER FUNCTION hookd.enqueue(text, text, text, text, text) SET enable_seqscan = off;
+ALTER FUNCTION hookd.enqueue(text, text, text, text, text) SET jit = off;

@@ -136,7 +136,14 @@ pub async fn begin_enqueue(
         SELECT pg_backend_pid(),
                (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())
         FROM (SELECT set_config('synchronous_commit', 'on', true),
-                     set_config('lock_timeout', $1, true)) s
+                     set_config('lock_timeout', $1, true),
+                     -- Fan-out is primary-key probes whatever the planner estimates: with
+                     -- 100,000 consumers subscribed to `*` in one tenant it estimated a
+                     -- probe at 233,000 rows, chose a sequential scan of the subscriptions
+                     -- and JIT-compiled it (0.8 s), for every group of every tenant: 10
+                     -- events/s (`hookd-bench --only consumers`, 300,000 endpoints)
+                     set_config('enable_seqscan', 'off', true),
+                     set_config('jit', 'off', true)) s
         "#,
     )
     .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
