@@ -35,11 +35,7 @@ impl Notifier {
                     _ = signal.notified() => {}
                     _ = shutdown.cancelled() => break,
                 }
-                if let Err(e) = sqlx::query("SELECT pg_notify($1, '')")
-                    .bind(CHANNEL)
-                    .execute(&pool)
-                    .await
-                {
+                if let Err(e) = crate::db::notify(&pool, CHANNEL).await {
                     tracing::debug!(error = %e, "NOTIFY failed; dispatchers fall back to polling");
                 }
                 tokio::time::sleep(window).await;

@@ -1523,6 +1523,85 @@ async fn a_worker_held_after_claim_keeps_its_lease_and_sends_once(pool: PgPool) 
     held.stop().await;
 }
 
+/// A slot freed while a claim runs is not lost. The endpoint's one slot (cap 1) is busy
+/// with D1 when D2 arrives; the claim woken by D2's NOTIFY reads "1 in flight", and is
+/// then held (its wake-up fold waits on a lock this test holds on the endpoint's queue
+/// entry) while D1 finishes and frees the slot. The claim gets nothing, as it must; the freed slot's
+/// wake-up must then claim D2 at once. Before, the dispatcher ignored it because nothing
+/// was in flight any more by the time it went to sleep, and D2 waited for the poll (30 s
+/// here; at the 1 s default this stalled `hookd-bench` drains about once a second).
+#[sqlx::test]
+async fn a_slot_freed_during_a_claim_wakes_the_next_claim(pool: PgPool) {
+    let rx = Receiver::start(&[SECRET_A]).await;
+    let ep = endpoint(&pool, opts("freed", rx.url("/hook"))).await;
+    let settings = hookd::config::DispatchSettings {
+        endpoint_concurrency: 1,
+        poll_ms: 30_000,
+        ..dispatch_settings()
+    };
+    let (hook, mut reached) = holding_hook();
+    let mut cfg = hookd::dispatch::DispatchConfig::from_settings(&settings).unwrap();
+    cfg.stage_hook = Some(hook);
+    let d = TestDispatcher::start_with(&pool, cfg, test_keyring()).await;
+    enqueue_sql(&pool, "freed", 1).await;
+    let (stage, d1, d1_go) = next_stage(&mut reached).await;
+    assert_eq!(stage, Stage::Claimed);
+
+    // on the endpoint's queue entry: the dispatcher's fold of D2's wake-up waits (its
+    // upsert), the enqueue does not (D2 is due before the entry, so it leaves a wake-up
+    // rather than pin the entry), nor does D1's outcome (it skips a locked entry)
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM hookd.endpoint_queue WHERE endpoint_id = $1 FOR NO KEY UPDATE")
+        .bind(ep)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    enqueue_sql(&pool, "freed", 1).await;
+    let waiting = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND query LIKE '%endpoint_wakeups%'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if n > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        waiting.is_ok(),
+        "the claim woken by D2 never waited on the endpoint"
+    );
+
+    // D1 finishes while that claim is held: its slot is free before the claim resumes
+    d1_go.send(()).unwrap();
+    let (stage, sent, go) = next_stage(&mut reached).await;
+    assert_eq!((stage, sent), (Stage::Sent, d1));
+    go.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(rx.count(), 1);
+    lock.commit().await.unwrap();
+
+    let started = std::time::Instant::now();
+    let next = tokio::time::timeout(Duration::from_secs(5), reached.recv()).await;
+    let Ok(Some((stage, d2, go))) = next else {
+        panic!("D2 not claimed within 5 s of its slot freeing (the poll is 30 s)");
+    };
+    assert_eq!(stage, Stage::Claimed);
+    assert_ne!(d2, d1);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    go.send(()).unwrap();
+    let (_, _, go) = next_stage(&mut reached).await;
+    go.send(()).unwrap();
+    assert!(wait_status(&pool, d2, "succeeded", Duration::from_secs(5)).await);
+    d.stop().await;
+}
+
 /// With an empty allow-list, a loopback destination is refused: the delivery is dead at
 /// once with error class destination_forbidden, and the receiver got nothing.
 #[sqlx::test]

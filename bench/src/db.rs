@@ -371,3 +371,21 @@ pub async fn bulk_tenant_endpoints(
     .await?;
     Ok(())
 }
+
+/// The bench database's size on disk, in bytes.
+pub async fn database_size(pool: &PgPool) -> Result<i64, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT pg_database_size(current_database())")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// Dead tuples of the queue tables, as the statistics collector counts them.
+pub async fn dead_tuples(pool: &PgPool) -> Result<i64, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT coalesce(sum(n_dead_tup), 0)::bigint FROM pg_stat_user_tables WHERE schemaname = 'hookd'",
+    )
+    .fetch_one(pool)
+    .await?)
+}

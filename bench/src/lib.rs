@@ -13,6 +13,7 @@
 //! a throwaway cluster when it is unset, and dropped at the end, so no user database ever
 //! keeps the millions of rows the claim section writes.
 
+mod cpu;
 mod db;
 pub mod load;
 pub mod receiver;
@@ -93,6 +94,10 @@ pub struct BenchArgs {
     /// Print the claim statement's EXPLAIN (ANALYZE, BUFFERS) at each claim point to stderr
     #[arg(long)]
     pub explain: bool,
+    /// Windows (of a minute at full scale) of the `sustained` section, which runs only when
+    /// named in --only; default 15
+    #[arg(long)]
+    pub sustained_minutes: Option<u32>,
     /// A tiny run for the test suite (seconds in a debug build)
     #[arg(long, hide = true)]
     pub smoke: bool,
@@ -108,6 +113,7 @@ impl BenchArgs {
             pool_size: 16,
             verify_signatures: false,
             explain: false,
+            sustained_minutes: None,
             smoke: false,
         }
     }
@@ -122,6 +128,8 @@ pub enum Section {
     Claim,
     Endpoints,
     Consumers,
+    /// Only when named in --only: a long paced run (issue 13's steady state)
+    Sustained,
 }
 
 impl Section {
@@ -144,6 +152,7 @@ impl Section {
             Section::Claim => "claim",
             Section::Endpoints => "endpoints",
             Section::Consumers => "consumers",
+            Section::Sustained => "sustained",
         }
     }
 }
@@ -180,6 +189,10 @@ pub struct Scale {
     /// tenant-wide endpoint counts, each of its own event type, for the matching rows;
     /// the first is the baseline
     pub typed_endpoint_counts: Vec<i64>,
+    /// the sustained section: paced rate, window length and number of windows
+    pub sustained_rate: f64,
+    pub sustained_window: Duration,
+    pub sustained_windows: usize,
 }
 
 impl Scale {
@@ -207,6 +220,9 @@ impl Scale {
             claim_samples: 50,
             consumer_count: 100_000,
             typed_endpoint_counts: vec![2, 1_000, 10_000],
+            sustained_rate: 1_000.0,
+            sustained_window: Duration::from_secs(60),
+            sustained_windows: 15,
         }
     }
 
@@ -225,6 +241,8 @@ impl Scale {
             claim_terminal: 100_000,
             claim_samples: 20,
             consumer_count: 10_000,
+            sustained_window: Duration::from_secs(10),
+            sustained_windows: 6,
             ..Scale::full()
         }
     }
@@ -253,6 +271,9 @@ impl Scale {
             claim_samples: 3,
             consumer_count: 50,
             typed_endpoint_counts: vec![2, 50, 100],
+            sustained_rate: 100.0,
+            sustained_window: Duration::from_millis(300),
+            sustained_windows: 2,
             ..Scale::full()
         }
     }
@@ -553,6 +574,7 @@ async fn run_sections(ctx: &Ctx) -> Result<Report, BenchError> {
     } else {
         Section::ALL
             .into_iter()
+            .chain([Section::Sustained])
             .filter(|s| ctx.args.only.contains(s))
             .collect()
     };
@@ -567,6 +589,7 @@ async fn run_sections(ctx: &Ctx) -> Result<Report, BenchError> {
             Section::Claim => sections::claim(ctx, &mut report).await?,
             Section::Endpoints => sections::endpoint_scale(ctx, &mut report).await?,
             Section::Consumers => sections::consumers(ctx, &mut report).await?,
+            Section::Sustained => sections::sustained(ctx, &mut report).await?,
         }
         progress(&format!(
             "section {} done in {:.1} s",

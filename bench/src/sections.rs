@@ -18,6 +18,7 @@ use uuid::Uuid;
 use super::load::{self, Conn, Target, ms, p50_p99, percentile};
 use super::receiver::FastReceiver;
 use super::{BenchError, Check, Ctx, Report, Row, progress};
+use crate::cpu::{self, cpu_seconds};
 use crate::db;
 use hookd::auth::{AuthMode, Scope};
 use hookd::config::{ApiSettings, DispatchSettings};
@@ -52,14 +53,27 @@ async fn reset(ctx: &Ctx) -> Result<(), BenchError> {
 /// Declares one endpoint per URL for `tenant` (its namespace), through `hookd apply`'s
 /// code, all signed with the run's secret; returns their ids.
 async fn endpoints(ctx: &Ctx, tenant: &str, urls: &[String]) -> Result<Vec<Uuid>, BenchError> {
+    let all: Vec<(String, Option<String>)> = urls.iter().map(|u| (u.clone(), None)).collect();
+    typed_endpoints(ctx, tenant, &all).await
+}
+
+/// [`endpoints`], each subscribed to its event type (`None`: every type).
+async fn typed_endpoints(
+    ctx: &Ctx,
+    tenant: &str,
+    urls: &[(String, Option<String>)],
+) -> Result<Vec<Uuid>, BenchError> {
     let mut yaml = format!(
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: bench-secret, namespace: {tenant}}}\nstringData: {{secret: \"{}\"}}\n",
         ctx.signing_secret
     );
-    for (i, url) in urls.iter().enumerate() {
+    for (i, (url, event_type)) in urls.iter().enumerate() {
         yaml.push_str(&format!(
             "---\napiVersion: hookd.dev/v1alpha1\nkind: WebhookEndpoint\nmetadata: {{name: ep-{i}, namespace: {tenant}}}\nspec:\n  url: \"{url}\"\n  secretRef: {{name: bench-secret, key: secret}}\n"
         ));
+        if let Some(t) = event_type {
+            yaml.push_str(&format!("  eventTypes: [\"{t}\"]\n"));
+        }
     }
     let file = Path::new("bench.yaml");
     let docs =
@@ -148,6 +162,81 @@ fn start_dispatcher(ctx: &Ctx) -> Result<RunningDispatcher, BenchError> {
         stop.clone(),
     ));
     Ok(RunningDispatcher { stop, task })
+}
+
+/// A dispatcher for the drain rows: `hookd dispatch` as a child process (the deployed
+/// topology, and its CPU can be told apart from the receiver's), or in this process when
+/// this is not the `hookd-bench` executable (the smoke test).
+enum Dispatcher {
+    Process(tokio::process::Child),
+    InProcess(RunningDispatcher),
+}
+
+impl Dispatcher {
+    fn start(ctx: &Ctx) -> Result<Dispatcher, BenchError> {
+        let Some(mut cmd) = crate::hookd_command() else {
+            return Ok(Dispatcher::InProcess(start_dispatcher(ctx)?));
+        };
+        let s = dispatch_settings();
+        cmd.arg("dispatch")
+            .env("DATABASE_URL", database_url(ctx)?)
+            .env("HOOKD_ENCRYPTION_KEY", ctx.key_text.as_str())
+            .env("HOOKD_LOG", "warn")
+            .env("HOOKD_LISTEN", format!("127.0.0.1:{}", free_port()?))
+            .env("HOOKD_CONCURRENCY", s.concurrency.to_string())
+            .env(
+                "HOOKD_ENDPOINT_CONCURRENCY",
+                s.endpoint_concurrency.to_string(),
+            )
+            .env("HOOKD_ALLOWED_DESTINATIONS", &s.allowed_destinations)
+            .env(
+                "HOOKD_DB_MAX_CONNECTIONS",
+                ctx.pool_settings.max_connections.to_string(),
+            )
+            .env("HOOKD_PRUNE_INTERVAL_SECS", "0")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true);
+        Ok(Dispatcher::Process(cmd.spawn()?))
+    }
+
+    fn pid(&self) -> Option<i32> {
+        match self {
+            Dispatcher::Process(c) => c.id().map(|p| p as i32),
+            Dispatcher::InProcess(_) => None,
+        }
+    }
+
+    fn topology(&self) -> &'static str {
+        match self {
+            Dispatcher::Process(_) => "`hookd dispatch` process(es), each with its own pool",
+            Dispatcher::InProcess(_) => {
+                "dispatcher(s) in the bench process, each with its own pool"
+            }
+        }
+    }
+
+    async fn stop(self) {
+        match self {
+            Dispatcher::Process(mut c) => {
+                // SIGTERM: the dispatcher drains and exits (nothing is in flight by now)
+                if let Some(pid) = c.id()
+                    && let Ok(pid) = libc::pid_t::try_from(pid)
+                {
+                    // SAFETY: kill(2) on our own child's pid, which it still is: it has
+                    // not been waited for
+                    unsafe { libc::kill(pid, libc::SIGTERM) };
+                }
+                if tokio::time::timeout(Duration::from_secs(15), c.wait())
+                    .await
+                    .is_err()
+                {
+                    let _ = c.kill().await;
+                }
+            }
+            Dispatcher::InProcess(d) => d.stop().await,
+        }
+    }
 }
 
 async fn start_receiver(ctx: &Ctx) -> Result<FastReceiver, BenchError> {
@@ -530,8 +619,10 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
         let started = Instant::now();
         let mut running = Vec::with_capacity(dispatchers);
         for _ in 0..dispatchers {
-            running.push(start_dispatcher(ctx)?);
+            running.push(Dispatcher::start(ctx)?);
         }
+        let pids: Vec<i32> = running.iter().filter_map(Dispatcher::pid).collect();
+        let meter = cpu::Meter::start(&ctx.pool, &pids).await;
         let want = rows as usize;
         let timeout = Duration::from_secs(60) + Duration::from_millis(rows as u64 * 5);
         let waited = async {
@@ -546,6 +637,8 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
         }
         .await;
         let elapsed = started.elapsed();
+        let spent = meter.stop(&ctx.pool).await;
+        let topology = running.first().map_or("", Dispatcher::topology);
         for d in running {
             d.stop().await;
         }
@@ -577,12 +670,13 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
             value: rate,
             unit: "del/s",
             detail: format!(
-                "{} until all outcomes written, {} duplicate(s)",
+                "{} until all outcomes written, {} duplicate(s); {}",
                 secs(elapsed),
-                arrivals.len() - unique.len()
+                arrivals.len() - unique.len(),
+                spent.per_item(rows as u64, "receiver")
             ),
             conditions: format!(
-                "backlog pre-filled (set-based SQL, vacuum analyzed), {dispatchers} real dispatcher(s) in this process, each with its own pool (claim, sign, send, batched completion), concurrency {DISPATCH_CONCURRENCY}, {ENDPOINT_CONCURRENCY} in flight per endpoint per dispatcher, payload {} B, dispatcher pool {}, {}",
+                "backlog pre-filled (set-based SQL, vacuum analyzed), {dispatchers} {topology} (claim, sign, send, batched completion), concurrency {DISPATCH_CONCURRENCY}, {ENDPOINT_CONCURRENCY} in flight per endpoint per dispatcher, payload {} B, dispatcher pool {}, receiver in the bench process, {}",
                 s.payload_bytes,
                 ctx.pool_settings.max_connections,
                 receiver_note(ctx)
@@ -643,7 +737,7 @@ pub(crate) async fn e2e(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError
     let d = start_dispatcher(ctx)?;
     // let the dispatcher's LISTEN connection come up and its first claim run
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let paced = paced_load(ctx, addr, &rx).await;
+    let paced = paced_load(ctx, addr, &rx, &Pace::e2e(ctx)).await;
     d.stop().await;
     stop_api.cancel();
     let paced = paced?;
@@ -656,66 +750,89 @@ pub(crate) async fn e2e(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError
     );
 
     // API, dispatcher and receiver as separate processes (the deployed topology)
-    let (Some(mut api), Some(mut dispatch)) = (crate::hookd_command(), crate::hookd_command())
-    else {
+    if crate::hookd_command().is_none() {
         progress("e2e: separate processes skipped (this is not the hookd-bench executable)");
         return Ok(());
-    };
+    }
     reset(ctx).await?;
     rx.take();
     endpoints(ctx, "bench-e2e", &[rx.url("/e2e")]).await?;
-    let url = database_url(ctx)?;
-    let api_port = free_port()?;
-    let dispatch_port = free_port()?;
-    let common = |cmd: &mut tokio::process::Command| {
-        cmd.env("DATABASE_URL", &url)
-            .env("HOOKD_ENCRYPTION_KEY", ctx.key_text.as_str())
-            .env("HOOKD_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .kill_on_drop(true);
-    };
-    api.arg("api")
-        .env("HOOKD_LISTEN", format!("127.0.0.1:{api_port}"))
-        .env("HOOKD_AUTH", "none");
-    common(&mut api);
-    dispatch
-        .arg("dispatch")
-        .env("HOOKD_LISTEN", format!("127.0.0.1:{dispatch_port}"))
-        .env("HOOKD_ALLOWED_DESTINATIONS", "127.0.0.0/8")
-        .env("HOOKD_PRUNE_INTERVAL_SECS", "0");
-    common(&mut dispatch);
-    let mut api = api.spawn()?;
-    let mut dispatch = dispatch.spawn()?;
-    let ready = async {
-        for port in [api_port, dispatch_port] {
-            wait_for(
-                "e2e: child process ready",
-                Duration::from_secs(30),
-                async || Ok(http_ok(port, "/readyz").await),
-            )
-            .await?;
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        paced_load(
-            ctx,
-            format!("127.0.0.1:{api_port}").parse().expect("an address"),
-            &rx,
-        )
-        .await
-    }
-    .await;
-    let _ = api.kill().await;
-    let _ = dispatch.kill().await;
-    let paced = ready?;
+    let stack = ProcessStack::start(ctx).await?;
+    let paced = paced_load(ctx, stack.api, &rx, &Pace::e2e(ctx)).await;
+    stack.stop().await;
     latency_rows(
         ctx,
         report,
-        &paced,
+        &paced?,
         ", separate processes",
         "`hookd api` and `hookd dispatch` as child processes with default settings, receiver in the bench process",
     );
     Ok(())
+}
+
+/// `hookd api` and `hookd dispatch` as child processes with default settings (the
+/// deployed topology), both ready.
+struct ProcessStack {
+    api: SocketAddr,
+    children: Vec<tokio::process::Child>,
+}
+
+impl ProcessStack {
+    /// Only from the `hookd-bench` executable ([`crate::hookd_command`]).
+    async fn start(ctx: &Ctx) -> Result<ProcessStack, BenchError> {
+        let not_bench = || BenchError::Setup("not the hookd-bench executable".into());
+        let (mut api, mut dispatch) = (
+            crate::hookd_command().ok_or_else(not_bench)?,
+            crate::hookd_command().ok_or_else(not_bench)?,
+        );
+        let url = database_url(ctx)?;
+        let api_port = free_port()?;
+        let dispatch_port = free_port()?;
+        let common = |cmd: &mut tokio::process::Command| {
+            cmd.env("DATABASE_URL", &url)
+                .env("HOOKD_ENCRYPTION_KEY", ctx.key_text.as_str())
+                .env("HOOKD_LOG", "warn")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .kill_on_drop(true);
+        };
+        api.arg("api")
+            .env("HOOKD_LISTEN", format!("127.0.0.1:{api_port}"))
+            .env("HOOKD_AUTH", "none");
+        common(&mut api);
+        dispatch
+            .arg("dispatch")
+            .env("HOOKD_LISTEN", format!("127.0.0.1:{dispatch_port}"))
+            .env("HOOKD_ALLOWED_DESTINATIONS", "127.0.0.0/8")
+            .env("HOOKD_PRUNE_INTERVAL_SECS", "0");
+        common(&mut dispatch);
+        let stack = ProcessStack {
+            api: format!("127.0.0.1:{api_port}").parse().expect("an address"),
+            children: vec![api.spawn()?, dispatch.spawn()?],
+        };
+        for port in [api_port, dispatch_port] {
+            wait_for("child process ready", Duration::from_secs(30), async || {
+                Ok(http_ok(port, "/readyz").await)
+            })
+            .await?;
+        }
+        // let the dispatcher's LISTEN connection come up and its first claim run
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok(stack)
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        self.children
+            .iter()
+            .filter_map(|c| c.id().map(|p| p as i32))
+            .collect()
+    }
+
+    async fn stop(mut self) {
+        for c in &mut self.children {
+            let _ = c.kill().await;
+        }
+    }
 }
 
 /// DATABASE_URL of the bench database on the bench's server.
@@ -756,9 +873,33 @@ struct Paced {
     paced_for: Duration,
 }
 
-/// Enqueues at the scale's paced rate through the API at `addr` (single events, fan-out
-/// 1, tenant bench-e2e) and waits for every delivery to reach `rx`.
-async fn paced_load(ctx: &Ctx, addr: SocketAddr, rx: &FastReceiver) -> Result<Paced, BenchError> {
+/// A paced load: single events at `rate` for `window`, tenant bench-e2e, their event
+/// types taken in turn from `types`.
+struct Pace {
+    rate: f64,
+    window: Duration,
+    types: Vec<String>,
+}
+
+impl Pace {
+    /// The e2e section's: the scale's rate and window, one event type.
+    fn e2e(ctx: &Ctx) -> Pace {
+        Pace {
+            rate: ctx.scale.e2e_rate,
+            window: ctx.scale.e2e_window,
+            types: vec!["bench.e2e".into()],
+        }
+    }
+}
+
+/// Enqueues at `pace` through the API at `addr` and waits for every delivery to reach
+/// `rx`.
+async fn paced_load(
+    ctx: &Ctx,
+    addr: SocketAddr,
+    rx: &FastReceiver,
+    pace: &Pace,
+) -> Result<Paced, BenchError> {
     let s = &ctx.scale;
     let (conn_tx, mut conn_rx) = tokio::sync::mpsc::channel::<Conn>(16);
     for _ in 0..16 {
@@ -777,8 +918,10 @@ async fn paced_load(ctx: &Ctx, addr: SocketAddr, rx: &FastReceiver) -> Result<Pa
     });
     let sent: Arc<Mutex<Vec<(Uuid, Instant, Duration)>>> = Arc::new(Mutex::new(Vec::new()));
     let errors: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
-    let n = (s.e2e_rate * s.e2e_window.as_secs_f64()).round() as u64;
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / s.e2e_rate));
+    let n = (pace.rate * pace.window.as_secs_f64()).round() as u64;
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / pace.rate));
+    // a late tick is not made up for with a burst
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tasks = tokio::task::JoinSet::new();
     let paced_from = Instant::now();
     for seq in 0..n {
@@ -794,7 +937,8 @@ async fn paced_load(ctx: &Ctx, addr: SocketAddr, rx: &FastReceiver) -> Result<Pa
             conn_tx.clone(),
         );
         let body = format!(
-            r#"{{"tenant":"bench-e2e","eventType":"bench.e2e","payload":{}}}"#,
+            r#"{{"tenant":"bench-e2e","eventType":"{}","payload":{}}}"#,
+            pace.types[seq as usize % pace.types.len()],
             payload(s.payload_bytes, seq)
         );
         tasks.spawn(async move {
@@ -1010,22 +1154,6 @@ pub(crate) async fn claim(ctx: &Ctx, report: &mut Report) -> Result<(), BenchErr
 }
 
 // ---- cost against the number of endpoints (issue 13) ----
-
-/// CPU seconds (user + system) of these processes so far, when they run on this machine;
-/// `None` when any cannot be read (the server is elsewhere).
-fn cpu_seconds(pids: &[i32]) -> Option<f64> {
-    let mut ticks = 0u64;
-    for pid in pids {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // fields after the command name, which is in parentheses and may hold spaces
-        let rest = stat.rsplit_once(')')?.1;
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name
-        ticks += f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    }
-    // USER_HZ, 100 on every Linux build
-    Some(ticks as f64 / 100.0)
-}
 
 /// For each endpoint count: claims with nothing due and with rows due, `next_due`, and the
 /// Postgres CPU an idle dispatcher costs, with that many active endpoints present.
@@ -1355,5 +1483,181 @@ pub(crate) async fn consumers(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
         });
     }
     stop.cancel();
+    Ok(())
+}
+
+// ---- sustained load (issue 13: steady state) ----
+
+/// One figure of a [`Minute`], when measured.
+type Figure = fn(&Minute) -> Option<f64>;
+
+/// One window of the sustained run.
+struct Minute {
+    achieved: f64,
+    p50: f64,
+    p99: f64,
+    postgres_cores: Option<f64>,
+    hookd_cores: Option<f64>,
+    db_bytes: i64,
+    dead_tuples: i64,
+}
+
+/// Paced single events over 8 endpoints (each subscribed to its own event type, so
+/// every event is one delivery) through `hookd api` and `hookd dispatch` as separate
+/// processes, window after window: throughput, latency, Postgres CPU and database size
+/// per window, then the last windows against the first.
+pub(crate) async fn sustained(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
+    let s = &ctx.scale;
+    let windows = ctx
+        .args
+        .sustained_minutes
+        .map_or(s.sustained_windows, |m| m as usize)
+        .max(2);
+    reset(ctx).await?;
+    let rx = start_receiver(ctx).await?;
+    let types: Vec<String> = (0..8).map(|i| format!("bench.sustained.{i}")).collect();
+    let urls: Vec<(String, Option<String>)> = types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (rx.url(&format!("/s{i}")), Some(t.clone())))
+        .collect();
+    typed_endpoints(ctx, "bench-e2e", &urls).await?;
+    let (addr, topology, stack, in_process) = if crate::hookd_command().is_some() {
+        let stack = ProcessStack::start(ctx).await?;
+        (
+            stack.api,
+            "`hookd api` and `hookd dispatch` as child processes with default settings",
+            Some(stack),
+            None,
+        )
+    } else {
+        let (addr, stop_api) = start_api(ctx, AuthMode::None).await?;
+        let d = start_dispatcher(ctx)?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        (
+            addr,
+            "API and dispatcher in the bench process",
+            None,
+            Some((stop_api, d)),
+        )
+    };
+    let pids = stack.as_ref().map(ProcessStack::pids).unwrap_or_default();
+    let pace = Pace {
+        rate: s.sustained_rate,
+        window: s.sustained_window,
+        types,
+    };
+    let mut minutes: Vec<Minute> = Vec::with_capacity(windows);
+    let run = async {
+        for w in 0..windows {
+            let meter = cpu::Meter::start(&ctx.pool, &pids).await;
+            let t = Instant::now();
+            let p = paced_load(ctx, addr, &rx, &pace).await?;
+            let took = t.elapsed().as_secs_f64();
+            let spent = meter.stop(&ctx.pool).await;
+            report.checks.push(Check {
+                what: format!("sustained window {}: deliveries received == events", w + 1),
+                expected: p.events,
+                actual: p.latencies.len() as u64,
+            });
+            let m = Minute {
+                achieved: p.events as f64 / p.paced_for.as_secs_f64(),
+                p50: ms(percentile(&p.latencies, 50.0)),
+                p99: ms(percentile(&p.latencies, 99.0)),
+                postgres_cores: spent.postgres.map(|c| c / took),
+                hookd_cores: spent.dispatchers.map(|c| c / took),
+                db_bytes: db::database_size(&ctx.pool).await?,
+                dead_tuples: db::dead_tuples(&ctx.pool).await?,
+            };
+            progress(&format!(
+                "sustained {}/{windows}: {:.0} ev/s, p50 {:.2} ms, p99 {:.2} ms, Postgres {:.0} % of a core, database {} MB",
+                w + 1,
+                m.achieved,
+                m.p50,
+                m.p99,
+                m.postgres_cores.unwrap_or(0.0) * 100.0,
+                m.db_bytes / 1_000_000
+            ));
+            minutes.push(m);
+        }
+        Ok::<(), BenchError>(())
+    }
+    .await;
+    if let Some(stack) = stack {
+        stack.stop().await;
+    }
+    if let Some((stop_api, d)) = in_process {
+        d.stop().await;
+        stop_api.cancel();
+    }
+    run?;
+
+    let cond = format!(
+        "{topology}, receiver in the bench process; paced {:.0} ev/s in windows of {}, single events, 8 endpoints each subscribed to its own event type (fan-out 1), payload {} B, enqueue start -> receiver arrival, {}",
+        s.sustained_rate,
+        secs(s.sustained_window),
+        s.payload_bytes,
+        receiver_note(ctx)
+    );
+    let pct = |v: Option<f64>| v.map_or("n/a".to_string(), |c| format!("{:.0} %", c * 100.0));
+    for (i, m) in minutes.iter().enumerate() {
+        report.rows.push(Row {
+            section: "sustained",
+            figure: format!("window {} throughput", i + 1),
+            value: m.achieved,
+            unit: "ev/s",
+            detail: format!(
+                "p50 {:.2} ms p99 {:.2} ms; CPU Postgres {}, hookd processes {} of a core; database {} MB, {} dead tuples",
+                m.p50,
+                m.p99,
+                pct(m.postgres_cores),
+                pct(m.hookd_cores),
+                m.db_bytes / 1_000_000,
+                m.dead_tuples
+            ),
+            conditions: cond.clone(),
+        });
+    }
+    // the last windows against the first: a quarter of the run each, at least one
+    let k = (windows / 5).max(1);
+    let mean = |f: Figure, ms: &[Minute]| -> Option<f64> {
+        let v: Option<Vec<f64>> = ms.iter().map(f).collect();
+        v.map(|v| v.iter().sum::<f64>() / v.len().max(1) as f64)
+    };
+    let (first, last) = (&minutes[..k], &minutes[windows - k..]);
+    let figures: [(&str, &str, Figure); 4] = [
+        ("throughput", "ev/s", |m| Some(m.achieved)),
+        ("latency p50", "ms", |m| Some(m.p50)),
+        ("latency p99", "ms", |m| Some(m.p99)),
+        ("Postgres CPU", "cores", |m| m.postgres_cores),
+    ];
+    for (name, unit, f) in figures {
+        let (Some(a), Some(b)) = (mean(f, first), mean(f, last)) else {
+            continue;
+        };
+        report.rows.push(Row {
+            section: "sustained",
+            figure: format!("{name}, last {k} / first {k} windows"),
+            value: b / a.max(f64::MIN_POSITIVE),
+            unit: "x",
+            detail: format!("{b:.2} / {a:.2} {unit}"),
+            conditions: cond.clone(),
+        });
+    }
+    let growth = (last[last.len() - 1].db_bytes - minutes[0].db_bytes) as f64
+        / 1e6
+        / ((windows - 1).max(1) as f64 * s.sustained_window.as_secs_f64() / 60.0);
+    report.rows.push(Row {
+        section: "sustained",
+        figure: "database growth".into(),
+        value: growth,
+        unit: "MB/min",
+        detail: format!(
+            "{} MB after the first window, {} MB after the last",
+            minutes[0].db_bytes / 1_000_000,
+            last[last.len() - 1].db_bytes / 1_000_000
+        ),
+        conditions: cond,
+    });
     Ok(())
 }

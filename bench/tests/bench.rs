@@ -172,6 +172,38 @@ async fn only_runs_the_named_sections(pool: PgPool) {
     assert_eq!(report.rows.len(), 4, "{}", report.render());
 }
 
+/// The sustained section runs only when named, and reports every window and the last
+/// windows against the first.
+#[sqlx::test]
+async fn sustained_runs_when_named(pool: PgPool) {
+    init();
+    let mut args = BenchArgs::new(Some(database_url(&pool)));
+    args.smoke = true;
+    args.only = vec![Section::Sustained];
+    args.sustained_minutes = Some(3);
+    let report = run_report(args, CancellationToken::new()).await.unwrap();
+    assert!(
+        report.rows.iter().all(|r| r.section == "sustained"),
+        "{}",
+        report.render()
+    );
+    for w in 1..=3 {
+        assert_row(&report, "sustained", &format!("window {w} throughput"));
+    }
+    assert_row(&report, "sustained", "throughput, last 1 / first 1 windows");
+    assert_row(
+        &report,
+        "sustained",
+        "latency p99, last 1 / first 1 windows",
+    );
+    assert!(report.checks.len() >= 3, "{}", report.render());
+    assert!(
+        report.checks.iter().all(|c| c.expected == c.actual),
+        "{}",
+        report.render()
+    );
+}
+
 /// `hookd-bench --help` never prints the value of DATABASE_URL (a password).
 #[test]
 fn help_hides_the_database_password() {

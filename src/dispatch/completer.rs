@@ -67,6 +67,10 @@ pub fn spawn(
     (tx, handle)
 }
 
+/// How often a batch that met a deadlock or serialization failure is written again
+/// before it is split like a refused one.
+const MAX_CONFLICT_RETRIES: u64 = 5;
+
 /// Writes one batch. An unreachable database is waited out (nothing else can progress
 /// either; leases that lapse meanwhile turn these writes into fenced no-ops and the rows
 /// are resent, never lost). Any other failure is a statement the database refuses
@@ -81,9 +85,20 @@ async fn write_with_retry(
 ) {
     let mut delay = Duration::from_millis(100);
     let mut give_up_at: Option<tokio::time::Instant> = None;
+    let mut conflicts = 0;
     loop {
         match write_batch(pool, cfg, batch, metrics).await {
             Ok(()) => return,
+            // A deadlock or serialization failure says nothing about the outcomes: the
+            // batch locks endpoint rows after the queue entries its updates touch, and a
+            // claim's wake-up fold takes them the other way round, so the two can meet
+            // (Postgres then aborts one). Written again whole, not split as if an outcome
+            // were refused (which stored it without its response details).
+            Err(e) if e.is_transient_conflict() && conflicts < MAX_CONFLICT_RETRIES => {
+                conflicts += 1;
+                tracing::info!(error = %e, batch = batch.len(), "writing outcomes met a concurrent transaction; retrying");
+                tokio::time::sleep(Duration::from_millis(10 * conflicts)).await;
+            }
             Err(e) if e.is_unavailable() => {
                 if shutdown.is_cancelled()
                     && tokio::time::Instant::now()
