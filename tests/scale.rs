@@ -435,22 +435,17 @@ impl OpenCounter {
 }
 
 /// A `hookd dispatch` process with default lease settings, only the test plumbing set.
-fn spawn_default_dispatcher(database_url: &str) -> tokio::process::Child {
-    tokio::process::Command::new(hookd_bin())
-        .arg("dispatch")
+fn spawn_default_dispatcher(database_url: &str) -> HookdProcess {
+    HookdCommand::new(["dispatch"])
         .env("DATABASE_URL", database_url)
-        .env(TEST_KEY_ENV, TEST_ENCRYPTION_KEY)
+        .test_key()
         .env("HOOKD_ALLOWED_DESTINATIONS", "127.0.0.0/8")
-        .env("HOOKD_LISTEN", format!("127.0.0.1:{}", free_port()))
+        .listen(free_port())
         .env("HOOKD_LOG", "warn")
         .env_remove("HOOKD_LEASE_SECS")
         .env_remove("HOOKD_POLL_MS")
         .env_remove("HOOKD_REQUEST_TIMEOUT_SECS")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
         .spawn()
-        .expect("spawn hookd dispatch")
 }
 
 /// A real dispatcher with default settings is SIGKILLed while deliveries are in flight
@@ -482,7 +477,7 @@ async fn deliveries_of_a_killed_dispatcher_arrive_within_10s_of_a_replacement(po
     );
     let leased = in_flight().await;
     let open = rx.open.load(Ordering::SeqCst);
-    first.kill().await.unwrap(); // SIGKILL
+    first.kill(); // SIGKILL
     let killed_at = Instant::now();
     // in flight at the kill: leased, and not answered before it (a request cut by the
     // kill is never recorded as answered)
@@ -531,7 +526,7 @@ async fn deliveries_of_a_killed_dispatcher_arrive_within_10s_of_a_replacement(po
         leased.len(),
         t0.elapsed()
     );
-    second.kill().await.unwrap();
+    second.kill();
     assert!(
         all,
         "not delivered within 10 s of the replacement: {missing:?}"
