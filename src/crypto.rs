@@ -103,6 +103,9 @@ impl fmt::Debug for Sealed {
     }
 }
 
+// Clone: `hookd dev` loads its keyring once and hands a copy to each component it runs
+// (each load reads the key file again and repeats its warnings).
+#[derive(Clone)]
 struct Key {
     id: String,
     aead: XChaCha20Poly1305,
@@ -110,6 +113,7 @@ struct Key {
 }
 
 /// The active key and the older keys still accepted for decryption.
+#[derive(Clone)]
 pub struct Keyring {
     active: Key,
     /// every key, the active one included, by id

@@ -187,7 +187,9 @@ fn cancel_on_hangup(shutdown: &CancellationToken) -> std::io::Result<()> {
 pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     cancel_on_hangup(&shutdown)?;
     // Without HOOKD_ENCRYPTION_KEY this is the local key file, which is what a laptop wants.
-    let keyring = Arc::new(args.keys.keyring()?);
+    // Loaded once for every component below: each load reads the key file again and
+    // repeats its warnings.
+    let keyring = args.keys.keyring()?;
     let texts = example_texts(&args)?;
     let plan = crate::apply::load_texts(&texts)?;
     // Every address first, so a port clash is reported before anything is started.
@@ -250,7 +252,7 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
     let secrets = crate::receiver::DynamicSecrets::default();
     start_secret_refresh(
         pool.clone(),
-        keyring.clone(),
+        Arc::new(keyring.clone()),
         secrets.clone(),
         shutdown.clone(),
     )
@@ -271,7 +273,7 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         dispatch_listener,
         pool.clone(),
         dispatch,
-        args.keys.keyring()?,
+        keyring.clone(),
         retention,
         shutdown.clone(),
     ));
@@ -331,7 +333,7 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
     // api::run binds the address itself; hand it back now that it is known to be free
     drop(api_listener);
     let manage = crate::api::ManageDeps {
-        keyring: args.keys.keyring().map_err(|e| e.to_string()),
+        keyring: Ok(keyring),
         allow: crate::outbound::AllowList::parse(&dispatch_allowed)
             .map_err(|e| anyhow::anyhow!(e))?,
         public_url: Some(format!("http://{}", args.listen)),

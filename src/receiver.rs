@@ -31,7 +31,6 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::error::ApiError;
 use crate::config::ReceiverArgs;
 use crate::signing::{self, SecretError, SigningSecret};
 
@@ -542,13 +541,20 @@ async fn deliver(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
             let status = StatusCode::from_u16(behaviour.status).unwrap_or(StatusCode::OK);
             (status, if status.is_success() { "ok" } else { "error" }).into_response()
         }
-        Err(reason) => ApiError::new(
+        Err(reason) => error(
             StatusCode::UNAUTHORIZED,
             "invalid_signature",
             format!("signature not verified: {reason}"),
-        )
-        .into_response(),
+        ),
     }
+}
+
+/// An error answer in the API's shape (`{"error": {"code", "message"}}`), so scripts read
+/// one format from both; built here because a test receiver has no business depending on
+/// the API's error type (and its auth and database mappings).
+fn error(status: StatusCode, code: &str, message: String) -> Response {
+    let body = serde_json::json!({ "error": { "code": code, "message": message } });
+    (status, axum::Json(body)).into_response()
 }
 
 fn printable_body(body: &[u8]) -> String {
@@ -591,7 +597,11 @@ async fn set_control(State(shared): State<Arc<Shared>>, body: Bytes) -> Response
     let patch: BehaviourPatch = match serde_json::from_slice(&body) {
         Ok(p) => p,
         Err(e) => {
-            return ApiError::unprocessable("invalid_control", e.to_string()).into_response();
+            return error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_control",
+                e.to_string(),
+            );
         }
     };
     let mut st = shared.lock();
@@ -610,7 +620,11 @@ async fn set_control(State(shared): State<Arc<Shared>>, body: Bytes) -> Response
             );
             axum::Json(b).into_response()
         }
-        Err(e) => ApiError::unprocessable("invalid_control", e.to_string()).into_response(),
+        Err(e) => error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_control",
+            e.to_string(),
+        ),
     }
 }
 

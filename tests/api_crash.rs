@@ -6,7 +6,6 @@ mod common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -34,14 +33,12 @@ async fn sigkill_under_load_loses_no_acknowledged_event(pool: PgPool) {
     let b = endpoint(&pool, EndpointOpts::default()).await;
 
     // a real producer's credential, made the way an operator makes one
-    let out = Command::new(hookd_bin())
-        .args([
-            "token", "create", "--tenant", "team-a", "--scope", "produce",
-        ])
-        .env("DATABASE_URL", database_url(&pool))
-        .env("HOOKD_LOG", "warn")
-        .output()
-        .unwrap();
+    let out = HookdCommand::new([
+        "token", "create", "--tenant", "team-a", "--scope", "produce",
+    ])
+    .database(&pool)
+    .env("HOOKD_LOG", "warn")
+    .output();
     assert!(
         out.status.success(),
         "{}",
@@ -55,33 +52,18 @@ async fn sigkill_under_load_loses_no_acknowledged_event(pool: PgPool) {
         .to_string();
     assert!(token.starts_with("hookd_"), "{token}");
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let base = format!("http://127.0.0.1:{port}");
-    let mut child = Command::new(hookd_bin())
-        .arg("api")
-        .env("DATABASE_URL", database_url(&pool))
-        .env("HOOKD_LISTEN", format!("127.0.0.1:{port}"))
+    let mut child = HookdCommand::new(["api"])
+        .database(&pool)
+        .listen(free_port())
         .env("HOOKD_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+        .start()
+        .await;
+    let base = child.base().to_string();
 
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap();
-    let ready = wait_until(Duration::from_secs(30), || async {
-        matches!(
-            client.get(format!("{base}/readyz")).send().await,
-            Ok(r) if r.status() == 200
-        )
-    })
-    .await;
-    assert!(ready, "hookd api never became ready");
 
     let stop = Arc::new(AtomicBool::new(false));
     let killed = Arc::new(AtomicBool::new(false));
@@ -162,9 +144,9 @@ async fn sigkill_under_load_loses_no_acknowledged_event(pool: PgPool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     killed.store(true, Ordering::SeqCst);
-    child.kill().unwrap(); // SIGKILL
+    child.start_kill(); // SIGKILL
     let in_flight_at_kill = in_flight.load(Ordering::SeqCst);
-    let status = child.wait().unwrap();
+    let status = child.wait();
     assert_eq!(status.signal(), Some(9), "hookd api died of SIGKILL");
     stop.store(true, Ordering::SeqCst);
     for c in clients {

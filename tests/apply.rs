@@ -45,19 +45,12 @@ struct Run {
 }
 
 async fn apply(pool: &PgPool, file: &YamlFile) -> Run {
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new(hookd_bin())
-            .args(["apply", "-f", file.path()])
-            .env("DATABASE_URL", database_url(pool))
-            .env(TEST_KEY_ENV, TEST_ENCRYPTION_KEY)
-            .env("HOOKD_LOG", "warn")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("hookd apply exits")
-    .unwrap();
+    let out = HookdCommand::new(["apply", "-f", file.path()])
+        .database(pool)
+        .test_key()
+        .env("HOOKD_LOG", "warn")
+        .run()
+        .await;
     Run {
         ok: out.status.success(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -7,9 +7,7 @@
 mod common;
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
 use std::pin::pin;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -488,12 +486,10 @@ async fn other_tenants_objects_are_404_on_every_read_and_replay_route(pool: PgPo
 // ---- the token CLI and revocation ----
 
 fn hookd_cli(pool: &PgPool, args: &[&str]) -> std::process::Output {
-    Command::new(hookd_bin())
-        .args(args)
-        .env("DATABASE_URL", database_url(pool))
+    HookdCommand::new(args)
+        .database(pool)
         .env("HOOKD_LOG", "warn")
         .output()
-        .unwrap()
 }
 
 /// `hookd token create` prints the token alone on the last stdout line; `list` shows
@@ -916,53 +912,16 @@ async fn namespace_tenant_mapping_and_sa_scopes_are_configurable(pool: PgPool) {
 
 // ---- HOOKD_AUTH=none and the logs ----
 
-/// Runs `hookd api` with `envs`, returning the child, its base URL and a channel of its
-/// stderr lines.
-fn spawn_api(
-    pool: &PgPool,
-    envs: &[(&str, &str)],
-) -> (KillOnDrop, String, std::sync::mpsc::Receiver<String>) {
-    let port = free_port();
-    let mut cmd = Command::new(hookd_bin());
-    cmd.arg("api")
-        .env("DATABASE_URL", database_url(pool))
-        .env("HOOKD_LISTEN", format!("127.0.0.1:{port}"))
+/// Runs `hookd api` with `envs` until it is ready; its `lines()` are its stderr.
+async fn start_api(pool: &PgPool, envs: &[(&str, &str)]) -> HookdProcess {
+    HookdCommand::new(["api"])
+        .database(pool)
+        .listen(free_port())
         .env_remove("KUBECONFIG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    (KillOnDrop(child), format!("http://127.0.0.1:{port}"), rx)
-}
-
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn wait_ready(base: &str) {
-    assert!(
-        wait_until(Duration::from_secs(30), || async {
-            reqwest::get(format!("{base}/readyz"))
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        })
-        .await,
-        "hookd api never became ready"
-    );
+        .envs(envs.iter().copied())
+        .lines(Lines::Stderr)
+        .start()
+        .await
 }
 
 /// `HOOKD_AUTH=none` is an explicit choice with a warning at start: the tenant then comes
@@ -970,8 +929,8 @@ async fn wait_ready(base: &str) {
 #[sqlx::test]
 async fn auth_none_is_explicit_and_warned(pool: PgPool) {
     init();
-    let (child, base, lines) = spawn_api(&pool, &[("HOOKD_AUTH", "none"), ("HOOKD_LOG", "info")]);
-    wait_ready(&base).await;
+    let child = start_api(&pool, &[("HOOKD_AUTH", "none"), ("HOOKD_LOG", "info")]).await;
+    let (base, lines) = (child.base(), child.lines());
     let client = reqwest::Client::new();
     let post = |body: String| {
         client
@@ -1026,8 +985,8 @@ async fn tokens_never_appear_in_logs_errors_or_metrics(pool: PgPool) {
     let jwt = fake_jwt(600);
     secrets.extend([unknown.clone(), jwt.clone()]);
 
-    let (child, base, lines) = spawn_api(&pool, &[("HOOKD_LOG", "trace")]);
-    wait_ready(&base).await;
+    let child = start_api(&pool, &[("HOOKD_LOG", "trace")]).await;
+    let base = child.base().to_string();
     let client = reqwest::Client::new();
     let mut bodies = String::new();
     let mut send = async |m: &str, path: &str, token: &str, body: Option<String>| {
@@ -1119,16 +1078,9 @@ async fn tokens_never_appear_in_logs_errors_or_metrics(pool: PgPool) {
         .unwrap();
 
     // stop it (SIGTERM) and take every line it logged
-    let pid = child.0.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    child.signal("TERM");
     let mut logs = Vec::new();
-    while let Ok(line) = lines.recv_timeout(Duration::from_secs(20)) {
+    while let Ok(line) = child.lines().recv_timeout(Duration::from_secs(20)) {
         logs.push(line);
     }
     drop(child);

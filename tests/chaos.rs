@@ -17,7 +17,6 @@ use common::*;
 use hookd::db::PoolSettings;
 use hookd::pgtemp::TempPostgres;
 use rand::Rng;
-use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -26,29 +25,22 @@ const MAX_ATTEMPTS: i32 = 20;
 /// An acknowledged event: its id and its delivery ids.
 type Acked = (Uuid, Vec<Uuid>);
 
-fn spawn_api(url: &str, port: u16) -> Child {
-    Command::new(hookd_bin())
-        .arg("api")
+fn spawn_api(url: &str, port: u16) -> HookdProcess {
+    HookdCommand::new(["api"])
         .env("DATABASE_URL", url)
-        .env("HOOKD_LISTEN", format!("127.0.0.1:{port}"))
+        .listen(port)
         .env("HOOKD_AUTH", "none")
         .env("HOOKD_DB_ACQUIRE_TIMEOUT_MS", "1000")
         .env("HOOKD_LOG", "error")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
         .spawn()
-        .expect("spawn hookd api")
 }
 
-fn spawn_dispatcher(url: &str) -> Child {
-    Command::new(hookd_bin())
-        .arg("dispatch")
+fn spawn_dispatcher(url: &str) -> HookdProcess {
+    HookdCommand::new(["dispatch"])
         .env("DATABASE_URL", url)
-        .env(TEST_KEY_ENV, TEST_ENCRYPTION_KEY)
+        .test_key()
         .env("HOOKD_ALLOWED_DESTINATIONS", "127.0.0.0/8")
-        .env("HOOKD_LISTEN", format!("127.0.0.1:{}", free_port()))
+        .listen(free_port())
         .env("HOOKD_LEASE_SECS", "6")
         .env("HOOKD_REQUEST_TIMEOUT_SECS", "1")
         .env("HOOKD_RETRY_SCHEDULE", "1")
@@ -57,12 +49,7 @@ fn spawn_dispatcher(url: &str) -> Child {
         .env("HOOKD_CIRCUIT_FAILURES", "1000")
         .env("HOOKD_POLL_MS", "100")
         .env("HOOKD_LOG", "error")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
         .spawn()
-        .expect("spawn hookd dispatch")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -97,7 +84,7 @@ async fn chaos_loses_nothing() {
 
     let api_port = free_port();
     let base = format!("http://127.0.0.1:{api_port}");
-    let api: Arc<Mutex<Child>> = Arc::new(Mutex::new(spawn_api(&url, api_port)));
+    let api: Arc<Mutex<HookdProcess>> = Arc::new(Mutex::new(spawn_api(&url, api_port)));
     let mut dispatchers = vec![spawn_dispatcher(&url), spawn_dispatcher(&url)];
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
@@ -178,13 +165,13 @@ async fn chaos_loses_nothing() {
         match rng.random_range(0..4) {
             0 => {
                 let mut a = api.lock().unwrap();
-                let _ = a.start_kill();
+                a.start_kill();
                 *a = spawn_api(&url, api_port);
                 injected.push(format!("{at} SIGKILL api (restarted)"));
             }
             1 => {
                 let k = rng.random_range(0..dispatchers.len());
-                let _ = dispatchers[k].start_kill();
+                dispatchers[k].start_kill();
                 dispatchers[k] = spawn_dispatcher(&url);
                 injected.push(format!(
                     "{at} SIGKILL dispatcher {k} ({in_flight} in flight; restarted)"
@@ -287,9 +274,9 @@ async fn chaos_loses_nothing() {
     assert!(rx.all().iter().all(|r| r.verified_by == vec![true]));
 
     for mut d in dispatchers {
-        let _ = d.kill().await;
+        d.kill();
     }
-    let _ = api.lock().unwrap().start_kill();
+    api.lock().unwrap().start_kill();
     pool.close().await;
     pg.shutdown().await.unwrap();
 }

@@ -295,7 +295,7 @@ fn world() -> Fake {
 }
 
 struct Replica {
-    child: tokio::process::Child,
+    child: HookdProcess,
     listen: String,
 }
 
@@ -310,21 +310,18 @@ fn start_replica_with_lease(
     lease_secs: u64,
 ) -> Replica {
     let listen = format!("127.0.0.1:{}", free_port());
-    let child = tokio::process::Command::new(hookd_bin())
-        .arg("controller")
+    let child = HookdCommand::new(["controller"])
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env("KUBECONFIG", &api.kubeconfig)
-        .env("DATABASE_URL", database_url(pool))
+        .database(pool)
         .env("HOOKD_LISTEN", &listen)
         .env("POD_NAME", name)
         .env("POD_NAMESPACE", "hookd-system")
         .env("HOOKD_LEASE_DURATION_SECS", lease_secs.to_string())
         .env("HOOKD_IMAGE", "registry.example/hookd:9.9")
-        .env(TEST_KEY_ENV, TEST_ENCRYPTION_KEY)
+        .test_key()
         .env("HOOKD_LOG", "info")
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+        .spawn();
     Replica { child, listen }
 }
 
@@ -419,15 +416,12 @@ async fn controller_process_reconciles_and_releases_the_lease(pool: PgPool) {
     );
 
     // SIGTERM: the controllers stop, the Lease is released for a standby, exit 0
-    let pid = replica.child.id().unwrap().to_string();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    let exit = tokio::time::timeout(Duration::from_secs(15), replica.child.wait())
+    replica.child.signal("TERM");
+    let exit = replica
+        .child
+        .wait_timeout(Duration::from_secs(15))
         .await
-        .expect("exits after SIGTERM")
-        .unwrap();
+        .expect("exits after SIGTERM");
     assert!(exit.success(), "{exit:?}");
     assert_eq!(holder(&api), None, "the Lease was released on shutdown");
 }
@@ -461,7 +455,7 @@ async fn standby_replica_takes_over_when_the_leader_is_killed(pool: PgPool) {
     let (_, metrics) = get_text(&format!("{b_health}/metrics")).await.unwrap();
     assert!(metrics.contains("hookd_leader 0"), "{metrics}");
 
-    a.child.kill().await.unwrap(); // SIGKILL: the Lease is left held
+    a.child.kill(); // SIGKILL: the Lease is left held
     // from here on every write comes from replica-b
     let (deployments_before, statuses_before) = {
         let f = api.fake.lock().unwrap();
@@ -521,10 +515,11 @@ async fn leader_stops_before_its_lease_can_be_taken_over(pool: PgPool) {
         f.fail_lease_writes = true;
         f.last_lease_write_ok.expect("the Lease was written")
     };
-    let exit = tokio::time::timeout(Duration::from_secs(20), replica.child.wait())
+    let exit = replica
+        .child
+        .wait_timeout(Duration::from_secs(20))
         .await
-        .expect("the leader stops when it cannot renew")
-        .unwrap();
+        .expect("the leader stops when it cannot renew");
     let stopped = last_ok.elapsed();
     println!(
         "renewals failing: the leader exited {stopped:?} after its last successful Lease write (Lease duration 9 s)"

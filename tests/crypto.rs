@@ -7,8 +7,7 @@
 mod common;
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use base64::Engine;
@@ -112,22 +111,21 @@ async fn key_counts(pool: &PgPool) -> Vec<(Option<String>, i64)> {
     secrets::count_by_key(pool).await.unwrap()
 }
 
-/// `hookd ARGS` to completion with only the given environment besides PATH/HOME.
-async fn run_hookd(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
-    let mut cmd = tokio::process::Command::new(hookd_bin());
-    cmd.args(args)
+/// `hookd ARGS` with no key from the test's environment: only what a test gives it.
+fn without_keys(args: &[&str]) -> HookdCommand {
+    HookdCommand::new(args)
         .env_remove("HOOKD_ENCRYPTION_KEY")
         .env_remove("HOOKD_ENCRYPTION_OLD_KEYS")
         .env_remove("HOOKD_ENCRYPTION_KEY_FILE")
+}
+
+/// `hookd ARGS` to completion with only the given environment besides PATH/HOME.
+async fn run_hookd(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let out = without_keys(args)
         .env("HOOKD_LOG", "warn")
-        .kill_on_drop(true);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .expect("hookd exits")
-        .unwrap();
+        .envs(env.iter().copied())
+        .run()
+        .await;
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -135,43 +133,22 @@ async fn run_hookd(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String
     )
 }
 
-/// A long-running `hookd` child whose stdout and stderr go to `log`.
-struct Proc {
-    child: tokio::process::Child,
-    log: PathBuf,
-}
+/// A long-running `hookd` child with only the given environment besides PATH/HOME.
+struct Proc(HookdProcess);
 
 impl Proc {
-    fn spawn(args: &[&str], env: &[(&str, &str)], log: &Path) -> Proc {
-        let file = std::fs::File::create(log).unwrap();
-        let mut cmd = tokio::process::Command::new(hookd_bin());
-        cmd.args(args)
-            .env_remove("HOOKD_ENCRYPTION_KEY")
-            .env_remove("HOOKD_ENCRYPTION_OLD_KEYS")
-            .env_remove("HOOKD_ENCRYPTION_KEY_FILE")
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(file.try_clone().unwrap()))
-            .stderr(Stdio::from(file))
-            .kill_on_drop(true);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        Proc {
-            child: cmd.spawn().unwrap(),
-            log: log.to_path_buf(),
-        }
+    fn spawn(args: &[&str], env: &[(&str, &str)]) -> Proc {
+        Proc(without_keys(args).envs(env.iter().copied()).spawn())
     }
 
-    /// SIGTERM, then wait; returns the log.
+    /// SIGTERM, then wait; returns everything it printed.
     async fn stop(mut self) -> String {
-        if let Some(pid) = self.child.id() {
-            let _ = std::process::Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status();
+        if self.0.is_running() {
+            self.0.signal("TERM");
         }
-        let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
-        let _ = self.child.kill().await;
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        let _ = self.0.wait_timeout(Duration::from_secs(30)).await;
+        self.0.kill();
+        self.0.output()
     }
 }
 
@@ -366,9 +343,8 @@ async fn secrets_never_appear_in_logs_errors_metrics_or_the_api(pool: PgPool) {
             ("HOOKD_LISTEN", &api_listen),
             ("HOOKD_AUTH", "none"),
         ],
-        &dir.join("api.log"),
     );
-    let spawn_dispatch = |key: &str, old: &str, port: u16, log: &Path| {
+    let spawn_dispatch = |key: &str, old: &str, port: u16| {
         let listen = format!("127.0.0.1:{port}");
         Proc::spawn(
             &["dispatch"],
@@ -381,10 +357,9 @@ async fn secrets_never_appear_in_logs_errors_metrics_or_the_api(pool: PgPool) {
                 ("HOOKD_ENCRYPTION_KEY", key),
                 ("HOOKD_ENCRYPTION_OLD_KEYS", old),
             ],
-            log,
         )
     };
-    let d1 = spawn_dispatch(K1, "", d1_port, &dir.join("dispatch1.log"));
+    let d1 = spawn_dispatch(K1, "", d1_port);
     wait_ready(api_port).await;
     wait_ready(d1_port).await;
 
@@ -437,7 +412,7 @@ async fn secrets_never_appear_in_logs_errors_metrics_or_the_api(pool: PgPool) {
 
     // key rotation: dispatchers restart with k2 active and k1 old, then rekey
     let d1_log = d1.stop().await;
-    let d2 = spawn_dispatch(K2, K1, d2_port, &dir.join("dispatch2.log"));
+    let d2 = spawn_dispatch(K2, K1, d2_port);
     wait_ready(d2_port).await;
     let rotated = with(&[
         ("HOOKD_ENCRYPTION_KEY", K2),
@@ -908,7 +883,7 @@ async fn without_a_key_apply_and_dispatch_share_the_local_key_file(pool: PgPool)
         ("HOOKD_POLL_MS", "100"),
         ("HOOKD_LOG", "info"),
     ]);
-    let d = Proc::spawn(&["dispatch"], &denv, &dir.join("dispatch.log"));
+    let d = Proc::spawn(&["dispatch"], &denv);
     wait_ready(port).await;
     enqueue_sql(&pool, "laptop", 1).await;
     wait_received(&rx, 1).await;
@@ -1036,7 +1011,6 @@ async fn plaintext_rows_from_an_upgrade_are_encrypted(pool: PgPool) {
     make_legacy(&pool, b, SECRET_B).await;
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let dir = tempdir();
     let d = Proc::spawn(
         &["dispatch"],
         &[
@@ -1048,7 +1022,6 @@ async fn plaintext_rows_from_an_upgrade_are_encrypted(pool: PgPool) {
             ("HOOKD_RETRY_SCHEDULE", "1"),
             ("HOOKD_RETRY_JITTER", "0"),
         ],
-        &dir.join("dispatch.log"),
     );
     wait_ready(port).await;
     assert_eq!(
@@ -1069,7 +1042,6 @@ async fn plaintext_rows_from_an_upgrade_are_encrypted(pool: PgPool) {
     let mut needles = secret_needles(SECRET_A);
     needles.extend(secret_needles(SECRET_B));
     assert_absent(&dump_schema(&pool).await, &needles, "the database dump");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 // ---- the hot path ----

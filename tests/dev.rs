@@ -4,11 +4,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
+use common::{HookdCommand, Lines};
 use sqlx::PgPool;
 
 #[sqlx::test]
@@ -31,34 +30,24 @@ async fn dev_prints_a_working_curl_line(pool: PgPool) {
         example.replace("127.0.0.1:9000", &format!("127.0.0.1:{rx_port}")),
     )
     .unwrap();
-    let child = Command::new(common::hookd_bin())
-        .args([
-            "dev",
-            "--listen",
-            &format!("127.0.0.1:{api}"),
-            "--receiver-listen",
-            &format!("127.0.0.1:{rx_port}"),
-            "--dispatch-listen",
-            &format!("127.0.0.1:{metrics}"),
-        ])
-        .arg("--examples")
-        .arg(&dir)
-        .env("DATABASE_URL", common::database_url(&pool))
-        // no HOOKD_ENCRYPTION_KEY: dev falls back to a local key file; keep it out of HOME
-        .env_remove("HOOKD_ENCRYPTION_KEY")
-        .env("HOOKD_ENCRYPTION_KEY_FILE", dir.join("encryption-key"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
-    let (tx, lines) = mpsc::channel::<String>();
-    let stdout = child.0.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let mut child = HookdCommand::new([
+        "dev",
+        "--listen",
+        &format!("127.0.0.1:{api}"),
+        "--receiver-listen",
+        &format!("127.0.0.1:{rx_port}"),
+        "--dispatch-listen",
+        &format!("127.0.0.1:{metrics}"),
+    ])
+    .arg("--examples")
+    .arg(&dir)
+    .database(&pool)
+    // no HOOKD_ENCRYPTION_KEY: dev falls back to a local key file; keep it out of HOME
+    .env_remove("HOOKD_ENCRYPTION_KEY")
+    .env("HOOKD_ENCRYPTION_KEY_FILE", dir.join("encryption-key"))
+    .lines(Lines::Stdout)
+    .spawn();
+    let lines = child.lines();
     let next_matching = |pred: &dyn Fn(&str) -> bool| loop {
         let line = lines
             .recv_timeout(Duration::from_secs(30))
@@ -135,14 +124,12 @@ async fn dev_prints_a_working_curl_line(pool: PgPool) {
         ),
     )
     .unwrap();
-    let applied = Command::new(common::hookd_bin())
-        .args(["apply", "-f"])
+    let applied = HookdCommand::new(["apply", "-f"])
         .arg(&own)
-        .env("DATABASE_URL", common::database_url(&pool))
+        .database(&pool)
         .env_remove("HOOKD_ENCRYPTION_KEY")
         .env("HOOKD_ENCRYPTION_KEY_FILE", dir.join("encryption-key"))
-        .output()
-        .unwrap();
+        .output();
     assert!(applied.status.success(), "{applied:?}");
     let r = reqwest::Client::new()
         .post(format!("http://127.0.0.1:{api}/v1/messages"))
@@ -164,18 +151,8 @@ async fn dev_prints_a_working_curl_line(pool: PgPool) {
     );
 
     // Ctrl-C, as a user stops it
-    let pid = child.0.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-INT", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    assert!(
-        child.0.wait().unwrap().success(),
-        "hookd dev exits 0 on Ctrl-C"
-    );
+    child.signal("INT");
+    assert!(child.wait().success(), "hookd dev exits 0 on Ctrl-C");
     // its connections close asynchronously; the test database can only be dropped after
     assert!(
         common::wait_until(Duration::from_secs(10), || async {
@@ -190,16 +167,6 @@ async fn dev_prints_a_working_curl_line(pool: PgPool) {
         .await
     );
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// A failing assertion must not leave `hookd dev` running (and holding the test database).
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn tempdir() -> std::path::PathBuf {

@@ -1705,7 +1705,7 @@ fn literals_are_found_in_written_and_deparsed_sql() {
 
 /// Every status, class and circuit literal the database holds (CHECK constraints,
 /// partial-index predicates, functions and triggers) and every one the statements of
-/// `src/db/` write is a value of `DeliveryStatus` / `CircuitState`, the CHECK constraints
+/// `src/db/` write is a value of `DeliveryStatus` / `CircuitState` / `ErrorClass`, the CHECK constraints
 /// accept exactly the enums' values, `deliveries_claimable` is exactly
 /// `deliveries::CLAIMABLE`, and sqlx writes and reads the enums as those literals.
 #[sqlx::test]
@@ -1714,6 +1714,7 @@ async fn sql_literals_are_the_values_of_the_queue_enums(pool: PgPool) {
     let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
     let statuses = set(&DeliveryStatus::ALL.map(DeliveryStatus::as_str));
     let circuits = set(&CircuitState::ALL.map(CircuitState::as_str));
+    let classes = set(&ErrorClass::ALL.map(ErrorClass::as_str));
 
     // the CHECK constraints: exactly the enums' values
     let check = |table: &'static str, column: &'static str| {
@@ -1737,6 +1738,28 @@ async fn sql_literals_are_the_values_of_the_queue_enums(pool: PgPool) {
     };
     assert_eq!(check("hookd.deliveries", "status").await, statuses);
     assert_eq!(check("hookd.endpoints", "circuit_state").await, circuits);
+    assert_eq!(
+        check("hookd.delivery_attempts", "error_class").await,
+        classes
+    );
+    // and it holds: no class (an attempt answered 2xx) is accepted, a made-up one is not
+    let d = delivery(&pool, DeliveryOpts::default()).await;
+    let attempt = |class: Option<&'static str>| {
+        sqlx::query(
+            "INSERT INTO hookd.delivery_attempts (delivery_id, attempt, started_at, duration_ms, error_class)
+             VALUES ($1, 1, now(), 1, $2)",
+        )
+        .bind(d.id)
+        .bind(class)
+        .execute(&pool)
+    };
+    attempt(None).await.unwrap();
+    let refused = attempt(Some("made_up")).await.unwrap_err();
+    assert_eq!(
+        refused.as_database_error().and_then(|e| e.constraint()),
+        Some("delivery_attempts_error_class"),
+        "{refused}"
+    );
 
     // partial indexes, functions and triggers of the schema
     let indexes: Vec<(String, String)> = sqlx::query_as(
@@ -1796,6 +1819,12 @@ async fn sql_literals_are_the_values_of_the_queue_enums(pool: PgPool) {
                 "{name}: circuit literal {lit:?} is not a CircuitState"
             );
             seen += 1;
+        }
+        for lit in literals_compared_with(sql, "error_class") {
+            assert!(
+                classes.contains(&lit),
+                "{name}: error class literal {lit:?} is not an ErrorClass"
+            );
         }
     }
     assert!(seen > 50, "the scan found the literals ({seen})");

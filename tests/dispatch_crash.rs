@@ -84,13 +84,12 @@ impl SlowReceiver {
     }
 }
 
-fn spawn_dispatcher(database_url: &str) -> tokio::process::Child {
-    tokio::process::Command::new(hookd_bin())
-        .arg("dispatch")
+fn spawn_dispatcher(database_url: &str) -> HookdProcess {
+    HookdCommand::new(["dispatch"])
         .env("DATABASE_URL", database_url)
-        .env(TEST_KEY_ENV, TEST_ENCRYPTION_KEY)
+        .test_key()
         .env("HOOKD_ALLOWED_DESTINATIONS", "127.0.0.0/8")
-        .env("HOOKD_LISTEN", format!("127.0.0.1:{}", free_port()))
+        .listen(free_port())
         .env("HOOKD_LEASE_SECS", "6")
         .env("HOOKD_REQUEST_TIMEOUT_SECS", "1")
         .env("HOOKD_CONCURRENCY", "32")
@@ -98,11 +97,7 @@ fn spawn_dispatcher(database_url: &str) -> tokio::process::Child {
         .env("HOOKD_RETRY_JITTER", "0")
         .env("HOOKD_POLL_MS", "100")
         .env("HOOKD_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
         .spawn()
-        .expect("spawn hookd dispatch")
 }
 
 /// Rows leased by a live worker other than the ones already killed.
@@ -180,7 +175,7 @@ async fn sigkill_mid_delivery_drops_nothing(pool: PgPool) {
             ready,
             "kill {kill}: no deliveries in flight to kill into (leased {leased}, open {open})"
         );
-        child.kill().await.unwrap(); // SIGKILL
+        child.kill(); // SIGKILL
         println!(
             "kill {kill}: {leased} rows leased by the killed process, {open} requests open at the receiver, {} answered so far",
             rx.answered()
@@ -204,7 +199,7 @@ async fn sigkill_mid_delivery_drops_nothing(pool: PgPool) {
         },
     )
     .await;
-    child.kill().await.unwrap();
+    child.kill();
     let answered = rx.answered.lock().unwrap().clone();
     let mut times: HashMap<&str, usize> = HashMap::new();
     for id in &answered {

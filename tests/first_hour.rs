@@ -5,9 +5,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use common::*;
@@ -128,12 +125,10 @@ async fn attempt_count_and_endpoint_state_are_shown(pool: PgPool) {
 }
 
 fn hookd(args: &[&str], envs: &[(&str, &str)]) -> (bool, String, String) {
-    let mut cmd = Command::new(hookd_bin());
-    cmd.args(args).env("HOOKD_LOG", "warn");
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
+    let out = HookdCommand::new(args)
+        .env("HOOKD_LOG", "warn")
+        .envs(envs.iter().copied())
+        .output();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -234,10 +229,7 @@ fn help_hides_credentials_from_the_environment() {
 /// command to run and exit status 2, not an unknown-subcommand error; `--help` hides it.
 #[test]
 fn bench_names_the_command_that_replaced_it() {
-    let out = Command::new(hookd_bin())
-        .args(["bench", "--quick", "--only", "claim"])
-        .output()
-        .unwrap();
+    let out = HookdCommand::new(["bench", "--quick", "--only", "claim"]).output();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -280,9 +272,8 @@ async fn dev_leaves_no_postgres_behind_when_killed() {
             std::env::temp_dir().join(format!("hookd-dev-cwd-{}", uuid::Uuid::now_v7().simple()));
         std::fs::create_dir_all(&cwd).unwrap();
         let (api, rx, metrics) = (free_port(), free_port(), free_port());
-        let mut child = Command::new(hookd_bin())
+        let mut child = HookdCommand::new(["dev", "--listen", &format!("127.0.0.1:{api}")])
             .current_dir(&cwd)
-            .args(["dev", "--listen", &format!("127.0.0.1:{api}")])
             .args(["--receiver-listen", &format!("127.0.0.1:{rx}")])
             .args(["--dispatch-listen", &format!("127.0.0.1:{metrics}")])
             .env_remove("DATABASE_URL")
@@ -291,26 +282,12 @@ async fn dev_leaves_no_postgres_behind_when_killed() {
             .env("HOOKD_ENCRYPTION_KEY_FILE", cwd.join("key"))
             .env("HOOKD_LOG", "info")
             .env("HOOKD_LOG_FORMAT", "text")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (tx, lines) = mpsc::channel::<String>();
-        for stream in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    let _ = tx.send(line);
-                }
-            });
-        }
+            .spawn();
         let mut dir = None;
         let mut seen = Vec::new();
         loop {
-            let line = lines
+            let line = child
+                .lines()
                 .recv_timeout(Duration::from_secs(60))
                 .unwrap_or_else(|_| panic!("hookd dev printed: {seen:#?}"));
             if let Some(d) = line.split("(throwaway, in ").nth(1) {
@@ -340,14 +317,8 @@ async fn dev_leaves_no_postgres_behind_when_killed() {
         assert_eq!(m.status(), 200);
         assert!(m.text().await.unwrap().contains("hookd_"), "metrics");
 
-        assert!(
-            Command::new("kill")
-                .args([&format!("-{signal}"), &child.id().to_string()])
-                .status()
-                .unwrap()
-                .success()
-        );
-        let _ = child.wait();
+        child.signal(signal);
+        child.wait();
         let gone =
             wait_until(Duration::from_secs(30), || {
                 let dir = dir.clone();

@@ -1233,17 +1233,12 @@ async fn drop_database(pool: &PgPool, name: &str) {
 }
 
 async fn hookd(args: &[&str], database_url: &str) -> std::process::Output {
-    let child = tokio::process::Command::new(hookd_bin())
-        .args(args)
+    HookdCommand::new(args)
         .env("DATABASE_URL", database_url)
         .env("HOOKD_LOG", "warn")
         .env_remove("HOOKD_LISTEN")
-        .kill_on_drop(true)
-        .output();
-    tokio::time::timeout(Duration::from_secs(60), child)
+        .run()
         .await
-        .expect("hookd exits")
-        .unwrap()
 }
 
 /// `hookd migrate` on an empty database succeeds, and again (idempotent); the schema is

@@ -3,77 +3,46 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use hookd::receiver::{Received, fingerprint};
 use hookd::signing::{SigningSecret, signature_header};
 use serde_json::json;
 
-use common::{SECRET_A, SECRET_B};
+use common::{HookdCommand, HookdProcess, Lines, SECRET_A, SECRET_B};
 
 const SECRET_C: &str = "whsec_AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
 
-/// A running `hookd receiver`, killed on drop so a failed assertion leaves nothing behind.
+/// A running `hookd receiver` (killed on drop); `lines` of the process are its stdout.
 struct ReceiverProc {
-    child: std::process::Child,
+    process: HookdProcess,
     base: String,
-    lines: mpsc::Receiver<String>,
     http: reqwest::Client,
 }
 
-impl Drop for ReceiverProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `hookd receiver` with no secret from the test's environment.
+fn receiver_command(args: &[&str]) -> HookdCommand {
+    HookdCommand::new(["receiver"])
+        .args(args)
+        .env_remove("HOOKD_RECEIVER_SECRETS")
+        .env_remove("HOOKD_RECEIVER_SECRET_FILES")
 }
 
 async fn start(args: &[&str], envs: &[(&str, &str)]) -> ReceiverProc {
     common::init();
-    let port = common::free_port();
-    let mut cmd = Command::new(common::hookd_bin());
-    cmd.arg("receiver")
-        .args(["--listen", &format!("127.0.0.1:{port}")])
+    let base = format!("http://127.0.0.1:{}", common::free_port());
+    let mut process = receiver_command(&["--listen", &base["http://".len()..]])
         .args(args)
-        .env_remove("HOOKD_RECEIVER_SECRETS")
-        .env_remove("HOOKD_RECEIVER_SECRET_FILES")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().unwrap();
-    let (tx, lines) = mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let p = ReceiverProc {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-        lines,
+        .envs(envs.iter().copied())
+        .base_url(&base)
+        .lines(Lines::Stdout)
+        .spawn();
+    process.wait_healthy("/healthz").await;
+    ReceiverProc {
+        process,
+        base,
         http: reqwest::Client::new(),
-    };
-    let (http, url) = (p.http.clone(), format!("{}/healthz", p.base));
-    assert!(
-        common::wait_until(Duration::from_secs(20), || {
-            let (http, url) = (http.clone(), url.clone());
-            async move {
-                http.get(url)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
-            }
-        })
-        .await,
-        "receiver did not come up"
-    );
-    p
+    }
 }
 
 impl ReceiverProc {
@@ -140,7 +109,8 @@ impl ReceiverProc {
     fn next_delivery_line(&self) -> String {
         loop {
             let line = self
-                .lines
+                .process
+                .lines()
                 .recv_timeout(Duration::from_secs(10))
                 .expect("receiver printed a line per delivery");
             if line.starts_with("receiver: ") {
@@ -383,14 +353,9 @@ async fn answers_slowly_or_with_an_error_when_told_to() {
 #[test]
 fn refuses_to_start_without_a_usable_secret() {
     let run = |args: &[&str]| {
-        let out = Command::new(common::hookd_bin())
-            .arg("receiver")
-            .args(["--listen", "127.0.0.1:0"])
+        let out = receiver_command(&["--listen", "127.0.0.1:0"])
             .args(args)
-            .env_remove("HOOKD_RECEIVER_SECRETS")
-            .env_remove("HOOKD_RECEIVER_SECRET_FILES")
-            .output()
-            .unwrap();
+            .output();
         assert!(!out.status.success(), "{args:?} must fail");
         String::from_utf8(out.stderr).unwrap()
     };
@@ -435,7 +400,7 @@ async fn printed_fields_are_escaped() {
     );
     let deadline = Instant::now() + Duration::from_millis(300);
     while Instant::now() < deadline {
-        if let Ok(extra) = rx.lines.recv_timeout(Duration::from_millis(50)) {
+        if let Ok(extra) = rx.process.lines().recv_timeout(Duration::from_millis(50)) {
             panic!("a second line was printed: {extra}");
         }
     }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use common::*;
 use hookd::db::deliveries::{self, ClaimRequest};
+use hookd::domain::DeliveryStatus;
 use hookd::metrics::Metrics;
 use hookd::retention::{PruneCounts, PruneOutcome, RetentionPolicy, prune_once};
 use sqlx::PgPool;
@@ -21,15 +22,6 @@ use uuid::Uuid;
 
 fn days_ago(d: i64) -> DateTime<Utc> {
     Utc::now() - TimeDelta::days(d)
-}
-
-fn v7_at(t: DateTime<Utc>) -> Uuid {
-    let ms = u64::try_from(t.timestamp_millis()).unwrap();
-    Uuid::new_v7(uuid::Timestamp::from_unix(
-        uuid::NoContext,
-        ms / 1000,
-        u32::try_from(ms % 1000).unwrap() * 1_000_000,
-    ))
 }
 
 fn policy(days: u32, tenants: &str, batch: u32) -> RetentionPolicy {
@@ -54,72 +46,6 @@ async fn ep(pool: &PgPool, tenant: &str) -> Uuid {
     .await
 }
 
-async fn event(pool: &PgPool, tenant: &str, created: DateTime<Utc>) -> Uuid {
-    let id = v7_at(created);
-    sqlx::query(
-        "INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash, created_at)
-         VALUES ($1, $2, 'old.event', '{}', '\\x00'::bytea, $3)",
-    )
-    .bind(id)
-    .bind(tenant)
-    .bind(created)
-    .execute(pool)
-    .await
-    .unwrap();
-    id
-}
-
-/// A delivery created at `created`, last changed at `updated`, in `status`.
-async fn delivery(
-    pool: &PgPool,
-    event_id: Uuid,
-    endpoint_id: Uuid,
-    tenant: &str,
-    status: &str,
-    created: DateTime<Utc>,
-    updated: DateTime<Utc>,
-) -> Uuid {
-    let id = v7_at(created);
-    let (visible_at, locked_by) = match status {
-        // a live lease, and a retry due in the future
-        "in_progress" => (Utc::now() + TimeDelta::seconds(60), Some(Uuid::now_v7())),
-        "failed" => (Utc::now() + TimeDelta::hours(1), None),
-        _ => (updated, None),
-    };
-    let terminal = matches!(status, "succeeded" | "dead" | "cancelled");
-    sqlx::query(
-        "INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, status, attempts,
-             visible_at, locked_by, created_at, updated_at, completed_at)
-         VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8, $9, $10)",
-    )
-    .bind(id)
-    .bind(event_id)
-    .bind(endpoint_id)
-    .bind(tenant)
-    .bind(status)
-    .bind(visible_at)
-    .bind(locked_by)
-    .bind(created)
-    .bind(updated)
-    .bind(terminal.then_some(updated))
-    .execute(pool)
-    .await
-    .unwrap();
-    id
-}
-
-async fn attempts(pool: &PgPool, delivery_id: Uuid, n: i32) {
-    sqlx::query(
-        "INSERT INTO hookd.delivery_attempts (delivery_id, attempt, started_at, duration_ms, status_code)
-         SELECT $1, g, now(), 5, 500 FROM generate_series(1, $2) g",
-    )
-    .bind(delivery_id)
-    .bind(n)
-    .execute(pool)
-    .await
-    .unwrap();
-}
-
 async fn dead_letter(pool: &PgPool, delivery_id: Uuid, endpoint_id: Uuid, tenant: &str) {
     sqlx::query(
         "INSERT INTO hookd.dead_letters (delivery_id, endpoint_id, tenant, reason, attempts, dead_at)
@@ -133,6 +59,18 @@ async fn dead_letter(pool: &PgPool, delivery_id: Uuid, endpoint_id: Uuid, tenant
     .unwrap();
 }
 
+/// One attempt made, created `age` days ago and last changed `changed` days ago.
+fn aged(tenant: &str, status: &str, age: i64, changed: i64) -> DeliveryOpts {
+    DeliveryOpts {
+        tenant: tenant.into(),
+        status: DeliveryStatus::parse(status).unwrap(),
+        attempts: 1,
+        created_at: days_ago(age),
+        updated_at: Some(days_ago(changed)),
+        ..Default::default()
+    }
+}
+
 /// An event with one delivery in `status`, both created `age` days ago and last changed
 /// `changed` days ago; returns (event, delivery).
 async fn pair(
@@ -143,18 +81,15 @@ async fn pair(
     age: i64,
     changed: i64,
 ) -> (Uuid, Uuid) {
-    let e = event(pool, tenant, days_ago(age)).await;
     let d = delivery(
         pool,
-        e,
-        endpoint_id,
-        tenant,
-        status,
-        days_ago(age),
-        days_ago(changed),
+        DeliveryOpts {
+            endpoint: Some(endpoint_id),
+            ..aged(tenant, status, age, changed)
+        },
     )
     .await;
-    (e, d)
+    (d.event_id, d.id)
 }
 
 async fn exists(pool: &PgPool, table: &str, column: &str, id: Uuid) -> bool {
@@ -206,35 +141,22 @@ async fn expired_terminal_rows_go_and_live_deliveries_never_do(pool: PgPool) {
     kept.extend([recent, replayed]);
 
     let (e_ok, d_ok) = pair(&pool, ep1, "ret", "succeeded", 40, 40).await;
-    attempts(&pool, d_ok, 2).await;
+    failed_attempts(&pool, d_ok, 2).await;
     let (e_dead, d_dead) = pair(&pool, ep1, "ret", "dead", 40, 40).await;
-    attempts(&pool, d_dead, 3).await;
+    failed_attempts(&pool, d_dead, 3).await;
     dead_letter(&pool, d_dead, ep1, "ret").await;
     let (e_cancel, d_cancel) = pair(&pool, ep1, "ret", "cancelled", 40, 40).await;
     // one event, two endpoints: one delivery done long ago, the other still pending
-    let e_mixed = event(&pool, "ret", days_ago(40)).await;
-    let d_mixed_done = delivery(
-        &pool,
-        e_mixed,
-        ep1,
-        "ret",
-        "succeeded",
-        days_ago(40),
-        days_ago(40),
-    )
-    .await;
-    let d_mixed_pending = delivery(
-        &pool,
-        e_mixed,
-        ep2,
-        "ret",
-        "pending",
-        days_ago(40),
-        days_ago(40),
-    )
-    .await;
-    let orphan = event(&pool, "ret", days_ago(40)).await;
-    let young_orphan = event(&pool, "ret", days_ago(5)).await;
+    let e_mixed = event_at(&pool, "ret", days_ago(40)).await;
+    let mixed = |endpoint, status| DeliveryOpts {
+        event: Some(e_mixed),
+        endpoint: Some(endpoint),
+        ..aged("ret", status, 40, 40)
+    };
+    let d_mixed_done = delivery(&pool, mixed(ep1, "succeeded")).await.id;
+    let d_mixed_pending = delivery(&pool, mixed(ep2, "pending")).await.id;
+    let orphan = event_at(&pool, "ret", days_ago(40)).await;
+    let young_orphan = event_at(&pool, "ret", days_ago(5)).await;
     for i in 0..50 {
         pair(&pool, ep2, "ret", "succeeded", 31 + i % 5, 31).await;
     }
@@ -508,21 +430,18 @@ async fn hookd_prune_reports_what_it_deleted(pool: PgPool) {
     init();
     let e = ep(&pool, "cli").await;
     let (_, d) = pair(&pool, e, "cli", "dead", 45, 45).await;
-    attempts(&pool, d, 2).await;
+    failed_attempts(&pool, d, 2).await;
     dead_letter(&pool, d, e, "cli").await;
     pair(&pool, e, "cli", "pending", 45, 45).await;
     let run = |env: Vec<(&'static str, &'static str)>| {
         let url = database_url(&pool);
         async move {
-            let out = tokio::process::Command::new(hookd_bin())
-                .arg("prune")
+            let out = HookdCommand::new(["prune"])
                 .env("DATABASE_URL", url)
                 .env("HOOKD_LOG", "warn")
                 .envs(env)
-                .kill_on_drop(true)
-                .output()
-                .await
-                .unwrap();
+                .run()
+                .await;
             (
                 out.status.success(),
                 String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -555,17 +474,13 @@ async fn dispatcher_prunes_on_its_interval(pool: PgPool) {
     let (old_event, old) = pair(&pool, e, "interval", "succeeded", 40, 40).await;
     let (_, live) = pair(&pool, e, "interval", "failed", 40, 40).await;
     let port = free_port();
-    let mut child = tokio::process::Command::new(hookd_bin())
-        .arg("dispatch")
-        .env("DATABASE_URL", database_url(&pool))
-        .env(TEST_KEY_ENV, TEST_ENCRYPTION_KEY)
-        .env("HOOKD_LISTEN", format!("127.0.0.1:{port}"))
+    let mut child = HookdCommand::new(["dispatch"])
+        .database(&pool)
+        .test_key()
+        .listen(port)
         .env("HOOKD_PRUNE_INTERVAL_SECS", "1")
         .env("HOOKD_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+        .spawn();
     assert!(
         wait_until(Duration::from_secs(20), || async {
             !exists(&pool, "deliveries", "id", old).await
@@ -592,5 +507,5 @@ async fn dispatcher_prunes_on_its_interval(pool: PgPool) {
         metrics.contains("hookd_retention_passes_total{result=\"done\"}"),
         "{metrics}"
     );
-    child.kill().await.unwrap();
+    child.kill();
 }

@@ -197,15 +197,116 @@ async fn a_hot_endpoint_takes_turns_with_the_others(pool: PgPool) {
     assert_eq!(last.len(), 10);
 }
 
-async fn in_flight_of(pool: &PgPool, tenant: &str) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM hookd.deliveries
-         WHERE tenant = $1 AND status = 'in_progress' AND visible_at > now()",
+/// Whose share of a dispatcher's slots a fairness test measures: a tenant's against
+/// another tenant, or a consumer's against another consumer of its tenant (`shop`).
+#[derive(Debug, Clone, Copy)]
+enum Owner {
+    Tenant,
+    Consumer,
+}
+
+impl Owner {
+    /// An endpoint of `name`.
+    fn endpoint(self, name: &str, url: String) -> EndpointOpts {
+        match self {
+            Owner::Tenant => opts(name, url),
+            Owner::Consumer => EndpointOpts {
+                consumer: Some(name.into()),
+                ..opts("shop", url)
+            },
+        }
+    }
+
+    /// `n` events for `name`, through the SQL outbox function.
+    async fn enqueue(self, pool: &PgPool, name: &str, n: i32) {
+        match self {
+            Owner::Tenant => enqueue_sql(pool, name, n).await,
+            Owner::Consumer => {
+                sqlx::query(
+                    "SELECT hookd.enqueue('shop', 'scale.test', '{\"n\":' || g || '}', NULL, $1)
+                     FROM generate_series(1, $2) g",
+                )
+                .bind(name)
+                .bind(n)
+                .execute(pool)
+                .await
+                .unwrap();
+            }
+        }
+    }
+
+    /// Deliveries of `name` in flight on a live lease.
+    async fn in_flight(self, pool: &PgPool, name: &str) -> i64 {
+        let column = match self {
+            Owner::Tenant => "tenant",
+            Owner::Consumer => "consumer",
+        };
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM hookd.deliveries
+             WHERE {column} = $1 AND status = 'in_progress' AND visible_at > now()"
+        )))
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    }
+}
+
+/// What [`slow_beside_quick`] saw.
+struct Shares {
+    /// `quick`'s delivery arrived within 3 s
+    arrived: bool,
+    /// `slow`'s deliveries in flight then
+    slow_in_flight: i64,
+    /// requests `slow`'s receivers had answered then
+    slow_answered: usize,
+}
+
+/// A dispatcher with 4 slots; `slow`'s two endpoints answer in 10 s and it has 8 events
+/// due. Once it has 2 deliveries in flight, `quick` enqueues one for its endpoint.
+async fn slow_beside_quick(pool: &PgPool, owner: Owner, slow: &str, quick: &str) -> Shares {
+    let slow_rx = Receiver::start(&[SECRET_A]).await;
+    slow_rx.set(Behavior {
+        delay: Duration::from_secs(10),
+        ..Default::default()
+    });
+    let quick_rx = Receiver::start(&[SECRET_A]).await;
+    endpoint(pool, owner.endpoint(slow, slow_rx.url("/one"))).await;
+    endpoint(pool, owner.endpoint(slow, slow_rx.url("/two"))).await;
+    endpoint(pool, owner.endpoint(quick, quick_rx.url("/hook"))).await;
+    let d = TestDispatcher::start(
+        pool,
+        hookd::config::DispatchSettings {
+            concurrency: 4,
+            endpoint_concurrency: 4,
+            request_timeout_secs: 20,
+            shutdown_grace_secs: 0,
+            ..dispatch_settings()
+        },
     )
-    .bind(tenant)
-    .fetch_one(pool)
-    .await
-    .unwrap()
+    .await;
+    owner.enqueue(pool, slow, 8).await;
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            owner.in_flight(pool, slow).await >= 2
+        })
+        .await
+    );
+    let t0 = Instant::now();
+    owner.enqueue(pool, quick, 1).await;
+    let arrived = wait_until(Duration::from_secs(3), || async { quick_rx.count() == 1 }).await;
+    let slow_in_flight = owner.in_flight(pool, slow).await;
+    println!(
+        "{quick}'s delivery after {:?}; {slow} in flight {slow_in_flight}",
+        t0.elapsed()
+    );
+    let shares = Shares {
+        arrived,
+        slow_in_flight,
+        slow_answered: slow_rx.count(),
+    };
+    d.stop().await;
+    shares
 }
 
 /// Issue 19, medium 2. A dispatcher with 4 slots; tenant `slow`'s receivers take 10 s and
@@ -215,60 +316,14 @@ async fn in_flight_of(pool: &PgPool, tenant: &str) -> i64 {
 /// `slow` held all 4 slots and `quick` waited 10 s).
 #[sqlx::test]
 async fn a_tenant_with_slow_receivers_leaves_a_slot_for_another(pool: PgPool) {
-    let slow_rx = Receiver::start(&[SECRET_A]).await;
-    slow_rx.set(Behavior {
-        delay: Duration::from_secs(10),
-        ..Default::default()
-    });
-    let quick_rx = Receiver::start(&[SECRET_A]).await;
-    endpoint(&pool, opts("slow", slow_rx.url("/one"))).await;
-    endpoint(&pool, opts("slow", slow_rx.url("/two"))).await;
-    endpoint(&pool, opts("quick", quick_rx.url("/hook"))).await;
-    let d = TestDispatcher::start(
-        &pool,
-        hookd::config::DispatchSettings {
-            concurrency: 4,
-            endpoint_concurrency: 4,
-            request_timeout_secs: 20,
-            shutdown_grace_secs: 0,
-            ..dispatch_settings()
-        },
-    )
-    .await;
-    enqueue_sql(&pool, "slow", 8).await;
+    let s = slow_beside_quick(&pool, Owner::Tenant, "slow", "quick").await;
     assert!(
-        wait_until(Duration::from_secs(5), || async {
-            in_flight_of(&pool, "slow").await >= 2
-        })
-        .await
-    );
-    let t0 = Instant::now();
-    enqueue_sql(&pool, "quick", 1).await;
-    let arrived = wait_until(Duration::from_secs(3), || async { quick_rx.count() == 1 }).await;
-    println!(
-        "quick's delivery after {:?}; slow in flight {}",
-        t0.elapsed(),
-        in_flight_of(&pool, "slow").await
-    );
-    assert!(
-        arrived,
+        s.arrived,
         "the other tenant's delivery waited for the slow tenant's receivers"
     );
-    let slow = in_flight_of(&pool, "slow").await;
+    let slow = s.slow_in_flight;
     assert!((2..=3).contains(&slow), "slow holds {slow} of 4 slots");
-    assert_eq!(slow_rx.count(), 0, "slow's receivers are still busy");
-    d.stop().await;
-}
-
-async fn in_flight_of_consumer(pool: &PgPool, consumer: &str) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM hookd.deliveries
-         WHERE consumer = $1 AND status = 'in_progress' AND visible_at > now()",
-    )
-    .bind(consumer)
-    .fetch_one(pool)
-    .await
-    .unwrap()
+    assert_eq!(s.slow_answered, 0, "slow's receivers are still busy");
 }
 
 /// Issue 19, medium 2, for consumers (issue 15): within one tenant, consumer `slowco`'s
@@ -277,61 +332,16 @@ async fn in_flight_of_consumer(pool: &PgPool, consumer: &str) -> i64 {
 /// all of the tenant's 3 slots and `quickco` waited 10 s for one to come back).
 #[sqlx::test]
 async fn a_consumer_with_slow_receivers_leaves_a_slot_for_another_of_its_tenant(pool: PgPool) {
-    let slow_rx = Receiver::start(&[SECRET_A]).await;
-    slow_rx.set(Behavior {
-        delay: Duration::from_secs(10),
-        ..Default::default()
-    });
-    let quick_rx = Receiver::start(&[SECRET_A]).await;
-    let of = |consumer: &str, url: String| EndpointOpts {
-        consumer: Some(consumer.into()),
-        ..opts("shop", url)
-    };
-    endpoint(&pool, of("slowco", slow_rx.url("/one"))).await;
-    endpoint(&pool, of("slowco", slow_rx.url("/two"))).await;
-    endpoint(&pool, of("quickco", quick_rx.url("/hook"))).await;
-    let d = TestDispatcher::start(
-        &pool,
-        hookd::config::DispatchSettings {
-            concurrency: 4,
-            endpoint_concurrency: 4,
-            request_timeout_secs: 20,
-            shutdown_grace_secs: 0,
-            ..dispatch_settings()
-        },
-    )
-    .await;
-    let enqueue = |consumer: &'static str, n: i32| {
-        sqlx::query(
-            "SELECT hookd.enqueue('shop', 'scale.test', '{\"n\":' || g || '}', NULL, $1)
-             FROM generate_series(1, $2) g",
-        )
-        .bind(consumer)
-        .bind(n)
-        .execute(&pool)
-    };
-    enqueue("slowco", 8).await.unwrap();
+    let s = slow_beside_quick(&pool, Owner::Consumer, "slowco", "quickco").await;
     assert!(
-        wait_until(Duration::from_secs(5), || async {
-            in_flight_of_consumer(&pool, "slowco").await >= 2
-        })
-        .await
-    );
-    let t0 = Instant::now();
-    enqueue("quickco", 1).await.unwrap();
-    let arrived = wait_until(Duration::from_secs(3), || async { quick_rx.count() == 1 }).await;
-    let slow = in_flight_of_consumer(&pool, "slowco").await;
-    println!(
-        "quickco's delivery after {:?}; slowco in flight {slow}",
-        t0.elapsed()
-    );
-    assert!(
-        arrived,
+        s.arrived,
         "a consumer's delivery waited for another consumer's receivers"
     );
-    assert_eq!(slow, 2, "slowco holds its share of the tenant's 3 slots");
-    assert_eq!(slow_rx.count(), 0, "slowco's receivers are still busy");
-    d.stop().await;
+    assert_eq!(
+        s.slow_in_flight, 2,
+        "slowco holds its share of the tenant's 3 slots"
+    );
+    assert_eq!(s.slow_answered, 0, "slowco's receivers are still busy");
 }
 
 /// A receiver taking 5 s per request, two dispatchers with 2 s leases: the leases are
@@ -435,22 +445,17 @@ impl OpenCounter {
 }
 
 /// A `hookd dispatch` process with default lease settings, only the test plumbing set.
-fn spawn_default_dispatcher(database_url: &str) -> tokio::process::Child {
-    tokio::process::Command::new(hookd_bin())
-        .arg("dispatch")
+fn spawn_default_dispatcher(database_url: &str) -> HookdProcess {
+    HookdCommand::new(["dispatch"])
         .env("DATABASE_URL", database_url)
-        .env(TEST_KEY_ENV, TEST_ENCRYPTION_KEY)
+        .test_key()
         .env("HOOKD_ALLOWED_DESTINATIONS", "127.0.0.0/8")
-        .env("HOOKD_LISTEN", format!("127.0.0.1:{}", free_port()))
+        .listen(free_port())
         .env("HOOKD_LOG", "warn")
         .env_remove("HOOKD_LEASE_SECS")
         .env_remove("HOOKD_POLL_MS")
         .env_remove("HOOKD_REQUEST_TIMEOUT_SECS")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
         .spawn()
-        .expect("spawn hookd dispatch")
 }
 
 /// A real dispatcher with default settings is SIGKILLed while deliveries are in flight
@@ -482,7 +487,7 @@ async fn deliveries_of_a_killed_dispatcher_arrive_within_10s_of_a_replacement(po
     );
     let leased = in_flight().await;
     let open = rx.open.load(Ordering::SeqCst);
-    first.kill().await.unwrap(); // SIGKILL
+    first.kill(); // SIGKILL
     let killed_at = Instant::now();
     // in flight at the kill: leased, and not answered before it (a request cut by the
     // kill is never recorded as answered)
@@ -531,7 +536,7 @@ async fn deliveries_of_a_killed_dispatcher_arrive_within_10s_of_a_replacement(po
         leased.len(),
         t0.elapsed()
     );
-    second.kill().await.unwrap();
+    second.kill();
     assert!(
         all,
         "not delivered within 10 s of the replacement: {missing:?}"

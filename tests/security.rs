@@ -532,14 +532,7 @@ async fn the_attempt_log_in_a_delivery_read_is_bounded(pool: PgPool) {
     let api = TestApi::start(&pool).await;
     let (_, deliveries) = api.enqueue("team-a", "log", "{}").await;
     let id = deliveries[0];
-    sqlx::query(
-        "INSERT INTO hookd.delivery_attempts (delivery_id, attempt, started_at, duration_ms, status_code)
-         SELECT $1, g, now(), 1, 500 FROM generate_series(1, 150) g",
-    )
-    .bind(id)
-    .execute(&pool)
-    .await
-    .unwrap();
+    failed_attempts(&pool, id, 150).await;
     let (s, v) = api.get(&format!("/v1/deliveries/{id}")).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     let attempts = v["attempts"].as_array().unwrap();

@@ -485,7 +485,7 @@ pub async fn dead_letters(
     caller.require(Scope::Read)?;
     let Query(p) = params.map_err(|e| ApiError::unprocessable("invalid_query", e.body_text()))?;
     let tenant = caller.resolve_tenant(p.tenant)?;
-    let limit = super::endpoints::page_limit(p.limit)?;
+    let limit = super::listing::page_limit(p.limit)?;
     let after = match p.cursor.as_deref() {
         None => None,
         Some(c) => Some(

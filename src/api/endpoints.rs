@@ -18,6 +18,7 @@ use uuid::Uuid;
 use super::body::{json, json_or_empty, nullable};
 use super::caller::Caller;
 use super::error::ApiError;
+use super::listing::{check_consumer_filter, page_limit, parse_status, query, uuid_cursor};
 use super::messages::DeliverySummary;
 use super::openapi::responses;
 use super::{AppState, path_id};
@@ -370,42 +371,6 @@ pub struct EndpointPage {
     items: Vec<EndpointOut>,
     /// pass as `cursor` for the next page; null on the last page
     next_cursor: Option<String>,
-}
-
-pub(super) fn page_limit(limit: Option<i64>) -> Result<i64, ApiError> {
-    let limit = limit.unwrap_or(100);
-    if (1..=1000).contains(&limit) {
-        Ok(limit)
-    } else {
-        Err(ApiError::unprocessable(
-            "invalid_limit",
-            "limit must be between 1 and 1000",
-        ))
-    }
-}
-
-/// A `consumer` filter of a listing: 422 unless it is a valid uid.
-pub(super) fn check_consumer_filter(c: Option<&str>) -> Result<(), ApiError> {
-    match c {
-        Some(c) => {
-            domain::validate_consumer(c).map_err(|e| ApiError::unprocessable("invalid_consumer", e))
-        }
-        None => Ok(()),
-    }
-}
-
-pub(super) fn uuid_cursor(cursor: Option<&str>) -> Result<Option<Uuid>, ApiError> {
-    cursor
-        .map(|c| {
-            c.parse::<Uuid>()
-                .map_err(|_| ApiError::unprocessable("invalid_cursor", "cursor is not valid"))
-        })
-        .transpose()
-}
-
-pub(super) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
-    q.map(|Query(t)| t)
-        .map_err(|e| ApiError::unprocessable("invalid_query", e.body_text()))
 }
 
 /// GET /v1/endpoints
@@ -1057,22 +1022,6 @@ pub struct EndpointDeliveryOut {
 pub struct EndpointDeliveryPage {
     items: Vec<EndpointDeliveryOut>,
     next_cursor: Option<String>,
-}
-
-/// A `?status=` filter: absent, or one of the delivery statuses (else 422).
-pub(super) fn parse_status(s: Option<&str>) -> Result<Option<DeliveryStatus>, ApiError> {
-    s.map(|s| {
-        DeliveryStatus::parse(s).ok_or_else(|| {
-            ApiError::unprocessable(
-                "invalid_status",
-                format!(
-                    "status {s:?} is not one of {:?}",
-                    DeliveryStatus::ALL.map(DeliveryStatus::as_str)
-                ),
-            )
-        })
-    })
-    .transpose()
 }
 
 /// GET /v1/endpoints/{id}/deliveries

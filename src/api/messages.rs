@@ -632,16 +632,16 @@ pub async fn list(
     >,
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Read)?;
-    let p = super::endpoints::query(params)?;
+    let p = super::listing::query(params)?;
     let tenant = caller.resolve_tenant(p.tenant)?;
-    let limit = super::endpoints::page_limit(p.limit)?;
-    let status = super::endpoints::parse_status(p.status.as_deref())?;
-    super::endpoints::check_consumer_filter(p.consumer.as_deref())?;
+    let limit = super::listing::page_limit(p.limit)?;
+    let status = super::listing::parse_status(p.status.as_deref())?;
+    super::listing::check_consumer_filter(p.consumer.as_deref())?;
     if let Some(t) = p.event_type.as_deref() {
         domain::validate_event_type(t)
             .map_err(|e| ApiError::unprocessable("invalid_event_type", e))?;
     }
-    let before = super::endpoints::uuid_cursor(p.cursor.as_deref())?;
+    let before = super::listing::uuid_cursor(p.cursor.as_deref())?;
     let audience = caller.audience();
     let rows = db::events::list(
         &state.pool,

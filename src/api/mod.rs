@@ -7,6 +7,7 @@ mod deliveries;
 mod endpoints;
 pub mod error;
 pub mod limits;
+mod listing;
 mod messages;
 pub mod openapi;
 pub mod server;

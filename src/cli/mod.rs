@@ -193,3 +193,54 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         }
     }
 }
+
+// Here, at the composition root, rather than beside the controller: it compares the
+// controller's output with this command line, and `k8s` must not depend on `cli`.
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use crate::k8s::crd::WebhookDispatcher;
+    use crate::k8s::dispatcher_controller::desired_deployment;
+
+    /// The controller writes `hookd dispatch`'s settings as environment variables by name;
+    /// every name it writes must be one `hookd dispatch` reads, or a renamed flag would be
+    /// silently ignored in every dispatcher pod.
+    #[test]
+    fn every_variable_the_controller_sets_is_read_by_hookd_dispatch() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let dispatch = cli
+            .find_subcommand("dispatch")
+            .expect("a dispatch subcommand");
+        let read: std::collections::BTreeSet<String> = cli
+            .get_arguments()
+            .chain(dispatch.get_arguments())
+            .filter_map(|a| a.get_env())
+            .map(|e| e.to_string_lossy().into_owned())
+            .collect();
+        let d: WebhookDispatcher = serde_json::from_value(serde_json::json!({
+            "apiVersion": "hookd.dev/v1alpha1", "kind": "WebhookDispatcher",
+            "metadata": {"name": "default", "namespace": "hookd-system", "uid": "u-1", "generation": 2},
+            "spec": {
+                "replicas": 2, "concurrency": 100, "endpointConcurrency": 8,
+                "requestTimeoutSeconds": 20, "leaseSeconds": 90,
+                "databaseSecretRef": {"name": "db"},
+                "allowedDestinations": ["10.0.0.0/8"],
+            },
+        }))
+        .unwrap();
+        let dep = desired_deployment(&d, "hookd:test", 2);
+        let env = dep.spec.unwrap().template.spec.unwrap().containers[0]
+            .env
+            .clone()
+            .unwrap();
+        assert!(env.len() >= 10, "{env:?}");
+        for e in env {
+            assert!(
+                read.contains(&e.name),
+                "the controller sets {} but hookd dispatch reads no such variable",
+                e.name
+            );
+        }
+    }
+}

@@ -18,7 +18,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{TEST_ENCRYPTION_KEY, TEST_KEY_ENV, database_url, free_port, hookd_bin};
+use crate::common::{HookdCommand, HookdProcess, free_port};
 
 /// A directory of its own under the system temp dir, removed on drop.
 pub struct TempDir(PathBuf);
@@ -46,52 +46,33 @@ impl Drop for TempDir {
 /// in tenant `default`, which the tests do not use.
 pub struct Hookd {
     pub base: String,
-    child: Child,
-    dir: TempDir,
+    process: HookdProcess,
 }
 
 impl Hookd {
     pub async fn start(pool: &PgPool, envs: &[(&str, &str)]) -> Hookd {
-        let dir = TempDir::new("hookd-ui");
         let (api, rx, metrics) = (free_port(), free_port(), free_port());
-        let log = std::fs::File::create(dir.path().join("hookd.log")).unwrap();
-        let child = Command::new(hookd_bin())
-            .arg("dev")
-            .args(["--listen", &format!("127.0.0.1:{api}")])
+        let base = format!("http://127.0.0.1:{api}");
+        let process = HookdCommand::new(["dev", "--listen", &format!("127.0.0.1:{api}")])
             .args(["--receiver-listen", &format!("127.0.0.1:{rx}")])
             .args(["--dispatch-listen", &format!("127.0.0.1:{metrics}")])
-            .env("DATABASE_URL", database_url(pool))
-            .env(TEST_KEY_ENV, TEST_ENCRYPTION_KEY)
+            .database(pool)
+            .test_key()
             .env("HOOKD_LOG", "warn")
             .env("HOOKD_POLL_MS", "100")
             .env("HOOKD_RETRY_SCHEDULE", "1")
             .env("HOOKD_RETRY_JITTER", "0")
             .env("HOOKD_ALLOWED_DESTINATIONS", "127.0.0.0/8")
             .envs(envs.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let mut hookd = Hookd {
-            base: format!("http://127.0.0.1:{api}"),
-            child,
-            dir,
-        };
-        let ready = crate::common::wait_until(Duration::from_secs(30), || async {
-            reqwest::get(format!("{}/readyz", hookd.base))
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        })
-        .await;
-        if !ready {
-            let _ = hookd.child.kill();
-            panic!("hookd dev did not become ready:\n{}", hookd.log());
-        }
-        hookd
+            .base_url(&base)
+            .start()
+            .await;
+        Hookd { base, process }
     }
 
+    /// Everything `hookd dev` printed so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("hookd.log")).unwrap_or_default()
+        self.process.output()
     }
 
     /// `POST /v1/messages` with `token`; the eventId.
@@ -128,13 +109,6 @@ impl Hookd {
         let status = r.status().as_u16();
         let text = r.text().await.unwrap();
         (status, serde_json::from_str(&text).unwrap_or_default())
-    }
-}
-
-impl Drop for Hookd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -21,6 +21,14 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+mod factory;
+mod process;
+// every test binary compiles the whole kit and uses a part of it
+#[allow(unused_imports)]
+pub use factory::*;
+#[allow(unused_imports)]
+pub use process::*;
+
 /// Vector A's secret from the Standard Webhooks test vectors.
 pub const SECRET_A: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 /// Vector B's secret.
