@@ -143,7 +143,13 @@ pub async fn begin_enqueue(
                      -- and JIT-compiled it (0.8 s), for every group of every tenant: 10
                      -- events/s (`hookd-bench --only consumers`, 300,000 endpoints)
                      set_config('enable_seqscan', 'off', true),
-                     set_config('jit', 'off', true)) s
+                     set_config('jit', 'off', true),
+                     -- and planned once per connection: the group's arrays change size
+                     -- with every group, so the plan cache kept choosing a fresh custom
+                     -- plan of the fan-out statement for each one (about a millisecond
+                     -- of planning per group, most of Postgres's CPU at a steady 1,000
+                     -- single events/s); its probes are key lookups whatever the sizes
+                     set_config('plan_cache_mode', 'force_generic_plan', true)) s
         "#,
     )
     .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
