@@ -220,12 +220,12 @@ async fn write_batch(
 }
 
 /// What a batch's fenced outcomes do to their endpoints: circuit breakers, the
-/// unreadable-secret status, 410 disables. In a transaction of its own, after the
-/// outcomes committed: the outcomes' statement locks the endpoints' queue entries (its
-/// trigger), and a claim's wake-up fold locks an endpoint row and then its entry, so
+/// unreadable-secret status, 410 disables. Written after the outcomes committed, as
+/// statements of their own: the outcomes' statement locks the endpoints' queue entries
+/// (its trigger), and a claim's wake-up fold locks an endpoint row and then its entry, so
 /// taking endpoint rows in the same transaction as the outcomes deadlocked with folds
 /// (a 1 s stall each time, dozens a minute under a steady 1,000 events/s). Losing these
-/// in a crash between the two commits costs a circuit count, never a delivery.
+/// in a crash between the commits costs a circuit count, never a delivery.
 async fn endpoint_effects(
     pool: &PgPool,
     cfg: &CompleterConfig,
