@@ -406,23 +406,28 @@ pub async fn renew_leases(
     if leases.is_empty() {
         return Ok(Vec::new());
     }
-    let ids: Vec<Uuid> = leases.iter().map(|l| l.0).collect();
-    let tokens: Vec<Uuid> = leases.iter().map(|l| l.1).collect();
-    Ok(sqlx::query_scalar(
-        r#"
-        WITH held AS (
-            -- locked in id order, as an outcome batch locks them (see `complete`)
-            SELECT d.id FROM hookd.deliveries d
+    Ok(
+        sqlx::query_scalar_with(RENEW_SQL, renew_arguments(leases, lease_secs)?)
+            .fetch_all(pool)
+            .await?,
+    )
+}
+
+const RENEW_SQL: &str = r#"
+        WITH held AS MATERIALIZED (
+            -- locked in id order, as an outcome batch locks them, and found by primary
+            -- key with the status checked after the lock, for the reason given in
+            -- `complete`
+            SELECT d.id, d.status FROM hookd.deliveries d
             JOIN unnest($1::uuid[], $2::uuid[]) AS i(id, token)
               ON d.id = i.id AND d.claim_token = i.token
-            WHERE d.status = 'in_progress'
             ORDER BY d.id
             FOR UPDATE OF d
         ), renewed AS (
             UPDATE hookd.deliveries d
             SET visible_at = greatest(d.visible_at, now() + make_interval(secs => $3))
             FROM held
-            WHERE d.id = held.id
+            WHERE d.id = held.id AND held.status = 'in_progress'
             RETURNING d.id, d.endpoint_id
         ), probes AS (
             UPDATE hookd.endpoints e
@@ -432,13 +437,17 @@ pub async fn renew_leases(
               AND e.circuit_open_until < now() + make_interval(secs => $3)
         )
         SELECT id FROM renewed
-        "#,
-    )
-    .bind(&ids)
-    .bind(&tokens)
-    .bind(lease_secs)
-    .fetch_all(pool)
-    .await?)
+        "#;
+
+fn renew_arguments(leases: &[(Uuid, Uuid)], lease_secs: f64) -> Result<PgArguments, DbError> {
+    let ids: Vec<Uuid> = leases.iter().map(|l| l.0).collect();
+    let tokens: Vec<Uuid> = leases.iter().map(|l| l.1).collect();
+    let mut args = PgArguments::default();
+    let encode = |e| DbError::Query(sqlx::Error::Encode(e));
+    args.add(ids).map_err(encode)?;
+    args.add(tokens).map_err(encode)?;
+    args.add(lease_secs).map_err(encode)?;
+    Ok(args)
 }
 
 /// The terminal or retry state a worker writes for one attempt.
@@ -522,54 +531,41 @@ pub async fn complete(conn: &mut PgConnection, batch: &[Completion]) -> Result<V
     // a 1 s stall of both, several a minute at a steady 1,000 events/s). Postgres orders
     // uuids bytewise, as `Uuid` does.
     unique.sort_by_key(|c| c.delivery_id);
-    let n = unique.len();
-    let mut ids = Vec::with_capacity(n);
-    let mut tokens = Vec::with_capacity(n);
-    let mut attempts = Vec::with_capacity(n);
-    let mut statuses = Vec::with_capacity(n);
-    let mut delays = Vec::with_capacity(n);
-    let mut started = Vec::with_capacity(n);
-    let mut duration = Vec::with_capacity(n);
-    let mut codes = Vec::with_capacity(n);
-    let mut classes = Vec::with_capacity(n);
-    let mut errors = Vec::with_capacity(n);
-    let mut snippets = Vec::with_capacity(n);
-    let mut reasons = Vec::with_capacity(n);
-    for c in unique {
-        ids.push(c.delivery_id);
-        tokens.push(c.claim_token);
-        attempts.push(c.attempt);
-        statuses.push(c.status.as_sql());
-        delays.push(c.retry_delay_ms);
-        started.push(c.started_at);
-        duration.push(c.duration_ms);
-        codes.push(c.status_code);
-        classes.push(c.error_class);
-        errors.push(c.error.as_deref().map(pg_text));
-        snippets.push(c.response_snippet.as_deref().map(pg_text));
-        reasons.push(c.dead_reason.as_deref().map(pg_text));
-    }
-    let done: Vec<(Uuid,)> = sqlx::query_as(
-        r#"
+    let done: Vec<(Uuid,)> = sqlx::query_as_with(COMPLETE_SQL, complete_arguments(&unique)?)
+        .fetch_all(conn)
+        .await?;
+    Ok(done.into_iter().map(|(id,)| id).collect())
+}
+
+const COMPLETE_SQL: &str = r#"
         WITH i AS (
             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::text[], $5::bigint[],
                                  $6::timestamptz[], $7::int[], $8::int[], $9::text[], $10::text[],
                                  $11::text[], $12::text[])
               AS i(id, token, attempt, status, delay_ms, started_at, duration_ms, status_code,
                    error_class, error, snippet, dead_reason)
-        ), fenced AS (
-            -- One primary-key probe per outcome, locking the rows that pass the fence.
-            -- Written as a LATERAL so the plan is driven from the batch whatever the
-            -- statistics say: with the fence as a plain join filter the planner expects
-            -- ~1 in_progress row (true of the table as a whole), scans the table and
-            -- joins it to the batch in a nested loop: 0.3-0.8 s per 512 outcomes on a
-            -- 20 k-row table, measured by `hookd-bench`.
-            SELECT x.id, i.token FROM i
+        ), locked AS MATERIALIZED (
+            -- One primary-key probe per outcome, locking the row that holds the claim's
+            -- token. Written as a LATERAL so the plan is driven from the batch whatever
+            -- the statistics say: with the fence as a plain join filter the planner
+            -- expects ~1 in_progress row (true of the table as a whole), scans the table
+            -- and joins it to the batch in a nested loop: 0.3-0.8 s per 512 outcomes on
+            -- a 20 k-row table, measured by `hookd-bench`.
+            -- The probe names no status: `status = 'in_progress'` implies the predicate
+            -- of the partial index deliveries_claimable, and with statistics taken while
+            -- that index was nearly empty the planner scanned all of it once per outcome
+            -- (1.4 s to 22 s per batch once a backlog built up, 13 minutes into a
+            -- sustained run). MATERIALIZED keeps the status check below out of the probe.
+            SELECT x.id, x.status, i.token FROM i
             CROSS JOIN LATERAL (
-                SELECT d.id FROM hookd.deliveries d
-                WHERE d.id = i.id AND d.claim_token = i.token AND d.status = 'in_progress'
+                SELECT d.id, d.status FROM hookd.deliveries d
+                WHERE d.id = i.id AND d.claim_token = i.token
                 FOR UPDATE OF d
             ) x
+        ), fenced AS (
+            -- the fence: the claim's token on a row still in flight (every write that
+            -- takes a row out of in_progress clears its token; this is the second guard)
+            SELECT id, token FROM locked WHERE status = 'in_progress'
         ), upd AS (
             UPDATE hookd.deliveries d
             SET status = CASE WHEN i.status = 'held' THEN 'failed' ELSE i.status END,
@@ -602,23 +598,52 @@ pub async fn complete(conn: &mut PgConnection, batch: &[Completion]) -> Result<V
               SET reason = EXCLUDED.reason, attempts = EXCLUDED.attempts, dead_at = now()
         )
         SELECT id FROM upd
-        "#,
-    )
-    .bind(&ids)
-    .bind(&tokens)
-    .bind(&attempts)
-    .bind(&statuses)
-    .bind(&delays)
-    .bind(&started)
-    .bind(&duration)
-    .bind(&codes)
-    .bind(&classes)
-    .bind(&errors)
-    .bind(&snippets)
-    .bind(&reasons)
-    .fetch_all(conn)
-    .await?;
-    Ok(done.into_iter().map(|(id,)| id).collect())
+        "#;
+
+/// The arguments of [`COMPLETE_SQL`] for a de-duplicated batch in id order.
+fn complete_arguments(batch: &[&Completion]) -> Result<PgArguments, DbError> {
+    let n = batch.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut tokens = Vec::with_capacity(n);
+    let mut attempts = Vec::with_capacity(n);
+    let mut statuses = Vec::with_capacity(n);
+    let mut delays = Vec::with_capacity(n);
+    let mut started = Vec::with_capacity(n);
+    let mut duration = Vec::with_capacity(n);
+    let mut codes = Vec::with_capacity(n);
+    let mut classes = Vec::with_capacity(n);
+    let mut errors = Vec::with_capacity(n);
+    let mut snippets = Vec::with_capacity(n);
+    let mut reasons = Vec::with_capacity(n);
+    for c in batch {
+        ids.push(c.delivery_id);
+        tokens.push(c.claim_token);
+        attempts.push(c.attempt);
+        statuses.push(c.status.as_sql());
+        delays.push(c.retry_delay_ms);
+        started.push(c.started_at);
+        duration.push(c.duration_ms);
+        codes.push(c.status_code);
+        classes.push(c.error_class);
+        errors.push(c.error.as_deref().map(pg_text));
+        snippets.push(c.response_snippet.as_deref().map(pg_text));
+        reasons.push(c.dead_reason.as_deref().map(pg_text));
+    }
+    let mut args = PgArguments::default();
+    let encode = |e| DbError::Query(sqlx::Error::Encode(e));
+    args.add(ids).map_err(encode)?;
+    args.add(tokens).map_err(encode)?;
+    args.add(attempts).map_err(encode)?;
+    args.add(statuses).map_err(encode)?;
+    args.add(delays).map_err(encode)?;
+    args.add(started).map_err(encode)?;
+    args.add(duration).map_err(encode)?;
+    args.add(codes).map_err(encode)?;
+    args.add(classes).map_err(encode)?;
+    args.add(errors).map_err(encode)?;
+    args.add(snippets).map_err(encode)?;
+    args.add(reasons).map_err(encode)?;
+    Ok(args)
 }
 
 /// A lease a stopping worker hands back.
@@ -633,26 +658,93 @@ pub struct Release {
 
 /// Hands back leases a stopping worker holds: due now again, fenced on the claim token.
 pub async fn release(pool: &PgPool, leases: &[Release]) -> Result<u64, DbError> {
+    let r = sqlx::query_with(RELEASE_SQL, release_arguments(leases)?)
+        .execute(pool)
+        .await?;
+    Ok(r.rows_affected())
+}
+
+const RELEASE_SQL: &str = r#"
+        WITH held AS MATERIALIZED (
+            -- found by primary key, the status checked after the lock, and locked in id
+            -- order: as `complete` does, for the reasons given there
+            SELECT d.id, d.status, i.started FROM hookd.deliveries d
+            JOIN unnest($1::uuid[], $2::uuid[], $3::bool[]) AS i(id, token, started)
+              ON d.id = i.id AND d.claim_token = i.token
+            ORDER BY d.id
+            FOR UPDATE OF d
+        )
+        UPDATE hookd.deliveries d
+        SET status = CASE WHEN d.attempts - (NOT h.started)::int > 0 THEN 'failed' ELSE 'pending' END,
+            attempts = d.attempts - (NOT h.started)::int,
+            attempt_seq = d.attempt_seq - (NOT h.started)::int,
+            visible_at = now(), locked_by = NULL, claim_token = NULL, updated_at = now()
+        FROM held h
+        WHERE d.id = h.id AND h.status = 'in_progress'
+        "#;
+
+fn release_arguments(leases: &[Release]) -> Result<PgArguments, DbError> {
     let ids: Vec<Uuid> = leases.iter().map(|l| l.delivery_id).collect();
     let tokens: Vec<Uuid> = leases.iter().map(|l| l.claim_token).collect();
     let started: Vec<bool> = leases.iter().map(|l| l.started).collect();
-    let r = sqlx::query(
-        r#"
-        UPDATE hookd.deliveries d
-        SET status = CASE WHEN d.attempts - (NOT i.started)::int > 0 THEN 'failed' ELSE 'pending' END,
-            attempts = d.attempts - (NOT i.started)::int,
-            attempt_seq = d.attempt_seq - (NOT i.started)::int,
-            visible_at = now(), locked_by = NULL, claim_token = NULL, updated_at = now()
-        FROM unnest($1::uuid[], $2::uuid[], $3::bool[]) AS i(id, token, started)
-        WHERE d.id = i.id AND d.claim_token = i.token AND d.status = 'in_progress'
-        "#,
-    )
-    .bind(&ids)
-    .bind(&tokens)
-    .bind(&started)
-    .execute(pool)
-    .await?;
-    Ok(r.rows_affected())
+    let mut args = PgArguments::default();
+    let encode = |e| DbError::Query(sqlx::Error::Encode(e));
+    args.add(ids).map_err(encode)?;
+    args.add(tokens).map_err(encode)?;
+    args.add(started).map_err(encode)?;
+    Ok(args)
+}
+
+/// `EXPLAIN` (not executed) of the statements that fence on a claim token: an outcome
+/// batch (every lease succeeded), a lease renewal and a release of `leases`, each with its
+/// name. For tests that prove each finds its rows by primary key whatever the statistics.
+pub async fn explain_fenced_writes(
+    pool: &PgPool,
+    leases: &[(Uuid, Uuid)],
+) -> Result<Vec<(&'static str, Vec<String>)>, DbError> {
+    let outcomes: Vec<Completion> = leases
+        .iter()
+        .map(|&(delivery_id, claim_token)| Completion {
+            delivery_id,
+            claim_token,
+            attempt: 1,
+            status: DeliveryOutcome::Succeeded,
+            retry_delay_ms: None,
+            started_at: Utc::now(),
+            duration_ms: 1,
+            status_code: Some(204),
+            error_class: None,
+            error: None,
+            response_snippet: None,
+            dead_reason: None,
+        })
+        .collect();
+    let releases: Vec<Release> = leases
+        .iter()
+        .map(|&(delivery_id, claim_token)| Release {
+            delivery_id,
+            claim_token,
+            started: true,
+        })
+        .collect();
+    let statements = [
+        (
+            "complete",
+            COMPLETE_SQL,
+            complete_arguments(&outcomes.iter().collect::<Vec<_>>())?,
+        ),
+        ("renew_leases", RENEW_SQL, renew_arguments(leases, 30.0)?),
+        ("release", RELEASE_SQL, release_arguments(&releases)?),
+    ];
+    let mut plans = Vec::with_capacity(statements.len());
+    for (name, sql, args) in statements {
+        // the only dynamic part is a constant prefix on a constant statement text
+        let plan = sqlx::query_scalar_with(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")), args)
+            .fetch_all(pool)
+            .await?;
+        plans.push((name, plan));
+    }
+    Ok(plans)
 }
 
 /// Cancels deliveries that an enqueue transaction committed for an endpoint after its
