@@ -563,8 +563,8 @@ const COMPLETE_SQL: &str = r#"
                 FOR UPDATE OF d
             ) x
         ), fenced AS (
-            -- the fence: the claim's token on a row still in flight (every write that
-            -- takes a row out of in_progress clears its token; this is the second guard)
+            -- the fence: the claim's token on a row still in flight. The token alone is
+            -- not enough: some cancellations (an endpoint changing owner) keep it on the row.
             SELECT id, token FROM locked WHERE status = 'in_progress'
         ), upd AS (
             UPDATE hookd.deliveries d
