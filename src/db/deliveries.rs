@@ -556,32 +556,35 @@ const COMPLETE_SQL: &str = r#"
             -- that index was nearly empty the planner scanned all of it once per outcome
             -- (1.4 s to 22 s per batch once a backlog built up, 13 minutes into a
             -- sustained run). MATERIALIZED keeps the status check below out of the probe.
-            SELECT x.id, x.status, i.token FROM i
+            -- The outcome's own columns ride along, so the update below needs no join
+            -- back to the batch (planned from the CTE's estimate of a few rows, that
+            -- join was a nested loop over the whole batch per row: 4 x the statement).
+            SELECT i.*, x.status AS row_status FROM i
             CROSS JOIN LATERAL (
-                SELECT d.id, d.status FROM hookd.deliveries d
+                SELECT d.status FROM hookd.deliveries d
                 WHERE d.id = i.id AND d.claim_token = i.token
                 FOR UPDATE OF d
             ) x
         ), fenced AS (
             -- the fence: the claim's token on a row still in flight. The token alone is
             -- not enough: some cancellations (an endpoint changing owner) keep it on the row.
-            SELECT id, token FROM locked WHERE status = 'in_progress'
+            SELECT * FROM locked WHERE row_status = 'in_progress'
         ), upd AS (
             UPDATE hookd.deliveries d
-            SET status = CASE WHEN i.status = 'held' THEN 'failed' ELSE i.status END,
-                attempts = d.attempts - (i.status = 'held' AND d.attempts > 0)::int,
-                visible_at = CASE WHEN i.delay_ms IS NULL THEN d.visible_at
-                                  ELSE now() + make_interval(secs => i.delay_ms / 1000.0) END,
+            SET status = CASE WHEN f.status = 'held' THEN 'failed' ELSE f.status END,
+                attempts = d.attempts - (f.status = 'held' AND d.attempts > 0)::int,
+                visible_at = CASE WHEN f.delay_ms IS NULL THEN d.visible_at
+                                  ELSE now() + make_interval(secs => f.delay_ms / 1000.0) END,
                 locked_by = NULL,
                 claim_token = NULL,
-                last_status_code = i.status_code,
-                last_error = i.error,
+                last_status_code = f.status_code,
+                last_error = f.error,
                 updated_at = now(),
-                completed_at = CASE WHEN i.status IN ('succeeded', 'dead') THEN now() END
+                completed_at = CASE WHEN f.status IN ('succeeded', 'dead') THEN now() END
             -- no fence here: `fenced` checked it under the row locks this transaction now
             -- holds, so nobody can have changed these rows since (and restating it here
             -- brings the mis-estimated scan back)
-            FROM fenced f JOIN i ON i.id = f.id AND i.token = f.token
+            FROM fenced f
             WHERE d.id = f.id
             RETURNING d.id, d.endpoint_id, d.tenant, f.token
         ), log AS (
