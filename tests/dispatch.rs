@@ -329,14 +329,7 @@ async fn claim_plan_is_an_index_range_scan(pool: PgPool) {
     for _ in 0..3 {
         eps.push(endpoint(&pool, opts("plan", "http://127.0.0.1:9/x".into())).await);
     }
-    sqlx::query(
-        "INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash)
-         SELECT gen_random_uuid(), 'plan', 'bulk.event', '{}', '\\x00'::bytea
-         FROM generate_series(1, 100000)",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    bulk_events(&pool, "plan", 100_000).await;
     sqlx::query(
         "INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, status, attempts, completed_at)
          SELECT gen_random_uuid(), e.id, ($1::uuid[])[1 + (e.rn % 3)], 'plan',
@@ -410,14 +403,7 @@ async fn claim_plan_is_an_index_range_scan(pool: PgPool) {
 async fn fenced_writes_probe_the_primary_key_whatever_the_statistics(pool: PgPool) {
     init();
     let ep = endpoint(&pool, opts("fence-plan", "http://127.0.0.1:9/x".into())).await;
-    sqlx::query(
-        "INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash)
-         SELECT gen_random_uuid(), 'fence-plan', 'bulk.event', '{}', '\\x00'::bytea
-         FROM generate_series(1, 50000)",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    bulk_events(&pool, "fence-plan", 50_000).await;
     // 50k terminal rows and 3 in flight, then statistics that saw the claim index nearly
     // empty (as an autovacuum between two bursts does)
     sqlx::query(

@@ -37,6 +37,21 @@ pub async fn event_at(pool: &PgPool, tenant: &str, created_at: DateTime<Utc>) ->
     id
 }
 
+/// `n` events of `tenant` (type `bulk.event`, no deliveries) in one statement: the bulk
+/// of a table for plan tests.
+pub async fn bulk_events(pool: &PgPool, tenant: &str, n: i64) {
+    sqlx::query(
+        "INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash)
+         SELECT gen_random_uuid(), $1, 'bulk.event', '{}', '\\x00'::bytea
+         FROM generate_series(1, $2)",
+    )
+    .bind(tenant)
+    .bind(n)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 /// What [`delivery`] writes; every field has a default.
 #[derive(Debug, Clone)]
 pub struct DeliveryOpts {
