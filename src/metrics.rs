@@ -109,6 +109,7 @@ pub struct Metrics {
     pub secret_decrypt_failures: Counter,
     pub retention_deleted: Family<Table, Counter>,
     pub retention_passes: Family<PassResult, Counter>,
+    pub retention_days_dropped: Counter,
     pub auth_failures: Family<Reason, Counter>,
     pub rate_limited_events: Counter,
     pub ingest_refused: Family<Reason, Counter>,
@@ -280,6 +281,12 @@ impl Metrics {
             "Retention passes by result: done, skipped (another process held the lock), failed",
             retention_passes.clone(),
         );
+        let retention_days_dropped = Counter::default();
+        r.register(
+            "retention_days_dropped",
+            "History days (deliveries, attempts and dead letters of one UTC day) dropped whole by retention",
+            retention_days_dropped.clone(),
+        );
         let auth_failures = Family::<Reason, Counter>::default();
         r.register(
             "auth_failures",
@@ -329,6 +336,7 @@ impl Metrics {
             secret_decrypt_failures,
             retention_deleted,
             retention_passes,
+            retention_days_dropped,
             auth_failures,
             rate_limited_events,
             ingest_refused,

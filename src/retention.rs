@@ -23,6 +23,13 @@ use crate::metrics::{Metrics, PassResult, Table};
 /// Longest retention accepted, in days (a century); keeps date arithmetic in range.
 const MAX_DAYS: u32 = 36_500;
 
+/// How long past its cutoff a row may wait for its day to be dropped whole (migration
+/// 0014) before the row-by-row walk deletes it. A day can be dropped only once all of its
+/// rows have expired; rows finish up to a retry schedule after their creation, so a day
+/// usually becomes droppable within a day of its first rows expiring. Without the wait,
+/// the walk would delete every day row by row just before it could be dropped.
+pub const DROP_GRACE: Duration = Duration::from_secs(2 * 24 * 3600);
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RetentionConfigError {
     #[error("HOOKD_RETENTION_DAYS: {0} is more than {MAX_DAYS} days")]
@@ -66,7 +73,21 @@ impl RetentionPolicy {
             default: cutoff(self.default_days, now),
             tenants: self.tenants.keys().cloned().collect(),
             tenant_cutoffs: self.tenants.values().map(|d| cutoff(*d, now)).collect(),
+            // set by `prune_once` from the days that exist; nil: nothing waits
+            drop_below: Uuid::nil(),
+            drop_grace: DROP_GRACE,
         }
+    }
+
+    /// The cutoff of the longest retention in force: a day whose ids all lie before it
+    /// may have expired entirely. The Unix epoch when some tenant keeps forever.
+    fn oldest_cutoff(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        self.tenants
+            .values()
+            .chain([&self.default_days])
+            .map(|d| cutoff(*d, now))
+            .min()
+            .unwrap_or(DateTime::UNIX_EPOCH)
     }
 
     fn days_for(&self, tenant: &str) -> u32 {
@@ -124,14 +145,7 @@ fn cutoff(days: u32, now: DateTime<Utc>) -> DateTime<Utc> {
     now - TimeDelta::days(i64::from(days))
 }
 
-/// The smallest UUIDv7 of the millisecond `t`: every id minted at or after `t` sorts at
-/// or above it, so `id < floor` selects ids minted before `t` with a primary-key range.
-pub fn uuid_v7_floor(t: DateTime<Utc>) -> Uuid {
-    let ms = u64::try_from(t.timestamp_millis()).unwrap_or(0);
-    let mut bytes = [0u8; 16];
-    bytes[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
-    Uuid::from_bytes(bytes)
-}
+pub use crate::db::retention::uuid_v7_floor;
 
 /// Rows one pass deleted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -140,11 +154,15 @@ pub struct PruneCounts {
     pub attempts: i64,
     pub dead_letters: i64,
     pub events: i64,
+    /// history days dropped whole, with their attempts and dead letters
+    pub days_dropped: i64,
+    /// deliveries those days held (the planner's estimate)
+    pub days_deliveries: i64,
 }
 
 impl PruneCounts {
     pub fn total(&self) -> i64 {
-        self.deliveries + self.attempts + self.dead_letters + self.events
+        self.deliveries + self.attempts + self.dead_letters + self.events + self.days_dropped
     }
 }
 
@@ -169,7 +187,7 @@ pub async fn prune_once(
     if !db::try_lock(&mut conn).await? {
         return Ok(PruneOutcome::Skipped);
     }
-    let cutoffs = policy.cutoffs(now);
+    let mut cutoffs = policy.cutoffs(now);
     let mut counts = PruneCounts::default();
     let record = |table: &'static str, n: i64| {
         if n > 0 {
@@ -179,6 +197,36 @@ pub async fn prune_once(
                 .inc_by(n.unsigned_abs());
         }
     };
+
+    // Tomorrow's partitions, made on every pass as well as by every dispatcher.
+    if let Err(e) = db::ensure_history_days(&mut conn, db::HISTORY_DAYS_AHEAD).await {
+        tracing::warn!(error = %e, "could not create the coming history days; retrying at the next pass");
+    }
+    // Whole days first: what they drop, the walk below need not delete row by row.
+    let oldest = policy.oldest_cutoff(now);
+    if oldest > DateTime::UNIX_EPOCH {
+        for day in db::history_days_below(&mut conn, uuid_v7_floor(oldest)).await? {
+            match db::drop_history_day(&mut conn, &day, &cutoffs).await? {
+                db::DayDrop::Dropped { deliveries } => {
+                    tracing::info!(day = %day.suffix, deliveries, "retention dropped a history day whole");
+                    counts.days_dropped += 1;
+                    counts.days_deliveries += deliveries;
+                    metrics.retention_days_dropped.inc();
+                }
+                db::DayDrop::Kept | db::DayDrop::Busy => {}
+            }
+        }
+        // The days that will be old enough to drop within the grace: their expired rows
+        // wait that long for the drop. Days are contiguous id ranges from the lowest id
+        // up, so "below the last such day's end" is "in one of them" (or in a day that
+        // could not be created, whose rows then wait out the grace in a default
+        // partition).
+        let grace = TimeDelta::from_std(DROP_GRACE).unwrap_or_default();
+        let soon = db::history_days_below(&mut conn, uuid_v7_floor(oldest + grace)).await?;
+        if let Some(last) = soon.last() {
+            cutoffs.drop_below = last.upper;
+        }
+    }
 
     for (endpoint_id, tenant) in db::endpoints(&mut conn).await? {
         let days = policy.days_for(&tenant);
@@ -275,6 +323,7 @@ pub fn spawn_pruner(
                             attempts = c.attempts,
                             dead_letters = c.dead_letters,
                             events = c.events,
+                            days_dropped = c.days_dropped,
                             took = ?started.elapsed(),
                             "retention pass deleted expired rows"
                         );
@@ -295,6 +344,30 @@ pub fn spawn_pruner(
     });
 }
 
+/// Creates the coming history days (see [`db::HISTORY_DAYS_AHEAD`]) now and then every hour
+/// until `shutdown`. Every dispatcher runs it, whether or not it prunes: a missing day
+/// loses nothing (its deliveries go to a default partition) but can no longer be
+/// dropped whole.
+pub fn spawn_history_days(pool: PgPool, shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        loop {
+            let made = async {
+                let mut conn = pool.acquire().await?;
+                db::ensure_history_days(&mut conn, db::HISTORY_DAYS_AHEAD).await
+            }
+            .await;
+            if let Err(e) = &made {
+                tracing::warn!(error = %e, "could not create the coming history days; retrying in a minute");
+            }
+            let wait = if made.is_ok() { 3600 } else { 60 };
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(wait)) => {}
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    });
+}
+
 /// `hookd prune`: one pass, reported on stdout.
 pub async fn run_once(pool: &PgPool, settings: &RetentionSettings) -> anyhow::Result<()> {
     let policy = RetentionPolicy::from_settings(settings)?;
@@ -304,12 +377,20 @@ pub async fn run_once(pool: &PgPool, settings: &RetentionSettings) -> anyhow::Re
             println!("prune: another process is pruning right now; nothing done");
         }
         PruneOutcome::Done(c) => println!(
-            "prune: deleted {} deliveries, {} attempts, {} dead letters, {} events (retention {})",
+            "prune: deleted {} deliveries, {} attempts, {} dead letters, {} events (retention {}){}",
             c.deliveries,
             c.attempts,
             c.dead_letters,
             c.events,
-            policy.describe()
+            policy.describe(),
+            if c.days_dropped > 0 {
+                format!(
+                    "; dropped {} history days whole (about {} deliveries)",
+                    c.days_dropped, c.days_deliveries
+                )
+            } else {
+                String::new()
+            }
         ),
     }
     Ok(())

@@ -171,6 +171,7 @@ async fn expired_terminal_rows_go_and_live_deliveries_never_do(pool: PgPool) {
             attempts: 5,
             dead_letters: 1,
             events: 3 + 50 + 1,
+            ..PruneCounts::default()
         }
     );
     for (e, d) in &kept {
@@ -372,13 +373,10 @@ async fn claim_plan_stays_an_index_scan_after_pruning(pool: PgPool) {
     .unwrap()
     .join("\n");
     assert!(
-        prune_plan.contains("Index Scan using deliveries_endpoint_created on deliveries"),
+        prune_plan.contains("_endpoint_id_created_at_idx on delivery_history"),
         "{prune_plan}"
     );
-    assert!(
-        !prune_plan.contains("Seq Scan on deliveries"),
-        "{prune_plan}"
-    );
+    assert!(!prune_plan.contains("Seq Scan on deliver"), "{prune_plan}");
 
     let c = prune(&pool, &p, &Metrics::new()).await;
     assert_eq!((c.deliveries, c.events), (50_000, 50_000));
@@ -407,11 +405,11 @@ async fn claim_plan_stays_an_index_scan_after_pruning(pool: PgPool) {
     let text = plan.join("\n");
     assert!(
         plan.iter()
-            .any(|l| l.contains("Index Scan using deliveries_claimable on deliveries")),
+            .any(|l| l.contains("Index Scan using deliveries_claimable on delivery_queue")),
         "claim must range-scan deliveries_claimable:\n{text}"
     );
     assert!(
-        !plan.iter().any(|l| l.contains("Seq Scan on deliveries")),
+        !plan.iter().any(|l| l.contains("Seq Scan on deliver")),
         "claim must never scan deliveries sequentially:\n{text}"
     );
     assert!(
@@ -508,4 +506,212 @@ async fn dispatcher_prunes_on_its_interval(pool: PgPool) {
         "{metrics}"
     );
     child.kill();
+}
+
+// ---- the history apart from the queue (migration 0014) ----
+
+fn claim_req() -> ClaimRequest {
+    ClaimRequest {
+        worker_id: Uuid::now_v7(),
+        limit: 10,
+        lease_secs: 30.0,
+        per_endpoint_cap: 32,
+        busy: Vec::new(),
+        now: None,
+        default_max_attempts: 8,
+    }
+}
+
+/// The partition a delivery's row is in.
+async fn partition_of(pool: &PgPool, id: Uuid) -> String {
+    sqlx::query_scalar("SELECT tableoid::regclass::text FROM hookd.deliveries WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn relation_exists(pool: &PgPool, name: &str) -> bool {
+    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// A delivery sits in the queue partition while it is open, moves into its day's
+/// history partition when it succeeds (with its attempt in that day's attempts
+/// partition), and a replay brings it back into the queue under the same id; the claim
+/// reads the queue partition alone.
+#[sqlx::test]
+async fn a_delivery_leaves_the_queue_when_done_and_a_replay_brings_it_back(pool: PgPool) {
+    let e = ep(&pool, "hist").await;
+    let d = delivery(
+        &pool,
+        DeliveryOpts {
+            endpoint: Some(e),
+            tenant: "hist".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(partition_of(&pool, d.id).await, "hookd.delivery_queue");
+    let day = Utc::now().format("%Y%m%d").to_string();
+
+    let claimed = deliveries::claim(&pool, &claim_req()).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    let plan = deliveries::explain_claim(&pool, &claim_req())
+        .await
+        .unwrap();
+    assert!(
+        !plan.iter().any(|l| l.contains("delivery_history")),
+        "the claim must be planned on the queue partition alone:\n{}",
+        plan.join("\n")
+    );
+    let outcome = deliveries::Completion {
+        delivery_id: claimed[0].id,
+        claim_token: claimed[0].claim_token,
+        attempt: claimed[0].attempt_seq,
+        status: deliveries::DeliveryOutcome::Succeeded,
+        retry_delay_ms: None,
+        started_at: Utc::now(),
+        duration_ms: 1,
+        status_code: Some(200),
+        error_class: None,
+        error: None,
+        response_snippet: None,
+        dead_reason: None,
+    };
+    let mut conn = pool.acquire().await.unwrap();
+    let done = deliveries::complete(&mut conn, &[outcome]).await.unwrap();
+    assert_eq!(done, vec![d.id]);
+    assert_eq!(
+        partition_of(&pool, d.id).await,
+        format!("hookd.delivery_history_{day}")
+    );
+    let attempt_partition: String = sqlx::query_scalar(
+        "SELECT tableoid::regclass::text FROM hookd.delivery_attempts WHERE delivery_id = $1",
+    )
+    .bind(d.id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(attempt_partition, format!("hookd.delivery_attempts_{day}"));
+
+    let r = deliveries::replay(&pool, d.id, Default::default())
+        .await
+        .unwrap();
+    assert_eq!(r, deliveries::ReplayOutcome::Replayed);
+    assert_eq!(partition_of(&pool, d.id).await, "hookd.delivery_queue");
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM hookd.deliveries WHERE id = $1")
+        .bind(d.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 1, "one row per delivery, wherever it is");
+    assert_eq!(
+        deliveries::claim(&pool, &claim_req()).await.unwrap().len(),
+        1
+    );
+}
+
+/// Retention drops a day whole (deliveries, attempts and dead letters) once every row in
+/// it has expired, and keeps a day while one of its deliveries is back in the queue or
+/// one of its rows is unexpired. Migration 0014 put everything minted before it into
+/// one partition (`before_0014`), which is the day the test ages: the pass runs 45 days
+/// from now with 30 days of retention.
+#[sqlx::test]
+async fn a_day_whose_rows_all_expired_is_dropped_whole(pool: PgPool) {
+    let e = ep(&pool, "ret").await;
+    let (old_event, old) = pair(&pool, e, "ret", "dead", 40, 40).await;
+    dead_letter(&pool, old, e, "ret").await;
+    let (_, today_open) = pair(&pool, e, "ret", "pending", 0, 0).await;
+    assert_eq!(
+        partition_of(&pool, old).await,
+        "hookd.delivery_history_before_0014"
+    );
+    let later = Utc::now() + TimeDelta::days(45);
+    let metrics = Metrics::new();
+    let p = policy(30, "", 100);
+    let c = match prune_once(&pool, &p, later, &metrics).await.unwrap() {
+        PruneOutcome::Done(c) => c,
+        PruneOutcome::Skipped => panic!("no other pruner is running"),
+    };
+    assert!(c.days_dropped >= 1, "{c:?}");
+    for t in ["delivery_history", "delivery_attempts", "dead_letters"] {
+        assert!(
+            !relation_exists(&pool, &format!("hookd.{t}_before_0014")).await,
+            "{t}_before_0014 is dropped"
+        );
+    }
+    assert!(!exists(&pool, "deliveries", "id", old).await);
+    assert!(!exists(&pool, "delivery_attempts", "delivery_id", old).await);
+    assert!(!exists(&pool, "dead_letters", "delivery_id", old).await);
+    assert!(
+        !exists(&pool, "events", "id", old_event).await,
+        "its event goes after it"
+    );
+    // today's day holds an open delivery: kept, and so is the delivery
+    let today = Utc::now().format("%Y%m%d").to_string();
+    assert!(relation_exists(&pool, &format!("hookd.delivery_history_{today}")).await);
+    assert!(exists(&pool, "deliveries", "id", today_open).await);
+    assert_eq!(metrics.retention_days_dropped.get(), c.days_dropped as u64);
+}
+
+#[sqlx::test]
+async fn a_day_stays_while_a_delivery_of_it_is_queued_or_a_row_is_unexpired(pool: PgPool) {
+    let e = ep(&pool, "ret").await;
+    let later = Utc::now() + TimeDelta::days(45);
+    let p = policy(30, "", 100);
+    let before = "hookd.delivery_history_before_0014";
+
+    // an old delivery being retried (in the queue) keeps its day; the day's expired rows
+    // are deleted one by one instead
+    let (_, expired) = pair(&pool, e, "ret", "succeeded", 40, 40).await;
+    let (_, retrying) = pair(&pool, e, "ret", "failed", 40, 40).await;
+    prune_once(&pool, &p, later, &Metrics::new()).await.unwrap();
+    assert!(relation_exists(&pool, before).await);
+    assert!(exists(&pool, "deliveries", "id", retrying).await);
+    assert!(!exists(&pool, "deliveries", "id", expired).await);
+
+    // once it is done but still within its retention (updated 20 days from now: after
+    // the pass's cutoff, 15 days from now), the day stays too
+    sqlx::query(
+        "UPDATE hookd.deliveries SET status = 'succeeded', updated_at = now() + interval '20 days' WHERE id = $1",
+    )
+    .bind(retrying)
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(partition_of(&pool, retrying).await, before);
+    prune_once(&pool, &p, later, &Metrics::new()).await.unwrap();
+    assert!(
+        relation_exists(&pool, before).await,
+        "an unexpired row keeps its day"
+    );
+    assert!(exists(&pool, "deliveries", "id", retrying).await);
+
+    // and goes with it once that row has expired as well
+    prune_once(&pool, &p, later + TimeDelta::days(10), &Metrics::new())
+        .await
+        .unwrap();
+    assert!(!relation_exists(&pool, before).await);
+    assert!(!exists(&pool, "deliveries", "id", retrying).await);
+}
+
+/// Every connection hookd opens prices sequential scans out (`db::INDEX_PATHS_ONLY`), so
+/// that a queue partition analyzed while nearly empty is still read by key.
+#[sqlx::test]
+async fn hookd_connections_plan_index_paths_only(pool: PgPool) {
+    let ours = hookd::db::connect_lazy(&hookd::db::PoolSettings {
+        url: database_url(&pool),
+        max_connections: 1,
+        acquire_timeout: Duration::from_secs(5),
+    })
+    .unwrap();
+    let setting: String = sqlx::query_scalar("SHOW enable_seqscan")
+        .fetch_one(&ours)
+        .await
+        .unwrap();
+    assert_eq!(setting, "off");
 }

@@ -206,7 +206,9 @@ const CLAIM_SQL: &str = r#"
             locked_by = $1,
             updated_at = (SELECT now FROM clock)
         FROM rows r, sec
-        WHERE d.id = r.id AND sec.endpoint_id = r.endpoint_id
+        -- the status names the queue partition (migration 0014), so the update is
+        -- planned on it alone rather than on every history day
+        WHERE d.id = r.id AND d.status IN ('pending', 'in_progress', 'failed') AND sec.endpoint_id = r.endpoint_id
           AND (NOT r.probe OR r.endpoint_id IN (SELECT id FROM probes))
         RETURNING d.id, d.event_id, d.endpoint_id, d.tenant, d.consumer, d.attempts,
                   d.claim_token, d.attempt_seq, r.config_version,
@@ -280,11 +282,14 @@ pub async fn claim_shared(
     shares: &TenantShares,
 ) -> Result<Vec<ClaimedDelivery>, DbError> {
     fold_wakeups(pool).await?;
-    let rows =
-        sqlx::query_as_with::<_, ClaimedDelivery, _>(CLAIM_SQL, claim_arguments(req, shares)?)
-            .fetch_all(pool)
-            .await?;
-    Ok(rows)
+    super::retry_conflicts(|| async {
+        Ok(
+            sqlx::query_as_with::<_, ClaimedDelivery, _>(CLAIM_SQL, claim_arguments(req, shares)?)
+                .fetch_all(pool)
+                .await?,
+        )
+    })
+    .await
 }
 
 /// Folds the wake-ups of endpoints that got work (`hookd.endpoint_wakeups`, migration
@@ -369,6 +374,7 @@ pub async fn explain_claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<Stri
     fold_wakeups(pool).await?;
     let sql = format!("EXPLAIN (ANALYZE, BUFFERS) {CLAIM_SQL}");
     let mut tx = pool.begin().await?;
+    super::index_paths_only(&mut tx).await?;
     // the only dynamic part is a constant prefix on the constant claim text
     let plan: Vec<String> = sqlx::query_scalar_with(
         sqlx::AssertSqlSafe(sql),
@@ -406,28 +412,34 @@ pub async fn renew_leases(
     if leases.is_empty() {
         return Ok(Vec::new());
     }
-    Ok(
-        sqlx::query_scalar_with(RENEW_SQL, renew_arguments(leases, lease_secs)?)
-            .fetch_all(pool)
-            .await?,
-    )
+    super::retry_conflicts(|| async {
+        Ok(
+            sqlx::query_scalar_with(RENEW_SQL, renew_arguments(leases, lease_secs)?)
+                .fetch_all(pool)
+                .await?,
+        )
+    })
+    .await
 }
 
 const RENEW_SQL: &str = r#"
         WITH held AS MATERIALIZED (
-            -- locked in id order, as an outcome batch locks them, and found by primary
-            -- key with the status checked after the lock, for the reason given in
-            -- `complete`
-            SELECT d.id, d.status FROM hookd.deliveries d
-            JOIN unnest($1::uuid[], $2::uuid[]) AS i(id, token)
-              ON d.id = i.id AND d.claim_token = i.token
-            ORDER BY d.id
-            FOR UPDATE OF d
+            -- locked in id order, as an outcome batch locks them, and probed by primary
+            -- key one lease at a time (a LATERAL driven by the batch) with the status
+            -- checked after the lock, for the reasons given in `complete`
+            SELECT i.id, x.status
+            FROM (SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS u(id, token) ORDER BY id) i
+            CROSS JOIN LATERAL (
+                SELECT d.status FROM hookd.deliveries d
+                WHERE d.id = i.id AND d.claim_token = i.token
+                  AND d.status IN ('pending', 'in_progress', 'failed')
+                FOR UPDATE OF d
+            ) x
         ), renewed AS (
             UPDATE hookd.deliveries d
             SET visible_at = greatest(d.visible_at, now() + make_interval(secs => $3))
             FROM held
-            WHERE d.id = held.id AND held.status = 'in_progress'
+            WHERE d.id = held.id AND d.status IN ('pending', 'in_progress', 'failed') AND held.status = 'in_progress'
             RETURNING d.id, d.endpoint_id
         ), probes AS (
             UPDATE hookd.endpoints e
@@ -551,9 +563,11 @@ const COMPLETE_SQL: &str = r#"
             -- expects ~1 in_progress row (true of the table as a whole), scans the table
             -- and joins it to the batch in a nested loop: 0.3-0.8 s per 512 outcomes on
             -- a 20 k-row table, measured by `hookd-bench`.
-            -- The probe names no status: `status = 'in_progress'` implies the predicate
-            -- of the partial index deliveries_claimable, and with statistics taken while
-            -- that index was nearly empty the planner scanned all of it once per outcome
+            -- The probe names the queue partition's statuses (migration 0014), so it is
+            -- planned on that partition alone, and checks `in_progress` only after the
+            -- lock: when the claim index was a partial index on the whole table,
+            -- `status = 'in_progress'` implied its predicate, and with statistics taken
+            -- while it was nearly empty the planner scanned all of it once per outcome
             -- (1.4 s to 22 s per batch once a backlog built up, 13 minutes into a
             -- sustained run). MATERIALIZED keeps the status check below out of the probe.
             -- The outcome's own columns ride along, so the update below needs no join
@@ -562,7 +576,7 @@ const COMPLETE_SQL: &str = r#"
             SELECT i.*, x.status AS row_status FROM i
             CROSS JOIN LATERAL (
                 SELECT d.status FROM hookd.deliveries d
-                WHERE d.id = i.id AND d.claim_token = i.token
+                WHERE d.id = i.id AND d.claim_token = i.token AND d.status IN ('pending', 'in_progress', 'failed')
                 FOR UPDATE OF d
             ) x
         ), fenced AS (
@@ -585,7 +599,7 @@ const COMPLETE_SQL: &str = r#"
             -- holds, so nobody can have changed these rows since (and restating it here
             -- brings the mis-estimated scan back)
             FROM fenced f
-            WHERE d.id = f.id
+            WHERE d.id = f.id AND d.status IN ('pending', 'in_progress', 'failed')
             RETURNING d.id, d.endpoint_id, d.tenant, f.token
         ), log AS (
             INSERT INTO hookd.delivery_attempts
@@ -669,13 +683,17 @@ pub async fn release(pool: &PgPool, leases: &[Release]) -> Result<u64, DbError> 
 
 const RELEASE_SQL: &str = r#"
         WITH held AS MATERIALIZED (
-            -- found by primary key, the status checked after the lock, and locked in id
-            -- order: as `complete` does, for the reasons given there
-            SELECT d.id, d.status, i.started FROM hookd.deliveries d
-            JOIN unnest($1::uuid[], $2::uuid[], $3::bool[]) AS i(id, token, started)
-              ON d.id = i.id AND d.claim_token = i.token
-            ORDER BY d.id
-            FOR UPDATE OF d
+            -- probed by primary key one lease at a time, the status checked after the
+            -- lock, and locked in id order: as `complete` does, for the reasons given there
+            SELECT i.id, x.status, i.started
+            FROM (SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::bool[]) AS u(id, token, started)
+                  ORDER BY id) i
+            CROSS JOIN LATERAL (
+                SELECT d.status FROM hookd.deliveries d
+                WHERE d.id = i.id AND d.claim_token = i.token
+                  AND d.status IN ('pending', 'in_progress', 'failed')
+                FOR UPDATE OF d
+            ) x
         )
         UPDATE hookd.deliveries d
         SET status = CASE WHEN d.attempts - (NOT h.started)::int > 0 THEN 'failed' ELSE 'pending' END,
@@ -683,7 +701,7 @@ const RELEASE_SQL: &str = r#"
             attempt_seq = d.attempt_seq - (NOT h.started)::int,
             visible_at = now(), locked_by = NULL, claim_token = NULL, updated_at = now()
         FROM held h
-        WHERE d.id = h.id AND h.status = 'in_progress'
+        WHERE d.id = h.id AND d.status IN ('pending', 'in_progress', 'failed') AND h.status = 'in_progress'
         "#;
 
 fn release_arguments(leases: &[Release]) -> Result<PgArguments, DbError> {
@@ -740,13 +758,16 @@ pub async fn explain_fenced_writes(
         ("release", RELEASE_SQL, release_arguments(&releases)?),
     ];
     let mut plans = Vec::with_capacity(statements.len());
+    let mut tx = pool.begin().await?;
+    super::index_paths_only(&mut tx).await?;
     for (name, sql, args) in statements {
         // the only dynamic part is a constant prefix on a constant statement text
         let plan = sqlx::query_scalar_with(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")), args)
-            .fetch_all(pool)
+            .fetch_all(&mut *tx)
             .await?;
         plans.push((name, plan));
     }
+    tx.rollback().await?;
     Ok(plans)
 }
 
@@ -790,7 +811,8 @@ pub async fn replay(
     id: Uuid,
     audience: super::Audience<'_>,
 ) -> Result<ReplayOutcome, DbError> {
-    let row: Option<(bool,)> = sqlx::query_as(
+    let row: Option<(bool,)> = super::retry_conflicts(|| async {
+    Ok(sqlx::query_as(
         r#"
         WITH target AS (
             SELECT id, status = 'in_progress' AND visible_at > now() AS leased
@@ -813,6 +835,8 @@ pub async fn replay(
     .bind(audience.tenant)
     .bind(audience.consumer)
     .fetch_optional(pool)
+    .await?)
+    })
     .await?;
     Ok(match row {
         None => ReplayOutcome::NotFound,
@@ -835,8 +859,9 @@ pub async fn replay_endpoint(
     limit: i64,
     tenant: Option<&str>,
 ) -> Result<(i64, i64), DbError> {
-    let row: (i64, i64) = sqlx::query_as(
-        r#"
+    let row: (i64, i64) = super::retry_conflicts(|| async {
+        Ok(sqlx::query_as(
+            r#"
         WITH target AS (
             SELECT id, status = 'in_progress' AND visible_at > now() AS leased
             FROM hookd.deliveries
@@ -859,14 +884,16 @@ pub async fn replay_endpoint(
         )
         SELECT (SELECT count(*) FROM upd), (SELECT count(*) FROM target WHERE leased)
         "#,
-    )
-    .bind(endpoint_id)
-    .bind(since)
-    .bind(until)
-    .bind(statuses)
-    .bind(limit)
-    .bind(tenant)
-    .fetch_one(pool)
+        )
+        .bind(endpoint_id)
+        .bind(since)
+        .bind(until)
+        .bind(statuses)
+        .bind(limit)
+        .bind(tenant)
+        .fetch_one(pool)
+        .await?)
+    })
     .await?;
     Ok(row)
 }

@@ -147,6 +147,26 @@ pub fn is_unavailable(e: &sqlx::Error) -> bool {
 }
 
 /// Connection settings shared by every component.
+/// Set on every connection hookd opens. Every statement hookd runs is designed as index
+/// lookups and index range scans, and the statistics of a queue are always stale: rows
+/// arrive and leave by the thousand a second, and the queue partition (migration 0014)
+/// is often nearly empty when autovacuum analyzes it. A plan that scans a table because
+/// it looked small then, kept by the plan cache until the next analyze, would run once
+/// per outcome while a backlog grows. With sequential scans priced out, the planner
+/// still uses one where no index applies.
+pub const INDEX_PATHS_ONLY: (&str, &str) = ("enable_seqscan", "off");
+
+/// [`INDEX_PATHS_ONLY`] for the rest of a transaction: what a test that reads a plan of a
+/// statement hookd runs must set to see the plan hookd gets.
+pub async fn index_paths_only(conn: &mut sqlx::PgConnection) -> Result<(), DbError> {
+    sqlx::query("SELECT set_config($1, $2, true)")
+        .bind(INDEX_PATHS_ONLY.0)
+        .bind(INDEX_PATHS_ONLY.1)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 #[derive(Debug, Clone)]
 pub struct PoolSettings {
     pub url: String,
@@ -171,6 +191,19 @@ pub fn connect_lazy_to(settings: &PoolSettings, database: Option<&str>) -> Resul
         opts = opts.database(db);
     }
     Ok(PgPoolOptions::new()
+        // a SET after connecting rather than a startup option, which poolers such as
+        // PgBouncer refuse
+        .after_connect(|conn, _meta| {
+            Box::pin(async move {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "SET {} = {}",
+                    INDEX_PATHS_ONLY.0, INDEX_PATHS_ONLY.1
+                )))
+                .execute(conn)
+                .await?;
+                Ok(())
+            })
+        })
         .max_connections(settings.max_connections)
         .min_connections(0)
         .acquire_timeout(settings.acquire_timeout)
@@ -303,9 +336,36 @@ pub enum SchemaError {
     Db(#[from] DbError),
 }
 
-/// Applies the migrations (idempotent: applied ones are skipped by version and checksum).
+/// Runs `op` again (up to 3 more times) when it failed with a serialization failure or a
+/// deadlock. Deliveries change partition when they become terminal or are replayed
+/// (migration 0014), and a statement that waited for the lock of a row another
+/// transaction moved fails with 40001 ("already moved to another partition"); run
+/// again, it finds the row where it is now. Only for single statements on a pool: a
+/// failed statement inside a transaction has aborted that transaction.
+pub(crate) async fn retry_conflicts<T, F, Fut>(mut op: F) -> Result<T, DbError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, DbError>>,
+{
+    let mut tries = 0;
+    loop {
+        match op().await {
+            Err(e) if e.is_transient_conflict() && tries < 3 => tries += 1,
+            done => return done,
+        }
+    }
+}
+
+/// Applies the migrations (idempotent: applied ones are skipped by version and checksum),
+/// then creates the history days from today on that do not exist yet (migration 0014).
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
-    MIGRATOR.run(pool).await
+    MIGRATOR.run(pool).await?;
+    sqlx::query("SELECT hookd.history_days_ensure($1)")
+        .bind(retention::HISTORY_DAYS_AHEAD)
+        .execute(pool)
+        .await
+        .map_err(sqlx::migrate::MigrateError::Execute)?;
+    Ok(())
 }
 
 /// Refuses an unmigrated, partially migrated or newer schema with a clear message.

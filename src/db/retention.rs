@@ -14,6 +14,19 @@ use uuid::Uuid;
 
 use super::DbError;
 
+/// The smallest UUIDv7 of the millisecond `t`: every id minted at or after `t` sorts at
+/// or above it, so `id < floor` selects ids minted before `t` with a primary-key range.
+pub fn uuid_v7_floor(t: DateTime<Utc>) -> Uuid {
+    let ms = u64::try_from(t.timestamp_millis()).unwrap_or(0);
+    let mut bytes = [0u8; 16];
+    bytes[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+    Uuid::from_bytes(bytes)
+}
+
+/// History days created ahead of today (UTC), so that no delivery lands in a default
+/// partition while dispatchers are down for a while.
+pub const HISTORY_DAYS_AHEAD: i32 = 3;
+
 /// Session advisory lock held by the one process pruning at a time.
 pub const PRUNE_LOCK: i64 = 0x686f_6f6b_6470_7275; // "hookdpru"
 
@@ -40,6 +53,10 @@ pub struct Cutoffs {
     pub default: DateTime<Utc>,
     pub tenants: Vec<String>,
     pub tenant_cutoffs: Vec<DateTime<Utc>>,
+    /// Rows with ids below this belong to days that retention will drop whole within
+    /// `drop_grace`; the row-by-row walk leaves them that long past their cutoff.
+    pub drop_below: Uuid,
+    pub drop_grace: std::time::Duration,
 }
 
 /// Every endpoint (disabled ones too: their history expires like any other) with its
@@ -77,6 +94,13 @@ const PRUNE_ENDPOINT_SQL: &str = r#"
               AND (d.created_at, d.id) > ($3, $4)
               AND d.status IN ('succeeded', 'dead', 'cancelled')
               AND d.updated_at < coalesce(t.cutoff, $7)
+              -- a row of a day that retention is about to drop whole is left to that drop
+              -- for a grace period more (see `retention::DROP_GRACE`)
+              AND (d.id >= $9 OR d.updated_at < coalesce(t.cutoff, $7) - make_interval(secs => $10))
+              -- ids are minted with created_at (UUIDv7, same transaction): this bound
+              -- leaves out the history days newer than the scan, which the created_at
+              -- range alone cannot (the days are id ranges)
+              AND d.id < $11
             ORDER BY d.created_at, d.id
             LIMIT $8
             FOR UPDATE OF d SKIP LOCKED
@@ -160,6 +184,10 @@ fn prune_endpoint_arguments(
     args.add(&cutoffs.tenant_cutoffs).map_err(encode)?;
     args.add(cutoffs.default).map_err(encode)?;
     args.add(limit).map_err(encode)?;
+    args.add(cutoffs.drop_below).map_err(encode)?;
+    args.add(cutoffs.drop_grace.as_secs_f64()).map_err(encode)?;
+    args.add(uuid_v7_floor(scan_before + chrono::TimeDelta::days(1)))
+        .map_err(encode)?;
     Ok(args)
 }
 
@@ -174,7 +202,9 @@ pub async fn explain_prune_endpoint_batch(
 ) -> Result<Vec<String>, DbError> {
     // the only dynamic part is a constant prefix on the constant statement text
     let sql = format!("EXPLAIN {PRUNE_ENDPOINT_SQL}");
-    Ok(sqlx::query_scalar_with(
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    super::index_paths_only(&mut tx).await?;
+    let plan = sqlx::query_scalar_with(
         sqlx::AssertSqlSafe(sql),
         prune_endpoint_arguments(
             endpoint_id,
@@ -184,8 +214,10 @@ pub async fn explain_prune_endpoint_batch(
             limit,
         )?,
     )
-    .fetch_all(conn)
-    .await?)
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.rollback().await?;
+    Ok(plan)
 }
 const ORPHAN_EVENTS_SQL: &str = r#"
         WITH scanned AS (
@@ -262,10 +294,171 @@ pub async fn explain_prune_orphan_events_batch(
 ) -> Result<Vec<String>, DbError> {
     // the only dynamic part is a constant prefix on the constant statement text
     let sql = format!("EXPLAIN {ORPHAN_EVENTS_SQL}");
-    Ok(sqlx::query_scalar_with(
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    super::index_paths_only(&mut tx).await?;
+    let plan = sqlx::query_scalar_with(
         sqlx::AssertSqlSafe(sql),
         orphan_arguments(Uuid::nil(), before, cutoffs, limit)?,
     )
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.rollback().await?;
+    Ok(plan)
+}
+
+/// One partition of `delivery_history` (a UTC day, or the range before migration 0014),
+/// with its siblings in `delivery_attempts` and `dead_letters` under the same suffix.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct HistoryDay {
+    /// what follows `delivery_history_` in the partition's name
+    pub suffix: String,
+    /// the smallest id not in it (ids are UUIDv7: milliseconds first)
+    pub upper: Uuid,
+    /// the smallest id in it; nil for the open lower end
+    pub lower: Uuid,
+}
+
+/// Creates the history partitions of today (UTC) and of the next `ahead` days that do not
+/// exist yet; returns how many days exist afterwards. Partitions are created ahead so
+/// that no delivery lands in a default partition, from which a day cannot be dropped.
+/// Bounded by `lock_timeout`: a partition is created under a brief exclusive lock of
+/// its parent, and a busy parent is simply tried again at the next call.
+pub async fn ensure_history_days(conn: &mut PgConnection, ahead: i32) -> Result<i32, DbError> {
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    sqlx::query("SET LOCAL lock_timeout = '2s'")
+        .execute(&mut *tx)
+        .await?;
+    let n: i32 = sqlx::query_scalar("SELECT hookd.history_days_ensure($1)")
+        .bind(ahead)
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(n)
+}
+
+/// Every dated partition of `delivery_history` whose ids all lie below `below`, oldest
+/// first (the default partition, which has no range, is never listed).
+pub async fn history_days_below(
+    conn: &mut PgConnection,
+    below: Uuid,
+) -> Result<Vec<HistoryDay>, DbError> {
+    Ok(sqlx::query_as(
+        r#"
+        SELECT suffix, upper, coalesce(lower, '00000000-0000-0000-0000-000000000000'::uuid) AS lower
+        FROM (
+            SELECT substr(c.relname, length('delivery_history_') + 1) AS suffix,
+                   substring(pg_get_expr(c.relpartbound, c.oid) FROM $$TO \('([0-9a-f-]+)'\)$$)::uuid AS upper,
+                   substring(pg_get_expr(c.relpartbound, c.oid) FROM $$FROM \('([0-9a-f-]+)'\)$$)::uuid AS lower
+            FROM pg_inherits i
+            JOIN pg_class c ON c.oid = i.inhrelid
+            WHERE i.inhparent = 'hookd.delivery_history'::regclass
+              AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT'
+        ) p
+        WHERE upper <= $1
+        ORDER BY upper
+        "#,
+    )
+    .bind(below)
     .fetch_all(conn)
     .await?)
+}
+
+/// What became of one history day.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DayDrop {
+    /// dropped: every row had expired; about this many deliveries (the planner's
+    /// estimate) went with it
+    Dropped { deliveries: i64 },
+    /// a row is unexpired, or a delivery of that day is back in the queue (replayed or
+    /// still retrying): kept, and its expired rows are deleted one by one
+    Kept,
+    /// the tables were busy for longer than the lock timeout: tried at the next pass
+    Busy,
+}
+
+/// Drops one history day (its partitions of deliveries, attempts and dead letters) if
+/// every delivery in it has expired by its tenant's cutoff and none of that day's
+/// deliveries is back in the queue.
+///
+/// The three parents are locked first, in the order readers take them, so that no
+/// replay can move a row of the day into the queue between the check and the drop; the
+/// lock is held for two index probes and the drop, and `lock_timeout` bounds the wait
+/// for it. Completions that finish in that time wait for it.
+pub async fn drop_history_day(
+    conn: &mut PgConnection,
+    day: &HistoryDay,
+    cutoffs: &Cutoffs,
+) -> Result<DayDrop, DbError> {
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    sqlx::query("SET LOCAL lock_timeout = '2s'")
+        .execute(&mut *tx)
+        .await?;
+    let locked = sqlx::query(
+        "LOCK TABLE hookd.delivery_history, hookd.delivery_attempts, hookd.dead_letters \
+         IN ACCESS EXCLUSIVE MODE",
+    )
+    .execute(&mut *tx)
+    .await;
+    match locked {
+        Ok(_) => {}
+        Err(e) => {
+            let e = DbError::from(e);
+            // 55P03: lock_timeout
+            if e.sqlstate().as_deref() == Some("55P03") {
+                return Ok(DayDrop::Busy);
+            }
+            return Err(e);
+        }
+    }
+    let history = format!("hookd.\"delivery_history_{}\"", day.suffix);
+    let oldest_cutoff = cutoffs
+        .tenant_cutoffs
+        .iter()
+        .copied()
+        .chain([cutoffs.default])
+        .min()
+        .unwrap_or(cutoffs.default);
+    // The name comes from the catalog (a partition hookd created); quoted as an
+    // identifier all the same. The BRIN index on updated_at finds the few block ranges
+    // that may hold a row updated after the oldest cutoff; each such row is then judged
+    // by its own tenant's cutoff.
+    let check = format!(
+        r#"
+        SELECT EXISTS (SELECT 1 FROM hookd.delivery_queue q WHERE q.id >= $1 AND q.id < $2)
+            OR EXISTS (
+                SELECT 1 FROM {history} h
+                LEFT JOIN unnest($3::text[], $4::timestamptz[]) AS t(tenant, cutoff)
+                  ON t.tenant = h.tenant
+                WHERE h.updated_at >= $5 AND h.updated_at >= coalesce(t.cutoff, $6))
+        "#
+    );
+    let live: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(check))
+        .bind(day.lower)
+        .bind(day.upper)
+        .bind(&cutoffs.tenants)
+        .bind(&cutoffs.tenant_cutoffs)
+        .bind(oldest_cutoff)
+        .bind(cutoffs.default)
+        .fetch_one(&mut *tx)
+        .await?;
+    if live {
+        tx.rollback().await?;
+        return Ok(DayDrop::Kept);
+    }
+    // the planner's estimate: counting would read the whole day under the lock
+    let estimate = format!(
+        "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = '{history}'::regclass"
+    );
+    let deliveries: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(estimate))
+        .fetch_one(&mut *tx)
+        .await?;
+    let drop = format!(
+        "DROP TABLE IF EXISTS hookd.\"dead_letters_{s}\", hookd.\"delivery_attempts_{s}\", {history}",
+        s = day.suffix
+    );
+    sqlx::query(sqlx::AssertSqlSafe(drop))
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(DayDrop::Dropped { deliveries })
 }

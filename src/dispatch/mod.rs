@@ -200,6 +200,7 @@ pub async fn run_on(
     tracing::info!(listen = %settings.listen, worker = %cfg.worker_id, key_id = keyring.active_key_id(), "dispatcher starting");
     let server = tokio::spawn(crate::ops::serve_on(listener, health, shutdown.clone()));
     let keyring = Arc::new(keyring);
+    crate::retention::spawn_history_days(pool.clone(), shutdown.clone());
     if retention.prune_interval_secs > 0 {
         crate::retention::spawn_pruner(
             pool.clone(),
