@@ -18,6 +18,10 @@
 -- tables for the time of the copy. Existing history goes to the default partitions,
 -- which retention empties row by row as before.
 
+-- hookd's connections price sequential scans out (db::INDEX_PATHS_ONLY); the copies below
+-- read whole tables, which only a sequential scan does well.
+SET LOCAL enable_seqscan = on;
+
 CREATE FUNCTION hookd.uuid_v7_floor(ms bigint) RETURNS uuid
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
   SELECT (lpad(to_hex(ms), 12, '0') || '00000000000000000000')::uuid

@@ -715,3 +715,130 @@ async fn hookd_connections_plan_index_paths_only(pool: PgPool) {
         .unwrap();
     assert_eq!(setting, "off");
 }
+
+/// Migration 0014 on a database written by the version before it: every delivery, attempt
+/// and dead letter is still there, each in the partition its status and id say, and the
+/// queue triggers still run (a claim finds the open delivery).
+#[sqlx::test(migrations = false)]
+async fn migration_0014_moves_existing_rows_into_their_partitions(pool: PgPool) {
+    let dir = std::env::temp_dir().join(format!("hookd-0013-{}", Uuid::now_v7().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let mut names: Vec<_> = std::fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.as_str() < "0014")
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 13);
+    for n in &names {
+        std::fs::copy(src.join(n), dir.join(n)).unwrap();
+    }
+    sqlx::migrate::Migrator::new(dir.as_path())
+        .await
+        .unwrap()
+        .run(&pool)
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let ep = Uuid::now_v7();
+    let ev = Uuid::now_v7();
+    sqlx::query(
+        "WITH e AS (INSERT INTO hookd.endpoints (id, tenant, k8s_namespace, k8s_name, url)
+                    VALUES ($1, 'up', 'up', 'ep', 'http://127.0.0.1:9/x'))
+         INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash)
+         VALUES ($2, 'up', 'a.b', '{}', '\\x00')",
+    )
+    .bind(ep)
+    .bind(ev)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let open = Uuid::now_v7();
+    let old_done = v7_at(days_ago(40));
+    let dead_today = Uuid::now_v7();
+    for (id, status) in [
+        (open, "pending"),
+        (old_done, "succeeded"),
+        (dead_today, "dead"),
+    ] {
+        sqlx::query(
+            "INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, status, attempts)
+             VALUES ($1, $2, $3, 'up', $4, 1)",
+        )
+        .bind(id)
+        .bind(ev)
+        .bind(ep)
+        .bind(status)
+        .execute(&pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO hookd.delivery_attempts (delivery_id, attempt, started_at, duration_ms, status_code)
+             VALUES ($1, 1, now(), 5, 500)",
+        )
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    dead_letter(&pool, dead_today, ep, "up").await;
+
+    hookd::db::migrate(&pool).await.unwrap();
+
+    let today = Utc::now().format("%Y%m%d").to_string();
+    assert_eq!(partition_of(&pool, open).await, "hookd.delivery_queue");
+    assert_eq!(
+        partition_of(&pool, old_done).await,
+        "hookd.delivery_history_before_0014"
+    );
+    assert_eq!(
+        partition_of(&pool, dead_today).await,
+        format!("hookd.delivery_history_{today}")
+    );
+    assert_eq!(count(&pool, "delivery_attempts").await, 3);
+    assert!(exists(&pool, "dead_letters", "delivery_id", dead_today).await);
+    for day in 0..=hookd::db::retention::HISTORY_DAYS_AHEAD {
+        let d = (Utc::now() + TimeDelta::days(i64::from(day))).format("%Y%m%d");
+        assert!(relation_exists(&pool, &format!("hookd.delivery_history_{d}")).await);
+    }
+    let claimed = deliveries::claim(&pool, &claim_req()).await.unwrap();
+    assert_eq!(claimed.iter().map(|c| c.id).collect::<Vec<_>>(), vec![open]);
+}
+
+/// A replay that waited for the lock of a delivery which another transaction meanwhile
+/// moved out of the queue (it succeeded) is run again and replays it where it now is,
+/// instead of failing with "tuple to be locked was already moved to another partition"
+/// (SQLSTATE 40001).
+#[sqlx::test]
+async fn a_replay_that_waited_for_a_row_moved_meanwhile_runs_again(pool: PgPool) {
+    let e = ep(&pool, "hist").await;
+    let (_, d) = pair(&pool, e, "hist", "failed", 0, 0).await;
+    let mut mover = pool.begin().await.unwrap();
+    sqlx::query("UPDATE hookd.deliveries SET status = 'succeeded' WHERE id = $1")
+        .bind(d)
+        .execute(&mut *mover)
+        .await
+        .unwrap();
+    let replay = tokio::spawn({
+        let pool = pool.clone();
+        async move { deliveries::replay(&pool, d, Default::default()).await }
+    });
+    // the replay is waiting for the mover's row lock
+    let waiting = wait_until(Duration::from_secs(5), || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                            WHERE wait_event_type = 'Lock' AND query LIKE '%WITH target AS%')",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    })
+    .await;
+    assert!(waiting, "the replay waits for the row lock");
+    mover.commit().await.unwrap();
+    let outcome = replay.await.unwrap().unwrap();
+    assert_eq!(outcome, deliveries::ReplayOutcome::Replayed);
+    assert_eq!(partition_of(&pool, d).await, "hookd.delivery_queue");
+}

@@ -596,8 +596,8 @@ const COMPLETE_SQL: &str = r#"
                 updated_at = now(),
                 completed_at = CASE WHEN f.status IN ('succeeded', 'dead') THEN now() END
             -- no fence here: `fenced` checked it under the row locks this transaction now
-            -- holds, so nobody can have changed these rows since (and restating it here
-            -- brings the mis-estimated scan back)
+            -- holds, so nobody can have changed these rows since; the status list only
+            -- names the queue partition
             FROM fenced f
             WHERE d.id = f.id AND d.status IN ('pending', 'in_progress', 'failed')
             RETURNING d.id, d.endpoint_id, d.tenant, f.token
@@ -812,8 +812,8 @@ pub async fn replay(
     audience: super::Audience<'_>,
 ) -> Result<ReplayOutcome, DbError> {
     let row: Option<(bool,)> = super::retry_conflicts(|| async {
-    Ok(sqlx::query_as(
-        r#"
+        Ok(sqlx::query_as(
+            r#"
         WITH target AS (
             SELECT id, status = 'in_progress' AND visible_at > now() AS leased
             FROM hookd.deliveries
@@ -830,12 +830,12 @@ pub async fn replay(
         )
         SELECT leased FROM target
         "#,
-    )
-    .bind(id)
-    .bind(audience.tenant)
-    .bind(audience.consumer)
-    .fetch_optional(pool)
-    .await?)
+        )
+        .bind(id)
+        .bind(audience.tenant)
+        .bind(audience.consumer)
+        .fetch_optional(pool)
+        .await?)
     })
     .await?;
     Ok(match row {

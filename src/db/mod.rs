@@ -146,7 +146,6 @@ pub fn is_unavailable(e: &sqlx::Error) -> bool {
     }
 }
 
-/// Connection settings shared by every component.
 /// Set on every connection hookd opens. Every statement hookd runs is designed as index
 /// lookups and index range scans, and the statistics of a queue are always stale: rows
 /// arrive and leave by the thousand a second, and the queue partition (migration 0014)
@@ -167,6 +166,7 @@ pub async fn index_paths_only(conn: &mut sqlx::PgConnection) -> Result<(), DbErr
     Ok(())
 }
 
+/// Connection settings shared by every component.
 #[derive(Debug, Clone)]
 pub struct PoolSettings {
     pub url: String,
