@@ -699,8 +699,9 @@ async fn a_day_stays_while_a_delivery_of_it_is_queued_or_a_row_is_unexpired(pool
     assert!(!exists(&pool, "deliveries", "id", retrying).await);
 }
 
-/// Every connection hookd opens prices sequential scans out (`db::INDEX_PATHS_ONLY`), so
-/// that a queue partition analyzed while nearly empty is still read by key.
+/// Every connection hookd opens prices sequential and bitmap scans out
+/// (`db::INDEX_PATHS_ONLY`), so that a queue partition analyzed while nearly empty is
+/// still read by key and in index order.
 #[sqlx::test]
 async fn hookd_connections_plan_index_paths_only(pool: PgPool) {
     let ours = hookd::db::connect_lazy(&hookd::db::PoolSettings {
@@ -709,11 +710,14 @@ async fn hookd_connections_plan_index_paths_only(pool: PgPool) {
         acquire_timeout: Duration::from_secs(5),
     })
     .unwrap();
-    let setting: String = sqlx::query_scalar("SHOW enable_seqscan")
-        .fetch_one(&ours)
-        .await
-        .unwrap();
-    assert_eq!(setting, "off");
+    for setting in ["enable_seqscan", "enable_bitmapscan"] {
+        let value: String = sqlx::query_scalar("SELECT current_setting($1)")
+            .bind(setting)
+            .fetch_one(&ours)
+            .await
+            .unwrap();
+        assert_eq!(value, "off", "{setting}");
+    }
 }
 
 /// Migration 0014 on a database written by the version before it: every delivery, attempt

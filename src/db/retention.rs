@@ -390,7 +390,12 @@ pub async fn drop_history_day(
     cutoffs: &Cutoffs,
 ) -> Result<DayDrop, DbError> {
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    // the day's check wants a bitmap of the block-range index on updated_at, which the
+    // connection's settings price out (`db::INDEX_PATHS_ONLY`)
     sqlx::query("SET LOCAL lock_timeout = '2s'")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("SET LOCAL enable_bitmapscan = on")
         .execute(&mut *tx)
         .await?;
     let locked = sqlx::query(
