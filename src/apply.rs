@@ -575,7 +575,7 @@ pub async fn apply_plan(
     desired: &[sync::DesiredEndpoint],
     keyring: &Keyring,
 ) -> Result<Vec<(String, SyncOutcome)>, ApplyError> {
-    let mut tx = pool.begin().await.map_err(DbError::from)?;
+    let mut tx = crate::db::begin(pool).await?;
     let mut results = Vec::new();
     for d in desired {
         let outcome = sync::apply_endpoint(&mut tx, d, keyring).await?;

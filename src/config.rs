@@ -61,6 +61,14 @@ pub struct DbArgs {
     /// How long a request waits for a free connection before it is answered 503
     #[arg(long, env = "HOOKD_DB_ACQUIRE_TIMEOUT_MS", default_value_t = 5000)]
     pub db_acquire_timeout_ms: u64,
+    /// What DATABASE_URL reaches: `none` (Postgres itself, or a pooler in session mode) or `transaction` (a pooler in transaction mode, e.g. PgBouncer `pool_mode = transaction`: no named prepared statements, every statement in a transaction; `hookd migrate` and LISTEN need a direct connection, see docs/poolers.md)
+    #[arg(
+        long,
+        env = "HOOKD_DATABASE_POOLER",
+        value_enum,
+        default_value = "none"
+    )]
+    pub database_pooler: crate::db::Pooler,
 }
 
 impl DbArgs {
@@ -243,6 +251,10 @@ pub struct DispatchSettings {
     /// LISTEN for the API's NOTIFY wake-ups (polling still runs)
     #[arg(long, env = "HOOKD_NOTIFY", default_value_t = true, action = clap::ArgAction::Set)]
     pub notify: bool,
+    /// Postgres URL for LISTEN, straight to Postgres, for when DATABASE_URL goes through a pooler in transaction mode (a LISTEN is session state the pooler cannot keep); without it such a dispatcher only polls (HOOKD_POLL_MS)
+    // hide_env_values: `--help` would print the URL, password included
+    #[arg(long, env = "HOOKD_NOTIFY_DATABASE_URL", hide_env_values = true)]
+    pub notify_database_url: Option<String>,
     /// On SIGTERM, how long in-flight deliveries may take to finish, in seconds
     #[arg(long, env = "HOOKD_SHUTDOWN_GRACE_SECS", default_value_t = 20)]
     pub shutdown_grace_secs: u64,

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgPool;
+
+use crate::db;
 use sqlx::postgres::PgListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -56,7 +58,37 @@ impl Notifier {
 
 /// Listens on the channel and pokes `wake` on every notification, and also after a
 /// reconnect (notifications sent while disconnected are lost, so assume work arrived).
-pub fn spawn_listener(pool: PgPool, wake: Arc<Notify>, shutdown: CancellationToken) {
+/// On `direct_url` when given. A LISTEN is session state: through a pooler in
+/// transaction mode it would stay on a server session other clients then use (and
+/// receive hookd's notifications on) while hookd heard nothing, so there it needs a
+/// direct URL or is left out; the poll and the next-due timer find the work without it
+/// (invariant 7).
+pub fn spawn_listener(
+    pool: PgPool,
+    direct_url: Option<String>,
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    let pool = match (direct_url, db::pooler()) {
+        (Some(url), _) => match db::connect_lazy(&db::PoolSettings {
+            url,
+            max_connections: 1,
+            acquire_timeout: Duration::from_secs(5),
+        }) {
+            Ok(direct) => direct,
+            Err(e) => {
+                tracing::warn!(error = %e, "HOOKD_NOTIFY_DATABASE_URL: no LISTEN; dispatch polls for new deliveries");
+                return;
+            }
+        },
+        (None, db::Pooler::Transaction) => {
+            tracing::info!(
+                "DATABASE_URL goes through a pooler in transaction mode and HOOKD_NOTIFY_DATABASE_URL is not set: no LISTEN; dispatch polls for new deliveries (HOOKD_POLL_MS)"
+            );
+            return;
+        }
+        (None, db::Pooler::None) => pool,
+    };
     tokio::spawn(async move {
         loop {
             let mut listener = match PgListener::connect_with(&pool).await {

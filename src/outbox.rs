@@ -364,7 +364,7 @@ impl From<DbError> for GroupError {
 /// The shared transaction of a group. Keys held elsewhere are not waited for: their jobs
 /// are marked to leave the group.
 async fn group_tx(pool: &PgPool, jobs: &[&[NewMessage]]) -> Result<GroupResult, GroupError> {
-    let mut tx = pool.begin().await.map_err(DbError::from)?;
+    let mut tx = crate::db::begin(pool).await?;
     // A backstop: no wait inside a shared transaction is unbounded (keys are try-locked
     // below, so this only fires on something unforeseen).
     let session = db::events::begin_enqueue(&mut tx, GROUP_LOCK_TIMEOUT).await?;
@@ -419,7 +419,7 @@ async fn alone_tx(
     cfg: &OutboxConfig,
     messages: &[NewMessage],
 ) -> Result<Result<Vec<Enqueued>, EnqueueError>, GroupError> {
-    let mut tx = pool.begin().await.map_err(DbError::from)?;
+    let mut tx = crate::db::begin(pool).await?;
     let session = db::events::begin_enqueue(&mut tx, cfg.key_wait).await?;
     let keys: Vec<(String, String)> = messages
         .iter()

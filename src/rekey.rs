@@ -85,7 +85,7 @@ async fn reseal(
     let mut report = RekeyReport::default();
     let mut after = 0i64;
     loop {
-        let mut tx = pool.begin().await?;
+        let mut tx = crate::db::begin(pool).await?;
         let rows = secrets::lock_rekey_batch(
             &mut tx,
             keyring.active_key_id(),
@@ -125,10 +125,18 @@ async fn reseal(
         secrets::store_resealed(&mut tx, &resealed).await?;
         tx.commit().await?;
     }
-    if report.encrypted_plaintext > 0
-        && let Err(e) = secrets::compact(pool).await
-    {
-        report.compact_error = Some(e.to_string());
+    if report.encrypted_plaintext > 0 {
+        match secrets::compact(pool).await {
+            Ok(true) => {}
+            Ok(false) => {
+                report.compact_error = Some(
+                    "hookd.endpoint_secrets stayed locked by other transactions, so the old \
+                     row versions were not rewritten; run `hookd rekey` again"
+                        .to_string(),
+                )
+            }
+            Err(e) => report.compact_error = Some(e.to_string()),
+        }
     }
     Ok(report)
 }

@@ -173,20 +173,19 @@ pub enum PruneOutcome {
     Skipped,
 }
 
-/// One pass at `now`, if no other process is pruning. All statements run on one
-/// session holding the advisory lock; the session is closed afterwards, so the lock is
-/// released on every path, a cancelled pass included.
+/// One pass at `now`, if no other process is pruning: a transaction holds the advisory
+/// lock (see [`db::try_lock`]) while the pass runs on another connection.
 pub async fn prune_once(
     pool: &PgPool,
     policy: &RetentionPolicy,
     now: DateTime<Utc>,
     metrics: &Metrics,
 ) -> Result<PruneOutcome, DbError> {
-    let mut conn = pool.acquire().await?;
-    conn.close_on_drop();
-    if !db::try_lock(&mut conn).await? {
+    let mut lock = dbmod::begin(pool).await?;
+    if !db::try_lock(&mut lock).await? {
         return Ok(PruneOutcome::Skipped);
     }
+    let mut conn = pool.acquire().await?;
     let mut cutoffs = policy.cutoffs(now);
     let mut counts = PruneCounts::default();
     let record = |table: &'static str, n: i64| {
@@ -291,7 +290,8 @@ pub async fn prune_once(
             tokio::task::yield_now().await;
         }
     }
-    db::unlock(&mut conn).await?;
+    drop(conn);
+    lock.rollback().await?;
     Ok(PruneOutcome::Done(counts))
 }
 

@@ -44,6 +44,7 @@ pub fn shutdown_on_signals() -> CancellationToken {
 
 /// Connects and refuses to go on with an unmigrated or newer schema.
 pub async fn open_checked(db_args: &DbArgs) -> anyhow::Result<PgPool> {
+    db::set_pooler(db_args.database_pooler);
     let pool = db::connect_checked(&db_args.pool_settings()).await?;
     db::check_schema(&pool).await?;
     if let Ok(Some(warning)) = db::autovacuum_warning(&pool).await {

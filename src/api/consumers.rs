@@ -390,7 +390,7 @@ async fn mint(
     let expires_at = Utc::now() + chrono::Duration::seconds(ttl);
     // the token commits with its consumer held, so a concurrent delete of the consumer
     // waits for it and then revokes it (db::consumers::delete)
-    let mut tx = state.pool.begin().await.map_err(db::DbError::from)?;
+    let mut tx = crate::db::begin(&state.pool).await?;
     db::consumers::ensure(&mut tx, &tenant, &uid).await?;
     let created = tokens::create_in(
         &mut tx,

@@ -309,7 +309,7 @@ pub async fn create(
     };
     let keyring = keyring(&state)?;
     let id = Uuid::now_v7();
-    let mut tx = state.pool.begin().await.map_err(db::DbError::from)?;
+    let mut tx = crate::db::begin(&state.pool).await?;
     if let Some(c) = &consumer {
         if caller.consumer_scope().is_some() {
             // a consumer token never brings its consumer back after a delete (its token
@@ -478,7 +478,7 @@ async fn patch_and_answer(
     id: Uuid,
     patch: db::endpoints::EndpointPatch,
 ) -> Result<Response, ApiError> {
-    let mut tx = state.pool.begin().await.map_err(db::DbError::from)?;
+    let mut tx = crate::db::begin(&state.pool).await?;
     let view = db::endpoints::patch_api(&mut tx, id, caller.audience(), &patch)
         .await?
         .map_err(refused)?;
@@ -583,7 +583,7 @@ pub async fn delete(
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Manage)?;
     let id = path_id(id, "endpoint")?;
-    let mut tx = state.pool.begin().await.map_err(db::DbError::from)?;
+    let mut tx = crate::db::begin(&state.pool).await?;
     let cancelled = db::endpoints::delete_api(&mut tx, id, caller.audience())
         .await?
         .map_err(refused)?;
@@ -768,7 +768,7 @@ pub async fn rotate_secret(
     if e.managed_by != "api" {
         return Err(refused(PatchRefused::ManagedByKubernetes));
     }
-    let mut tx = state.pool.begin().await.map_err(db::DbError::from)?;
+    let mut tx = crate::db::begin(&state.pool).await?;
     crate::endpoints::store_secret(&mut tx, keyring, id, &secret, grace as i32).await?;
     tx.commit().await.map_err(db::DbError::from)?;
     tracing::info!(endpoint = %id, grace_seconds = grace, "signing secret rotated through the API");

@@ -201,7 +201,16 @@ impl From<AuthError> for ApiError {
 
 impl From<DbError> for ApiError {
     fn from(e: DbError) -> Self {
-        if e.is_unavailable() {
+        if e.is_transient_conflict() {
+            // what a deletion or cancellation answers once its retries are spent
+            tracing::warn!(error = %e, "conflict with concurrent writes after retries");
+            Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "write_conflict",
+                "this change kept meeting concurrent writes to the same rows (deadlock or serialization failure) and was rolled back each time; nothing was changed, retry the request",
+            )
+            .with_header(header::RETRY_AFTER, HeaderValue::from_static("1"))
+        } else if e.is_unavailable() {
             tracing::warn!(error = %e, "database unavailable");
             ApiError::unavailable()
         } else {

@@ -111,6 +111,13 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Migrate(args) => {
+            if args.database_pooler == db::Pooler::Transaction {
+                // sqlx's migrator holds a session advisory lock across its statements and
+                // prepares named statements: neither survives a transaction-mode pooler
+                anyhow::bail!(
+                    "hookd migrate needs a session of its own: run it with DATABASE_URL pointing straight at Postgres and HOOKD_DATABASE_POOLER unset (see docs/poolers.md)"
+                );
+            }
             let pool = db::connect_checked(&args.pool_settings()).await?;
             db::migrate(&pool).await?;
             eprintln!("migrations applied");
@@ -182,6 +189,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             Ok(rekey::run(&pool, &keyring, args.batch).await?)
         }
         Command::Prune(args) => {
+            db::set_pooler(args.db.database_pooler);
             let pool = db::connect_lazy(&args.db.pool_settings())?;
             retention::run_once(&pool, &args.retention).await
         }

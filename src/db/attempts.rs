@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::DbError;
+use super::{DbError, on};
 use crate::domain::ErrorClass;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -33,7 +33,7 @@ pub async fn latest_for_delivery(
     )
     .bind(delivery_id)
     .bind(limit)
-    .fetch_all(pool)
+    .fetch_all(on(pool))
     .await?;
     rows.reverse();
     let older = if (rows.len() as i64) < limit {
@@ -44,7 +44,7 @@ pub async fn latest_for_delivery(
         )
         .bind(delivery_id)
         .bind(limit)
-        .fetch_one(pool)
+        .fetch_one(on(pool))
         .await?
     };
     Ok((rows, older))
@@ -58,6 +58,6 @@ pub async fn for_delivery(pool: &PgPool, delivery_id: Uuid) -> Result<Vec<Attemp
          FROM hookd.delivery_attempts WHERE delivery_id = $1 ORDER BY id",
     )
     .bind(delivery_id)
-    .fetch_all(pool)
+    .fetch_all(on(pool))
     .await?)
 }

@@ -2,8 +2,9 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
 
-use super::DbError;
+use super::{DbError, on};
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ConsumerRow {
@@ -48,7 +49,7 @@ pub async fn upsert(
     .bind(uid)
     .bind(name)
     .bind(sqlx::types::Json(metadata))
-    .fetch_one(pool)
+    .fetch_one(on(pool))
     .await?;
     let row = get(pool, tenant, uid)
         .await?
@@ -70,7 +71,7 @@ pub async fn ensure(conn: &mut PgConnection, tenant: &str, uid: &str) -> Result<
         )
         .bind(tenant)
         .bind(uid)
-        .execute(&mut *conn)
+        .execute(on(&mut *conn))
         .await?;
         if hold(conn, tenant, uid).await? {
             return Ok(());
@@ -87,7 +88,7 @@ pub async fn hold(conn: &mut PgConnection, tenant: &str, uid: &str) -> Result<bo
     )
     .bind(tenant)
     .bind(uid)
-    .fetch_optional(conn)
+    .fetch_optional(on(conn))
     .await?;
     Ok(held.is_some())
 }
@@ -99,7 +100,7 @@ pub async fn get(pool: &PgPool, tenant: &str, uid: &str) -> Result<Option<Consum
         )))
         .bind(tenant)
         .bind(uid)
-        .fetch_optional(pool)
+        .fetch_optional(on(pool))
         .await?,
     )
 }
@@ -123,7 +124,7 @@ pub async fn list(
         .bind(after.map(|a| a.0))
         .bind(after.map(|a| a.1))
         .bind(limit)
-        .fetch_all(pool)
+        .fetch_all(on(pool))
         .await?,
     )
 }
@@ -139,10 +140,26 @@ pub struct Deleted {
 /// Deletes the consumer: its endpoints are disabled (reason "consumer deleted"), their
 /// open deliveries cancelled with that reason, its tokens revoked, in one transaction.
 /// History stays readable by the tenant. None when there is no such consumer.
+/// Run again after a deadlock or serialization failure (see [`super::commit_or_retry`]).
 pub async fn delete(pool: &PgPool, tenant: &str, uid: &str) -> Result<Option<Deleted>, DbError> {
-    use sqlx::Connection;
     let mut conn = pool.acquire().await?;
-    let mut tx = conn.begin().await?;
+    let mut tries = 0;
+    loop {
+        let mut tx = super::begin_on(&mut conn).await?;
+        let work = delete_once(&mut tx, tenant, uid).await;
+        if let Some(done) =
+            super::commit_or_retry(tx, work, &mut tries, "consumer deletion").await?
+        {
+            return Ok(done);
+        }
+    }
+}
+
+async fn delete_once(
+    tx: &mut PgConnection,
+    tenant: &str,
+    uid: &str,
+) -> Result<Option<Deleted>, DbError> {
     // First wait for every transaction holding the consumer (an endpoint being created, a
     // token being minted) to finish; the statement below then runs on a snapshot that
     // sees what they wrote.
@@ -151,11 +168,21 @@ pub async fn delete(pool: &PgPool, tenant: &str, uid: &str) -> Result<Option<Del
     )
     .bind(tenant)
     .bind(uid)
-    .fetch_optional(&mut *tx)
+    .fetch_optional(on(&mut *tx))
     .await?;
     if exists.is_none() {
         return Ok(None);
     }
+    // its endpoints' open deliveries before their rows, in the order outcome batches
+    // lock them (see `lock_open_deliveries`)
+    let endpoints: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM hookd.endpoints WHERE tenant = $1 AND consumer = $2 AND removed_at IS NULL",
+    )
+    .bind(tenant)
+    .bind(uid)
+    .fetch_all(on(&mut *tx))
+    .await?;
+    super::lock_open_deliveries(tx, &endpoints).await?;
     let row: Option<(i64, i64, i64)> = sqlx::query_as(
         r#"
         WITH c AS (
@@ -191,9 +218,8 @@ pub async fn delete(pool: &PgPool, tenant: &str, uid: &str) -> Result<Option<Del
     )
     .bind(tenant)
     .bind(uid)
-    .fetch_optional(&mut *tx)
+    .fetch_optional(on(&mut *tx))
     .await?;
-    tx.commit().await?;
     Ok(row.map(|(e, d, t)| Deleted {
         endpoints_disabled: e,
         deliveries_cancelled: d,

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::DbError;
+use super::{DbError, on};
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct DeadLetterRow {
@@ -50,7 +50,7 @@ pub async fn list(pool: &PgPool, q: &DeadLetterQuery) -> Result<Vec<DeadLetterRo
     .bind(after_id)
     .bind(q.limit)
     .bind(&q.consumer)
-    .fetch_all(pool)
+    .fetch_all(on(pool))
     .await?)
 }
 
@@ -59,7 +59,7 @@ pub async fn count_for_endpoint(pool: &PgPool, endpoint_id: Uuid) -> Result<i64,
     Ok(
         sqlx::query_scalar("SELECT count(*) FROM hookd.dead_letters WHERE endpoint_id = $1")
             .bind(endpoint_id)
-            .fetch_one(pool)
+            .fetch_one(on(pool))
             .await?,
     )
 }

@@ -5,7 +5,7 @@ use sqlx::postgres::PgArguments;
 use sqlx::{Arguments, PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::DbError;
+use super::{DbError, on};
 use crate::domain::{DeliveryStatus, ErrorClass};
 
 /// The statuses a claim takes: the predicate of the partial index `deliveries_claimable`
@@ -285,7 +285,7 @@ pub async fn claim_shared(
     super::retry_conflicts(|| async {
         Ok(
             sqlx::query_as_with::<_, ClaimedDelivery, _>(CLAIM_SQL, claim_arguments(req, shares)?)
-                .fetch_all(pool)
+                .fetch_all(on(pool))
                 .await?,
         )
     })
@@ -322,7 +322,7 @@ pub async fn fold_wakeups(pool: &PgPool) -> Result<u64, DbError> {
         ON CONFLICT (endpoint_id) DO UPDATE SET due_at = least(q.due_at, EXCLUDED.due_at)
         "#,
     )
-    .execute(pool)
+    .execute(on(pool))
     .await?;
     Ok(r.rows_affected())
 }
@@ -373,14 +373,14 @@ fn claim_arguments(req: &ClaimRequest, shares: &TenantShares) -> Result<PgArgume
 pub async fn explain_claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<String>, DbError> {
     fold_wakeups(pool).await?;
     let sql = format!("EXPLAIN (ANALYZE, BUFFERS) {CLAIM_SQL}");
-    let mut tx = pool.begin().await?;
+    let mut tx = super::begin(pool).await?;
     super::index_paths_only(&mut tx).await?;
     // the only dynamic part is a constant prefix on the constant claim text
     let plan: Vec<String> = sqlx::query_scalar_with(
         sqlx::AssertSqlSafe(sql),
         claim_arguments(req, &TenantShares::unlimited())?,
     )
-    .fetch_all(&mut *tx)
+    .fetch_all(on(&mut *tx))
     .await?;
     tx.rollback().await?;
     Ok(plan)
@@ -394,7 +394,7 @@ pub async fn next_due(pool: &PgPool) -> Result<Option<DateTime<Utc>>, DbError> {
     Ok(sqlx::query_scalar(
         "SELECT min(turn_at) FROM hookd.endpoint_queue WHERE turn_at > now() AND turn_at < 'infinity'",
     )
-    .fetch_one(pool)
+    .fetch_one(on(pool))
     .await?)
 }
 
@@ -415,7 +415,7 @@ pub async fn renew_leases(
     super::retry_conflicts(|| async {
         Ok(
             sqlx::query_scalar_with(RENEW_SQL, renew_arguments(leases, lease_secs)?)
-                .fetch_all(pool)
+                .fetch_all(on(pool))
                 .await?,
         )
     })
@@ -544,7 +544,7 @@ pub async fn complete(conn: &mut PgConnection, batch: &[Completion]) -> Result<V
     // uuids bytewise, as `Uuid` does.
     unique.sort_by_key(|c| c.delivery_id);
     let done: Vec<(Uuid,)> = sqlx::query_as_with(COMPLETE_SQL, complete_arguments(&unique)?)
-        .fetch_all(conn)
+        .fetch_all(on(conn))
         .await?;
     Ok(done.into_iter().map(|(id,)| id).collect())
 }
@@ -676,7 +676,7 @@ pub struct Release {
 /// Hands back leases a stopping worker holds: due now again, fenced on the claim token.
 pub async fn release(pool: &PgPool, leases: &[Release]) -> Result<u64, DbError> {
     let r = sqlx::query_with(RELEASE_SQL, release_arguments(leases)?)
-        .execute(pool)
+        .execute(on(pool))
         .await?;
     Ok(r.rows_affected())
 }
@@ -758,12 +758,12 @@ pub async fn explain_fenced_writes(
         ("release", RELEASE_SQL, release_arguments(&releases)?),
     ];
     let mut plans = Vec::with_capacity(statements.len());
-    let mut tx = pool.begin().await?;
+    let mut tx = super::begin(pool).await?;
     super::index_paths_only(&mut tx).await?;
     for (name, sql, args) in statements {
         // the only dynamic part is a constant prefix on a constant statement text
         let plan = sqlx::query_scalar_with(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")), args)
-            .fetch_all(&mut *tx)
+            .fetch_all(on(&mut *tx))
             .await?;
         plans.push((name, plan));
     }
@@ -790,7 +790,7 @@ pub async fn cancel_stragglers(pool: &PgPool) -> Result<u64, DbError> {
           AND d.endpoint_id = e.id AND d.status IN ('pending', 'failed')
         "#,
     )
-    .execute(pool)
+    .execute(on(pool))
     .await?;
     Ok(r.rows_affected())
 }
@@ -834,7 +834,7 @@ pub async fn replay(
         .bind(id)
         .bind(audience.tenant)
         .bind(audience.consumer)
-        .fetch_optional(pool)
+        .fetch_optional(on(pool))
         .await?)
     })
     .await?;
@@ -891,7 +891,7 @@ pub async fn replay_endpoint(
         .bind(statuses)
         .bind(limit)
         .bind(tenant)
-        .fetch_one(pool)
+        .fetch_one(on(pool))
         .await?)
     })
     .await?;
@@ -929,7 +929,7 @@ pub async fn get(
     .bind(id)
     .bind(audience.tenant)
     .bind(audience.consumer)
-    .fetch_optional(pool)
+    .fetch_optional(on(pool))
     .await?)
 }
 
@@ -940,7 +940,7 @@ pub async fn for_event(pool: &PgPool, event_id: Uuid) -> Result<Vec<DeliveryRow>
          FROM hookd.deliveries WHERE event_id = $1 ORDER BY id",
     )
     .bind(event_id)
-    .fetch_all(pool)
+    .fetch_all(on(pool))
     .await?)
 }
 
@@ -960,7 +960,7 @@ pub async fn backlog_sample(pool: &PgPool) -> Result<(i64, i64), DbError> {
                             WHERE turn_at <= now() ORDER BY turn_at LIMIT 10000) q), 0)
         "#,
     )
-    .fetch_one(pool)
+    .fetch_one(on(pool))
     .await?)
 }
 
@@ -991,7 +991,7 @@ pub async fn dispatch_backlog(pool: &PgPool, cap: i64) -> Result<i64, DbError> {
         "#,
     )
     .bind(cap.saturating_mul(2))
-    .fetch_one(pool)
+    .fetch_one(on(pool))
     .await?;
     Ok(count.min(cap))
 }
@@ -1046,6 +1046,6 @@ pub async fn list_for_endpoint(
     .bind(upper)
     .bind(lower)
     .bind(q.limit)
-    .fetch_all(pool)
+    .fetch_all(on(pool))
     .await?)
 }

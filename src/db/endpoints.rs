@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::DbError;
+use super::{DbError, on};
 use crate::domain::CircuitState;
 
 /// The endpoint row as the sync core wants it (identity + declared policy + state).
@@ -49,10 +49,9 @@ pub struct UpsertResult {
 /// tenant therefore retires the old row first ([`retire_if_owner_changed`]) and gets a new
 /// row with a new id (`created`).
 pub async fn upsert(conn: &mut PgConnection, e: &EndpointUpsert) -> Result<UpsertResult, DbError> {
-    use sqlx::Connection;
     // one transaction (a savepoint inside the caller's): never a retired row without its
     // successor
-    let mut tx = conn.begin().await?;
+    let mut tx = super::begin_on(&mut *conn).await?;
     retire_if_owner_changed(
         &mut tx,
         &e.namespace,
@@ -83,6 +82,27 @@ pub async fn retire_if_owner_changed(
     tenant: &str,
     consumer: Option<&str>,
 ) -> Result<Option<(Uuid, i64)>, DbError> {
+    let mut tries = 0;
+    loop {
+        let mut tx = super::begin_on(conn).await?;
+        let work = retire_once(&mut tx, namespace, name, tenant, consumer).await;
+        if let Some(done) =
+            super::commit_or_retry(tx, work, &mut tries, "endpoint retirement").await?
+        {
+            return Ok(done);
+        }
+    }
+}
+
+async fn retire_once(
+    conn: &mut PgConnection,
+    namespace: &str,
+    name: &str,
+    tenant: &str,
+    consumer: Option<&str>,
+) -> Result<Option<(Uuid, i64)>, DbError> {
+    let ids = declared_ids(conn, namespace, name).await?;
+    super::lock_open_deliveries(conn, &ids).await?;
     Ok(sqlx::query_as(
         r#"
         WITH ep AS (
@@ -109,7 +129,7 @@ pub async fn retire_if_owner_changed(
     .bind(name)
     .bind(tenant)
     .bind(consumer)
-    .fetch_optional(conn)
+    .fetch_optional(on(conn))
     .await?)
 }
 
@@ -177,7 +197,7 @@ async fn upsert_row(conn: &mut PgConnection, e: &EndpointUpsert) -> Result<Upser
     .bind(e.secret_grace_secs)
     .bind(&e.spec_fingerprint)
     .bind(&e.consumer)
-    .fetch_one(conn)
+    .fetch_one(on(conn))
     .await?;
     Ok(UpsertResult {
         id: row.0,
@@ -197,6 +217,40 @@ pub async fn remove_declared(
     name: &str,
     reason: &str,
 ) -> Result<Option<(Uuid, i64)>, DbError> {
+    let mut tries = 0;
+    loop {
+        let mut tx = super::begin_on(conn).await?;
+        let work = remove_declared_once(&mut tx, namespace, name, reason).await;
+        if let Some(done) = super::commit_or_retry(tx, work, &mut tries, "endpoint removal").await?
+        {
+            return Ok(done);
+        }
+    }
+}
+
+/// The ids of the rows declared as namespace/name (one, unless retired ones share it).
+async fn declared_ids(
+    conn: &mut PgConnection,
+    namespace: &str,
+    name: &str,
+) -> Result<Vec<Uuid>, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM hookd.endpoints WHERE k8s_namespace = $1 AND k8s_name = $2",
+    )
+    .bind(namespace)
+    .bind(name)
+    .fetch_all(on(conn))
+    .await?)
+}
+
+async fn remove_declared_once(
+    conn: &mut PgConnection,
+    namespace: &str,
+    name: &str,
+    reason: &str,
+) -> Result<Option<(Uuid, i64)>, DbError> {
+    let ids = declared_ids(conn, namespace, name).await?;
+    super::lock_open_deliveries(conn, &ids).await?;
     let row: Option<(Uuid, i64)> = sqlx::query_as(
         r#"
         WITH ep AS (
@@ -218,7 +272,7 @@ pub async fn remove_declared(
     .bind(namespace)
     .bind(name)
     .bind(reason)
-    .fetch_optional(conn)
+    .fetch_optional(on(conn))
     .await?;
     Ok(row)
 }
@@ -246,7 +300,7 @@ pub async fn hold_declared(
     .bind(namespace)
     .bind(name)
     .bind(reason)
-    .fetch_optional(conn)
+    .fetch_optional(on(conn))
     .await?)
 }
 
@@ -269,7 +323,7 @@ pub async fn disable(
     .bind(&eps)
     .bind(&versions)
     .bind(reason)
-    .fetch_all(conn)
+    .fetch_all(on(conn))
     .await?)
 }
 
@@ -379,7 +433,7 @@ pub async fn record_circuit_transitions(
     .bind(threshold)
     .bind(cooldown_secs)
     .bind(&versions)
-    .fetch_all(conn)
+    .fetch_all(on(conn))
     .await?;
     let mut t = CircuitTransitions::default();
     for (id, was, open_now, now) in rows {
@@ -422,7 +476,7 @@ pub async fn get(
     )
     .bind(id)
     .bind(tenant)
-    .fetch_optional(pool)
+    .fetch_optional(on(pool))
     .await?)
 }
 
@@ -438,7 +492,7 @@ pub async fn get_declared(
     )
     .bind(namespace)
     .bind(name)
-    .fetch_optional(pool)
+    .fetch_optional(on(pool))
     .await?)
 }
 
@@ -485,7 +539,7 @@ pub async fn stats(pool: &PgPool, id: Uuid, cap: i64) -> Result<Option<EndpointS
     )
     .bind(id)
     .bind(cap)
-    .fetch_optional(pool)
+    .fetch_optional(on(pool))
     .await?)
 }
 
@@ -517,7 +571,7 @@ pub async fn mark_secret_unreadable(
     )
     .bind(&ids)
     .bind(&reasons)
-    .execute(conn)
+    .execute(on(conn))
     .await?;
     Ok(())
 }
@@ -568,7 +622,7 @@ pub async fn get_visible(
         .bind(id)
         .bind(audience.tenant)
         .bind(audience.consumer)
-        .fetch_optional(pool)
+        .fetch_optional(on(pool))
         .await?,
     )
 }
@@ -596,7 +650,7 @@ pub async fn list(
         .bind(consumer)
         .bind(after)
         .bind(limit)
-        .fetch_all(pool)
+        .fetch_all(on(pool))
         .await?,
     )
 }
@@ -632,7 +686,7 @@ pub async fn insert_api(conn: &mut PgConnection, e: &NewApiEndpoint) -> Result<(
     .bind(&e.description)
     .bind(&e.headers)
     .bind(e.paused)
-    .execute(conn)
+    .execute(on(conn))
     .await?;
     Ok(())
 }
@@ -682,7 +736,7 @@ async fn lock_api_endpoint(
     .bind(id)
     .bind(audience.tenant)
     .bind(audience.consumer)
-    .fetch_optional(&mut *conn)
+    .fetch_optional(on(&mut *conn))
     .await?;
     Ok(match managed {
         None => Err(PatchRefused::NotFound),
@@ -743,18 +797,41 @@ pub async fn patch_api(
     .bind(patch.description.clone().flatten())
     .bind(&patch.headers)
     .bind(state)
-    .fetch_one(&mut *conn)
+    .fetch_one(on(&mut *conn))
     .await?;
     Ok(Ok(view))
 }
 
 /// Deletes an API-managed endpoint: it stops receiving (removed, disabled), its open
 /// deliveries are cancelled with a reason, its history stays until retention prunes it.
+/// In a transaction of its own (a savepoint in the caller's), run again after a deadlock
+/// or serialization failure (see [`super::commit_or_retry`]).
 pub async fn delete_api(
     conn: &mut PgConnection,
     id: Uuid,
     audience: super::Audience<'_>,
 ) -> Result<Result<i64, PatchRefused>, DbError> {
+    let mut tries = 0;
+    loop {
+        let mut tx = super::begin_on(conn).await?;
+        let work = delete_api_once(&mut tx, id, audience).await;
+        if let Some(done) =
+            super::commit_or_retry(tx, work, &mut tries, "endpoint deletion").await?
+        {
+            return Ok(done);
+        }
+    }
+}
+
+async fn delete_api_once(
+    conn: &mut PgConnection,
+    id: Uuid,
+    audience: super::Audience<'_>,
+) -> Result<Result<i64, PatchRefused>, DbError> {
+    // deliveries before the endpoint row, as outcome batches take them (see
+    // `lock_open_deliveries`); an endpoint the caller may not touch has its rows
+    // locked for a moment, nothing more
+    super::lock_open_deliveries(conn, &[id]).await?;
     if let Err(refused) = lock_api_endpoint(conn, id, audience).await? {
         return Ok(Err(refused));
     }
@@ -776,7 +853,7 @@ pub async fn delete_api(
         "#,
     )
     .bind(id)
-    .fetch_one(&mut *conn)
+    .fetch_one(on(&mut *conn))
     .await?;
     Ok(Ok(cancelled))
 }
@@ -816,7 +893,7 @@ pub async fn hourly_outcomes(
     )
     .bind(id)
     .bind(cap)
-    .fetch_all(pool)
+    .fetch_all(on(pool))
     .await?)
 }
 
@@ -848,6 +925,6 @@ pub async fn last_attempt(
     )
     .bind(id)
     .bind(succeeded)
-    .fetch_optional(pool)
+    .fetch_optional(on(pool))
     .await?)
 }

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{Audience, DbError};
+use super::{Audience, DbError, on};
 use crate::domain::DeliveryStatus;
 
 /// One event to insert. `id` is minted by the caller (UUIDv7) so that inserted rows can
@@ -111,7 +111,7 @@ pub async fn insert_with_fanout(
     .bind(&keys)
     .bind(&hashes)
     .bind(&consumers)
-    .fetch_all(conn)
+    .fetch_all(on(conn))
     .await?;
     Ok(rows)
 }
@@ -153,7 +153,7 @@ pub async fn begin_enqueue(
         "#,
     )
     .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
-    .fetch_one(conn)
+    .fetch_one(on(conn))
     .await?;
     Ok(Session { pid, backend_start })
 }
@@ -179,7 +179,7 @@ pub async fn try_lock_keys(
     )
     .bind(&tenants)
     .bind(&idem)
-    .fetch_all(conn)
+    .fetch_all(on(conn))
     .await?)
 }
 
@@ -200,7 +200,7 @@ pub async fn lock_keys(conn: &mut PgConnection, keys: &[(String, String)]) -> Re
     )
     .bind(&tenants)
     .bind(&idem)
-    .execute(conn)
+    .execute(on(conn))
     .await?;
     Ok(())
 }
@@ -213,8 +213,9 @@ pub enum Settled {
 }
 
 /// Finds out whether the transaction of `session` committed, after its connection failed
-/// at COMMIT. Waits until that session has ended (until then the commit may still land),
-/// then looks for the event ids it inserted: a transaction commits all of them or none.
+/// at COMMIT: looks for the event ids it inserted (a transaction commits all of them or
+/// none); while none is found, waits until that session has ended (until then the commit
+/// may still land) and looks again.
 /// Connection failures are retried until `within` has passed; then the error is returned
 /// and the outcome is unknown.
 pub async fn settle_commit(
@@ -230,23 +231,25 @@ pub async fn settle_commit(
     let deadline = tokio::time::Instant::now() + within;
     loop {
         let attempt: Result<Option<bool>, DbError> = async {
-            let mut conn = pool.acquire().await?;
+            // The session before the rows, each in its own snapshot: a session seen
+            // ended before the rows were looked for cannot commit after the look. Rows
+            // found settle it whether the session lives or not: after a silent network cut
+            // (no FIN or RST) the old session lives on idle for minutes, and waiting for it
+            // answered a committed event 503 `commit_outcome_unknown` after the whole wait.
+            // Not found while the old session lives, the commit may still land: ask again.
             let alive: bool = sqlx::query_scalar(
                 "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2)",
             )
             .bind(session.pid)
             .bind(session.backend_start)
-            .fetch_one(&mut *conn)
+            .fetch_one(on(pool))
             .await?;
-            if alive {
-                return Ok(None);
-            }
             let found: bool =
                 sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM hookd.events WHERE id = ANY($1))")
                     .bind(event_ids)
-                    .fetch_one(&mut *conn)
+                    .fetch_one(on(pool))
                     .await?;
-            Ok(Some(found))
+            Ok(if found || !alive { Some(found) } else { None })
         }
         .await;
         match attempt {
@@ -285,7 +288,7 @@ pub async fn find_by_keys(
     )
     .bind(&tenants)
     .bind(&idem)
-    .fetch_all(conn)
+    .fetch_all(on(conn))
     .await?;
     Ok(rows)
 }
@@ -315,7 +318,7 @@ pub async fn get(
     .bind(id)
     .bind(audience.tenant)
     .bind(audience.consumer)
-    .fetch_optional(pool)
+    .fetch_optional(on(pool))
     .await?)
 }
 
@@ -399,7 +402,7 @@ pub async fn list(pool: &PgPool, q: &EventQuery<'_>) -> Result<Vec<EventSummary>
     .bind(lower)
     .bind(q.status)
     .bind(q.limit)
-    .fetch_all(pool)
+    .fetch_all(on(pool))
     .await?)
 }
 
@@ -418,7 +421,7 @@ pub async fn insert_for_endpoint(
     e: &NewEvent,
     endpoint_id: Uuid,
 ) -> Result<(Uuid, Uuid), DbError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = super::begin(pool).await?;
     let row: (Uuid, Uuid) = sqlx::query_as(
         r#"
         WITH s AS (SELECT set_config('synchronous_commit', 'on', true)),
@@ -439,10 +442,10 @@ pub async fn insert_for_endpoint(
     .bind(&e.consumer)
     .bind(endpoint_id)
     .bind(&e.request_hash)
-    .fetch_one(&mut *tx)
+    .fetch_one(on(&mut *tx))
     .await?;
     sqlx::query("SELECT pg_notify('hookd_deliveries', '')")
-        .execute(&mut *tx)
+        .execute(on(&mut *tx))
         .await?;
     tx.commit().await?;
     Ok(row)

@@ -13,9 +13,15 @@ pub mod tokens;
 
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgPool};
+use sqlx::postgres::{
+    PgArguments, PgConnectOptions, PgPoolOptions, PgQueryResult, PgRow, PgStatement, PgTypeInfo,
+};
+use sqlx::{ConnectOptions, Execute, Executor, PgPool, Postgres};
 
 /// The migrations compiled into this binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!();
@@ -104,7 +110,7 @@ impl DbError {
 /// re-sends a delivery, invariant 9); never for the enqueue transaction.
 pub async fn set_async_commit(conn: &mut sqlx::PgConnection) -> Result<(), DbError> {
     sqlx::query("SET LOCAL synchronous_commit = off")
-        .execute(conn)
+        .execute(on(conn))
         .await?;
     Ok(())
 }
@@ -117,7 +123,7 @@ pub async fn set_async_commit(conn: &mut sqlx::PgConnection) -> Result<(), DbErr
 pub async fn notify(pool: &PgPool, channel: &str) -> Result<(), DbError> {
     sqlx::query("SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, '')")
         .bind(channel)
-        .execute(pool)
+        .execute(on(pool))
         .await?;
     Ok(())
 }
@@ -146,18 +152,27 @@ pub fn is_unavailable(e: &sqlx::Error) -> bool {
     }
 }
 
-/// Set on every connection hookd opens. Every statement hookd runs is designed as index
-/// lookups and ordered index range scans, and the statistics of a queue are always
-/// stale: rows arrive and leave by the thousand a second, and the queue partition
-/// (migration 0014) is often nearly empty when autovacuum analyzes it. Planned from such
-/// statistics, a claim read each endpoint's whole backlog through a bitmap and sorted it
-/// (2,500 rows per endpoint for a quota of 32: 69 ms instead of 10, and minutes of
-/// doubled latency in a sustained run), and an outcome batch scanned the queue once per
-/// outcome; the plan cache keeps such a plan until the next analyze. With both priced
-/// out, the planner still uses them where nothing else applies. Retention's check of a
-/// whole day, which wants a bitmap of its block-range index, turns bitmaps back on.
+/// Set at the start of every transaction hookd runs (see [`begin`] and [`on`]), never on
+/// the session: behind a pooler in transaction mode a session setting would stay on the
+/// server connection for the next client of the pool (invariant 12). Every statement
+/// hookd runs is designed as index lookups and ordered index range scans, and the
+/// statistics of a queue are always stale: rows arrive and leave by the thousand a
+/// second, and the queue partition (migration 0014) is often nearly empty when autovacuum
+/// analyzes it. Planned from such statistics, a claim read each endpoint's whole backlog
+/// through a bitmap and sorted it (2,500 rows per endpoint for a quota of 32: 69 ms
+/// instead of 10, and minutes of doubled latency in a sustained run), and an outcome
+/// batch scanned the queue once per outcome; the plan cache keeps such a plan until the
+/// next analyze. With both priced out, the planner still uses them where nothing else
+/// applies. Retention's check of a whole day, which wants a bitmap of its block-range
+/// index, turns bitmaps back on.
 pub const INDEX_PATHS_ONLY: [(&str, &str); 2] =
     [("enable_seqscan", "off"), ("enable_bitmapscan", "off")];
+
+/// The statement that opens every transaction hookd runs: `BEGIN` and
+/// [`INDEX_PATHS_ONLY`] for that transaction only, in one round trip (one simple-protocol
+/// message, so a pooler cannot split it across server connections either).
+const BEGIN_INDEX_PATHS_ONLY: &str =
+    "BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off";
 
 /// [`INDEX_PATHS_ONLY`] for the rest of a transaction: what a test that reads a plan of a
 /// statement hookd runs must set to see the plan hookd gets.
@@ -166,10 +181,270 @@ pub async fn index_paths_only(conn: &mut sqlx::PgConnection) -> Result<(), DbErr
         sqlx::query("SELECT set_config($1, $2, true)")
             .bind(name)
             .bind(value)
-            .execute(&mut *conn)
+            .execute(on(&mut *conn))
             .await?;
     }
     Ok(())
+}
+
+/// What sits between hookd and Postgres (`HOOKD_DATABASE_POOLER`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pooler {
+    /// Postgres itself, or a pooler in session mode: a connection is one server session.
+    #[default]
+    None,
+    /// A pooler in transaction mode (PgBouncer `pool_mode = transaction`, 1.18 and later):
+    /// consecutive transactions of one connection may run on different server sessions,
+    /// shared with other clients of the pool.
+    Transaction,
+}
+
+/// Whether this process talks to Postgres through a transaction-mode pooler. One value
+/// per process: a process talks to one database, one way, and the statements of every
+/// pool it opens must follow it (see [`on`]).
+static BEHIND_TRANSACTION_POOLER: AtomicBool = AtomicBool::new(false);
+
+/// Sets how this process reaches Postgres; call before opening pools.
+pub fn set_pooler(pooler: Pooler) {
+    BEHIND_TRANSACTION_POOLER.store(pooler == Pooler::Transaction, Ordering::Relaxed);
+}
+
+pub fn pooler() -> Pooler {
+    if BEHIND_TRANSACTION_POOLER.load(Ordering::Relaxed) {
+        Pooler::Transaction
+    } else {
+        Pooler::None
+    }
+}
+
+/// Where a statement runs, made safe for a transaction-mode pooler: every statement
+/// hookd runs goes through here (`.fetch_one(on(pool))`, `.execute(on(&mut *tx))`).
+///
+/// - A statement outside a transaction runs in one of its own, opened with
+///   [`INDEX_PATHS_ONLY`]. sqlx sends Parse (and Describe) with a Sync of their own and
+///   only then Bind and Execute with another Sync; a transaction-mode pooler hands the
+///   server connection back to its pool at the first Sync that leaves it idle, so without
+///   a transaction the Bind could reach another session than the Parse (binding nothing,
+///   or another client's unnamed statement). Inside a transaction the session is ours
+///   until COMMIT. The same transaction carries the planner settings, which a session
+///   `SET` would leak to the pool's other clients.
+/// - Behind a transaction-mode pooler statements are unnamed (`persistent(false)`): a
+///   named statement stays on the server session after the transaction, where the next
+///   session of this process that prepares the same name (`sqlx_s_1`) fails with
+///   "already exists", and sqlx's cache would name statements the next session lacks.
+///   Without a pooler sqlx keeps caching named statements.
+///
+/// Results of a wrapped statement are collected before its COMMIT, so they are whole or
+/// an error: hookd's statements return bounded row counts.
+#[derive(Debug)]
+pub struct On<E>(E);
+
+/// See [`On`].
+pub fn on<E>(executor: E) -> On<E> {
+    On(executor)
+}
+
+/// Opens a transaction with [`INDEX_PATHS_ONLY`] set for it (one round trip, like a plain
+/// `BEGIN`). Every transaction hookd runs on the queue starts here.
+pub async fn begin(pool: &PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, DbError> {
+    Ok(pool
+        .begin_with(sqlx::AssertSqlSafe(BEGIN_INDEX_PATHS_ONLY))
+        .await?)
+}
+
+/// [`begin`] on a connection the caller holds; a savepoint when it is in a transaction
+/// already (which has the settings).
+pub async fn begin_on(
+    conn: &mut sqlx::PgConnection,
+) -> Result<sqlx::Transaction<'_, sqlx::Postgres>, DbError> {
+    use sqlx::Connection;
+    if conn.is_in_transaction() {
+        return Ok(conn.begin().await?);
+    }
+    Ok(conn
+        .begin_with(sqlx::AssertSqlSafe(BEGIN_INDEX_PATHS_ONLY))
+        .await?)
+}
+
+/// A statement whose preparation follows [`pooler`].
+struct Statement<E> {
+    inner: E,
+    named: bool,
+}
+
+impl<E> Statement<E> {
+    fn new(inner: E) -> Self {
+        Statement {
+            inner,
+            named: pooler() == Pooler::None,
+        }
+    }
+}
+
+impl<'q, E: Execute<'q, Postgres>> Execute<'q, Postgres> for Statement<E> {
+    fn sql(self) -> sqlx::SqlStr {
+        self.inner.sql()
+    }
+
+    fn statement(&self) -> Option<&PgStatement> {
+        self.inner.statement()
+    }
+
+    fn take_arguments(&mut self) -> Result<Option<PgArguments>, sqlx::error::BoxDynError> {
+        self.inner.take_arguments()
+    }
+
+    fn persistent(&self) -> bool {
+        self.named && self.inner.persistent()
+    }
+}
+
+type Item = sqlx::Either<PgQueryResult, PgRow>;
+
+/// Runs `query` in a transaction of its own on `conn` (see [`On`]).
+async fn in_own_transaction<'q, E: Execute<'q, Postgres> + 'q>(
+    conn: &mut sqlx::PgConnection,
+    query: Statement<E>,
+) -> Result<Vec<Item>, sqlx::Error> {
+    use futures::TryStreamExt;
+    use sqlx::Connection;
+    let mut tx = conn
+        .begin_with(sqlx::AssertSqlSafe(BEGIN_INDEX_PATHS_ONLY))
+        .await?;
+    let items: Vec<Item> = (&mut *tx).fetch_many(query).try_collect().await?;
+    tx.commit().await?;
+    Ok(items)
+}
+
+fn stream_of<'e>(
+    items: impl std::future::Future<Output = Result<Vec<Item>, sqlx::Error>> + Send + 'e,
+) -> BoxStream<'e, Result<Item, sqlx::Error>> {
+    use futures::{StreamExt, stream};
+    Box::pin(stream::once(items).flat_map(|r| match r {
+        Ok(items) => stream::iter(items.into_iter().map(Ok)).left_stream(),
+        Err(e) => stream::iter([Err(e)]).right_stream(),
+    }))
+}
+
+fn first_row(items: Vec<Item>) -> Option<PgRow> {
+    items.into_iter().find_map(|i| match i {
+        sqlx::Either::Right(row) => Some(row),
+        sqlx::Either::Left(_) => None,
+    })
+}
+
+impl<'c> Executor<'c> for On<&'c mut sqlx::PgConnection> {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(self, query: E) -> BoxStream<'e, Result<Item, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        use sqlx::Connection;
+        let conn = self.0;
+        if conn.is_in_transaction() {
+            return conn.fetch_many(Statement::new(query));
+        }
+        stream_of(in_own_transaction(conn, Statement::new(query)))
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        use sqlx::Connection;
+        let conn = self.0;
+        if conn.is_in_transaction() {
+            return conn.fetch_optional(Statement::new(query));
+        }
+        Box::pin(async move {
+            Ok(first_row(
+                in_own_transaction(conn, Statement::new(query)).await?,
+            ))
+        })
+    }
+
+    fn prepare_with<'e>(
+        self,
+        sql: sqlx::SqlStr,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        self.0.prepare_with(sql, parameters)
+    }
+
+    fn describe<'e>(
+        self,
+        sql: sqlx::SqlStr,
+    ) -> BoxFuture<'e, Result<sqlx::Describe<Postgres>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        self.0.describe(sql)
+    }
+}
+
+impl<'p> Executor<'p> for On<&'_ PgPool> {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(self, query: E) -> BoxStream<'e, Result<Item, sqlx::Error>>
+    where
+        'p: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let pool = self.0.clone();
+        stream_of(async move {
+            let mut conn = pool.acquire().await?;
+            in_own_transaction(&mut conn, Statement::new(query)).await
+        })
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        'p: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let pool = self.0.clone();
+        Box::pin(async move {
+            let mut conn = pool.acquire().await?;
+            Ok(first_row(
+                in_own_transaction(&mut conn, Statement::new(query)).await?,
+            ))
+        })
+    }
+
+    fn prepare_with<'e>(
+        self,
+        sql: sqlx::SqlStr,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement, sqlx::Error>>
+    where
+        'p: 'e,
+    {
+        let pool = self.0.clone();
+        Box::pin(async move { pool.acquire().await?.prepare_with(sql, parameters).await })
+    }
+
+    fn describe<'e>(
+        self,
+        sql: sqlx::SqlStr,
+    ) -> BoxFuture<'e, Result<sqlx::Describe<Postgres>, sqlx::Error>>
+    where
+        'p: 'e,
+    {
+        let pool = self.0.clone();
+        Box::pin(async move { pool.acquire().await?.describe(sql).await })
+    }
 }
 
 /// Connection settings shared by every component.
@@ -196,19 +471,13 @@ pub fn connect_lazy_to(settings: &PoolSettings, database: Option<&str>) -> Resul
     if let Some(db) = database {
         opts = opts.database(db);
     }
+    if pooler() == Pooler::Transaction {
+        // no named statements to cache: see `On`
+        opts = opts.statement_cache_capacity(0);
+    }
+    // No session settings (no `after_connect`): they would outlive the session's use by
+    // hookd behind a pooler. Settings are per transaction (`begin`, `on`).
     Ok(PgPoolOptions::new()
-        // a SET after connecting rather than a startup option, which poolers such as
-        // PgBouncer refuse
-        .after_connect(|conn, _meta| {
-            Box::pin(async move {
-                for (name, value) in INDEX_PATHS_ONLY {
-                    sqlx::query(sqlx::AssertSqlSafe(format!("SET {name} = {value}")))
-                        .execute(&mut *conn)
-                        .await?;
-                }
-                Ok(())
-            })
-        })
         .max_connections(settings.max_connections)
         .min_connections(0)
         .acquire_timeout(settings.acquire_timeout)
@@ -361,13 +630,73 @@ where
     }
 }
 
+/// How often a deletion or cancellation runs again after a deadlock or serialization
+/// failure before the error is returned.
+const CONFLICT_RETRIES: u32 = 4;
+
+/// Ends a transaction (or savepoint) from [`begin_on`] whose work ended with `work`:
+/// commits it and returns the value; or, after a deadlock or serialization failure (the
+/// transaction was rolled back whole and is expected to succeed when run again), rolls it
+/// back and returns `None` so the caller runs it again, at most [`CONFLICT_RETRIES`]
+/// times (counted in `tries`); any other error is returned after the rollback.
+/// Deletions and cancellations run this way: they update every open delivery of one or
+/// more endpoints, and under load they meet outcome batches and claims on those rows.
+pub(crate) async fn commit_or_retry<T>(
+    tx: sqlx::Transaction<'_, Postgres>,
+    work: Result<T, DbError>,
+    tries: &mut u32,
+    what: &'static str,
+) -> Result<Option<T>, DbError> {
+    match work {
+        Ok(v) => {
+            tx.commit().await?;
+            Ok(Some(v))
+        }
+        Err(e) if e.is_transient_conflict() && *tries < CONFLICT_RETRIES => {
+            tx.rollback().await?;
+            *tries += 1;
+            tracing::info!(what, tries = *tries, sqlstate = ?e.sqlstate(), "conflict with concurrent writes; running it again");
+            Ok(None)
+        }
+        Err(e) => {
+            tx.rollback().await?;
+            Err(e)
+        }
+    }
+}
+
+/// Locks the open deliveries of `endpoints` in id order: the order outcome batches and
+/// lease renewals lock them in. A cancellation that reached them in its update's scan
+/// order, after the endpoint row and its queue entry, deadlocked with outcome batches
+/// under load (issue 27); taking them first and in that order, it waits for a batch
+/// instead.
+pub(crate) async fn lock_open_deliveries(
+    conn: &mut sqlx::PgConnection,
+    endpoints: &[uuid::Uuid],
+) -> Result<(), DbError> {
+    if endpoints.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "SELECT count(*) FROM (
+             SELECT 1 FROM hookd.deliveries d
+             WHERE d.endpoint_id = ANY($1) AND d.status IN ('pending', 'in_progress', 'failed')
+             ORDER BY d.id
+             FOR UPDATE OF d) s",
+    )
+    .bind(endpoints)
+    .execute(on(conn))
+    .await?;
+    Ok(())
+}
+
 /// Applies the migrations (idempotent: applied ones are skipped by version and checksum),
 /// then creates the history days from today on that do not exist yet (migration 0014).
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
     MIGRATOR.run(pool).await?;
     sqlx::query("SELECT hookd.history_days_ensure($1)")
         .bind(retention::HISTORY_DAYS_AHEAD)
-        .execute(pool)
+        .execute(on(pool))
         .await
         .map_err(sqlx::migrate::MigrateError::Execute)?;
     Ok(())
@@ -377,12 +706,12 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
 pub async fn check_schema(pool: &PgPool) -> Result<(), SchemaError> {
     let exists: bool =
         sqlx::query_scalar("SELECT to_regclass('public._sqlx_migrations') IS NOT NULL")
-            .fetch_one(pool)
+            .fetch_one(on(pool))
             .await
             .map_err(DbError::from)?;
     let applied: Vec<(i64, bool)> = if exists {
         sqlx::query_as("SELECT version, success FROM public._sqlx_migrations ORDER BY version")
-            .fetch_all(pool)
+            .fetch_all(on(pool))
             .await
             .map_err(DbError::from)?
     } else {
@@ -409,7 +738,7 @@ pub async fn check_schema(pool: &PgPool) -> Result<(), SchemaError> {
 
 /// Cheap liveness probe for `/readyz`.
 pub async fn ping(pool: &PgPool) -> Result<(), DbError> {
-    sqlx::query("SELECT 1").execute(pool).await?;
+    sqlx::query("SELECT 1").execute(on(pool)).await?;
     Ok(())
 }
 
@@ -428,7 +757,7 @@ pub async fn autovacuum_warning(pool: &PgPool) -> Result<Option<String>, DbError
                            AND c.reloptions @> ARRAY['autovacuum_enabled=false']), '{}')
         "#,
     )
-    .fetch_one(pool)
+    .fetch_one(on(pool))
     .await?;
     Ok(if server != "on" {
         Some(
@@ -447,4 +776,21 @@ pub async fn autovacuum_warning(pool: &PgPool) -> Result<Option<String>, DbError
     } else {
         None
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_transaction_opens_with_the_index_paths_settings() {
+        let sets: Vec<String> = INDEX_PATHS_ONLY
+            .iter()
+            .map(|(name, value)| format!("SET LOCAL {name} = {value}"))
+            .collect();
+        assert_eq!(
+            BEGIN_INDEX_PATHS_ONLY,
+            format!("BEGIN; {}", sets.join("; "))
+        );
+    }
 }

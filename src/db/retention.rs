@@ -12,7 +12,7 @@ use sqlx::postgres::PgArguments;
 use sqlx::{Arguments, PgConnection};
 use uuid::Uuid;
 
-use super::DbError;
+use super::{DbError, on};
 
 /// The smallest UUIDv7 of the millisecond `t`: every id minted at or after `t` sorts at
 /// or above it, so `id < floor` selects ids minted before `t` with a primary-key range.
@@ -27,23 +27,20 @@ pub fn uuid_v7_floor(t: DateTime<Utc>) -> Uuid {
 /// partition while dispatchers are down for a while.
 pub const HISTORY_DAYS_AHEAD: i32 = 3;
 
-/// Session advisory lock held by the one process pruning at a time.
+/// Advisory lock held by the one process pruning at a time.
 pub const PRUNE_LOCK: i64 = 0x686f_6f6b_6470_7275; // "hookdpru"
 
-/// Takes the pruning lock on this session if it is free.
-pub async fn try_lock(conn: &mut PgConnection) -> Result<bool, DbError> {
-    Ok(sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+/// Takes the pruning lock, if it is free, for the rest of the transaction `lock` (which
+/// the caller keeps open, idle, for its pass; the pass runs on another connection). A
+/// transaction's lock rather than a session's: behind a pooler in transaction mode a
+/// session lock would stay with the server session, held for good by whichever client
+/// gets it next, and a transaction's ends with it on every path, a cancelled pass
+/// included. It conflicts with a session lock on the same key as well.
+pub async fn try_lock(lock: &mut PgConnection) -> Result<bool, DbError> {
+    Ok(sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
         .bind(PRUNE_LOCK)
-        .fetch_one(conn)
+        .fetch_one(on(lock))
         .await?)
-}
-
-pub async fn unlock(conn: &mut PgConnection) -> Result<(), DbError> {
-    sqlx::query("SELECT pg_advisory_unlock($1)")
-        .bind(PRUNE_LOCK)
-        .execute(conn)
-        .await?;
-    Ok(())
 }
 
 /// The cutoff per tenant: rows of a listed tenant last updated before its cutoff are
@@ -64,7 +61,7 @@ pub struct Cutoffs {
 pub async fn endpoints(conn: &mut PgConnection) -> Result<Vec<(Uuid, String)>, DbError> {
     Ok(
         sqlx::query_as("SELECT id, tenant FROM hookd.endpoints ORDER BY id")
-            .fetch_all(conn)
+            .fetch_all(on(conn))
             .await?,
     )
 }
@@ -156,7 +153,7 @@ pub async fn prune_endpoint_batch(
         PRUNE_ENDPOINT_SQL,
         prune_endpoint_arguments(endpoint_id, scan_before, after, cutoffs, limit)?,
     )
-    .fetch_one(conn)
+    .fetch_one(on(conn))
     .await?;
     Ok(DeliveryBatch {
         deliveries: row.0,
@@ -214,7 +211,7 @@ pub async fn explain_prune_endpoint_batch(
             limit,
         )?,
     )
-    .fetch_all(&mut *tx)
+    .fetch_all(on(&mut *tx))
     .await?;
     tx.rollback().await?;
     Ok(plan)
@@ -264,7 +261,7 @@ pub async fn prune_orphan_events_batch(
         ORPHAN_EVENTS_SQL,
         orphan_arguments(after, before, cutoffs, limit)?,
     )
-    .fetch_one(conn)
+    .fetch_one(on(conn))
     .await?)
 }
 
@@ -300,7 +297,7 @@ pub async fn explain_prune_orphan_events_batch(
         sqlx::AssertSqlSafe(sql),
         orphan_arguments(Uuid::nil(), before, cutoffs, limit)?,
     )
-    .fetch_all(&mut *tx)
+    .fetch_all(on(&mut *tx))
     .await?;
     tx.rollback().await?;
     Ok(plan)
@@ -326,11 +323,11 @@ pub struct HistoryDay {
 pub async fn ensure_history_days(conn: &mut PgConnection, ahead: i32) -> Result<i32, DbError> {
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
     sqlx::query("SET LOCAL lock_timeout = '2s'")
-        .execute(&mut *tx)
+        .execute(on(&mut *tx))
         .await?;
     let n: i32 = sqlx::query_scalar("SELECT hookd.history_days_ensure($1)")
         .bind(ahead)
-        .fetch_one(&mut *tx)
+        .fetch_one(on(&mut *tx))
         .await?;
     tx.commit().await?;
     Ok(n)
@@ -359,7 +356,7 @@ pub async fn history_days_below(
         "#,
     )
     .bind(below)
-    .fetch_all(conn)
+    .fetch_all(on(conn))
     .await?)
 }
 
@@ -393,16 +390,16 @@ pub async fn drop_history_day(
     // the day's check wants a bitmap of the block-range index on updated_at, which the
     // connection's settings price out (`db::INDEX_PATHS_ONLY`)
     sqlx::query("SET LOCAL lock_timeout = '2s'")
-        .execute(&mut *tx)
+        .execute(on(&mut *tx))
         .await?;
     sqlx::query("SET LOCAL enable_bitmapscan = on")
-        .execute(&mut *tx)
+        .execute(on(&mut *tx))
         .await?;
     let locked = sqlx::query(
         "LOCK TABLE hookd.delivery_history, hookd.delivery_attempts, hookd.dead_letters \
          IN ACCESS EXCLUSIVE MODE",
     )
-    .execute(&mut *tx)
+    .execute(on(&mut *tx))
     .await;
     match locked {
         Ok(_) => {}
@@ -444,7 +441,7 @@ pub async fn drop_history_day(
         .bind(&cutoffs.tenant_cutoffs)
         .bind(oldest_cutoff)
         .bind(cutoffs.default)
-        .fetch_one(&mut *tx)
+        .fetch_one(on(&mut *tx))
         .await?;
     if live {
         tx.rollback().await?;
@@ -455,14 +452,14 @@ pub async fn drop_history_day(
         "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = '{history}'::regclass"
     );
     let deliveries: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(estimate))
-        .fetch_one(&mut *tx)
+        .fetch_one(on(&mut *tx))
         .await?;
     let drop = format!(
         "DROP TABLE IF EXISTS hookd.\"dead_letters_{s}\", hookd.\"delivery_attempts_{s}\", {history}",
         s = day.suffix
     );
     sqlx::query(sqlx::AssertSqlSafe(drop))
-        .execute(&mut *tx)
+        .execute(on(&mut *tx))
         .await?;
     tx.commit().await?;
     Ok(DayDrop::Dropped { deliveries })

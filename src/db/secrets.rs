@@ -7,7 +7,7 @@
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::DbError;
+use super::{DbError, on};
 
 /// Most secrets that sign an endpoint's deliveries at once: the current one and the
 /// newest ones still in their grace period.
@@ -51,7 +51,7 @@ pub async fn set_current(
     // what they saw and both insert, leaving two "current" secrets.
     sqlx::query("SELECT 1 FROM hookd.endpoints WHERE id = $1 FOR NO KEY UPDATE")
         .bind(endpoint_id)
-        .execute(&mut *conn)
+        .execute(on(&mut *conn))
         .await?;
     let known_ids: Vec<&str> = secret.known.iter().map(|k| k.0.as_str()).collect();
     let known_fps: Vec<&[u8]> = secret.known.iter().map(|k| k.1.as_slice()).collect();
@@ -94,7 +94,7 @@ pub async fn set_current(
     .bind(&known_ids)
     .bind(&known_fps)
     .bind(secret.legacy_fingerprint)
-    .fetch_one(&mut *conn)
+    .fetch_one(on(&mut *conn))
     .await?;
     // Every live secret adds a signature to every delivery: past MAX_SIGNING_SECRETS the
     // oldest in grace stop signing now, so rotations in a loop cannot grow the
@@ -110,7 +110,7 @@ pub async fn set_current(
     )
     .bind(endpoint_id)
     .bind(MAX_SIGNING_SECRETS)
-    .execute(&mut *conn)
+    .execute(on(&mut *conn))
     .await?
     .rows_affected() as i64;
     let row = (row.0, row.1, (row.2 - capped).max(1));
@@ -179,7 +179,7 @@ pub async fn lock_rekey_batch(
     .bind(after_id)
     .bind(scope == RekeyScope::PlaintextOnly)
     .bind(limit)
-    .fetch_all(conn)
+    .fetch_all(on(conn))
     .await?)
 }
 
@@ -215,7 +215,7 @@ pub async fn store_resealed(conn: &mut PgConnection, rows: &[Resealed]) -> Resul
     .bind(&key_ids)
     .bind(&cts)
     .bind(&fps)
-    .execute(conn)
+    .execute(on(conn))
     .await?;
     Ok(r.rows_affected())
 }
@@ -225,25 +225,32 @@ pub async fn count_by_key(pool: &PgPool) -> Result<Vec<(Option<String>, i64)>, D
     Ok(sqlx::query_as(
         "SELECT key_id, count(*) FROM hookd.endpoint_secrets GROUP BY key_id ORDER BY key_id NULLS FIRST",
     )
-    .fetch_all(pool)
+    .fetch_all(on(pool))
     .await?)
 }
 
 /// Rewrites the table so the bytes of cleared plaintext secrets do not linger in dead
 /// tuples on disk. The table holds a few rows per endpoint, so the exclusive lock lasts
-/// milliseconds; `lock_timeout` keeps it from queueing claims behind a long transaction.
-pub async fn compact(pool: &PgPool) -> Result<(), DbError> {
-    let mut conn = pool.acquire().await?;
-    sqlx::query("SET lock_timeout = '2s'")
-        .execute(&mut *conn)
-        .await?;
-    let vacuum = sqlx::query("VACUUM (FULL) hookd.endpoint_secrets")
-        .execute(&mut *conn)
-        .await;
-    // the setting is per session; do not hand it back to the pool
-    conn.close_on_drop();
-    vacuum?;
-    Ok(())
+/// milliseconds. `SKIP_LOCKED` rather than a `lock_timeout` keeps it from queueing claims
+/// behind a long transaction: a session setting would stay on a pooler's server session
+/// (invariant 12), and VACUUM cannot run in a transaction that could carry a local one.
+/// A skipped run leaves the file in place, which a new file node tells apart; it is
+/// tried a few times; `false` when every try was skipped.
+pub async fn compact(pool: &PgPool) -> Result<bool, DbError> {
+    const FILE: &str = "SELECT pg_relation_filenode('hookd.endpoint_secrets')::bigint";
+    let before: i64 = sqlx::query_scalar(FILE).fetch_one(on(pool)).await?;
+    for attempt in 0..5u32 {
+        // simple protocol, outside any transaction: VACUUM refuses to run in one
+        sqlx::raw_sql("VACUUM (FULL, SKIP_LOCKED) hookd.endpoint_secrets")
+            .execute(pool)
+            .await?;
+        let after: i64 = sqlx::query_scalar(FILE).fetch_one(on(pool)).await?;
+        if after != before {
+            return Ok(true);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200 << attempt)).await;
+    }
+    Ok(false)
 }
 
 /// An unexpired signing secret with the name of its endpoint's declaration.
@@ -271,6 +278,6 @@ pub async fn live(pool: &PgPool) -> Result<Vec<LiveSecret>, DbError> {
         ORDER BY s.id
         "#,
     )
-    .fetch_all(pool)
+    .fetch_all(on(pool))
     .await?)
 }

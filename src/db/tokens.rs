@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::DbError;
+use super::{DbError, on};
 
 /// A token row as `hookd token create` writes it.
 #[derive(Debug, Clone)]
@@ -57,7 +57,7 @@ pub async fn insert(conn: &mut sqlx::PgConnection, t: &NewToken) -> Result<(), D
     .bind(&t.name)
     .bind(t.expires_at)
     .bind(&t.consumer)
-    .execute(conn)
+    .execute(on(conn))
     .await?;
     Ok(())
 }
@@ -69,7 +69,7 @@ pub async fn find_valid(pool: &PgPool, token_hash: &[u8]) -> Result<Option<Valid
          WHERE token_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())",
     )
     .bind(token_hash)
-    .fetch_optional(pool)
+    .fetch_optional(on(pool))
     .await?)
 }
 
@@ -81,7 +81,7 @@ pub async fn list(pool: &PgPool, tenant: Option<&str>) -> Result<Vec<TokenRow>, 
          ORDER BY created_at DESC, id DESC",
     )
     .bind(tenant)
-    .fetch_all(pool)
+    .fetch_all(on(pool))
     .await?)
 }
 
@@ -109,7 +109,7 @@ pub async fn revoke(pool: &PgPool, id: Uuid) -> Result<Revoked, DbError> {
         "#,
     )
     .bind(id)
-    .fetch_optional(pool)
+    .fetch_optional(on(pool))
     .await?;
     Ok(match row {
         None => Revoked::NotFound,

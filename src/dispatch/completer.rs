@@ -160,7 +160,7 @@ async fn write_batch(
     metrics: &Metrics,
 ) -> Result<(), DbError> {
     let completions: Vec<Completion> = batch.iter().map(|f| f.completion.clone()).collect();
-    let mut tx = pool.begin().await?;
+    let mut tx = crate::db::begin(pool).await?;
     // Outcomes may commit asynchronously (invariant 9): losing one in a crash re-sends a
     // delivery, which receivers dedupe by webhook-id; it never drops one.
     db::set_async_commit(&mut tx).await?;

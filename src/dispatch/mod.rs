@@ -56,6 +56,8 @@ pub struct DispatchConfig {
     pub circuit_cooldown: Duration,
     pub poll_interval: Duration,
     pub notify: bool,
+    /// A direct URL for LISTEN (see `DispatchSettings::notify_database_url`)
+    pub notify_url: Option<String>,
     pub shutdown_grace: Duration,
     pub snippet_bytes: usize,
     /// DNS for receiver host names; `None` is the system resolver. Tests script answers
@@ -159,6 +161,7 @@ impl DispatchConfig {
             circuit_cooldown: Duration::from_secs(s.circuit_cooldown_secs),
             poll_interval: Duration::from_millis(s.poll_ms.max(10)),
             notify: s.notify,
+            notify_url: s.notify_database_url.clone(),
             shutdown_grace: Duration::from_secs(s.shutdown_grace_secs),
             snippet_bytes: s.response_snippet_bytes,
             resolver: None,
@@ -434,7 +437,12 @@ impl Dispatcher {
         let wake = Arc::new(Notify::new());
         let slot_freed = Arc::new(Notify::new());
         if cfg.notify {
-            crate::notify::spawn_listener(pool.clone(), wake.clone(), shutdown.clone());
+            crate::notify::spawn_listener(
+                pool.clone(),
+                cfg.notify_url.clone(),
+                wake.clone(),
+                shutdown.clone(),
+            );
         }
         spawn_backlog_sampler(pool.clone(), metrics.clone(), shutdown.clone());
         let (done_tx, completer) = completer::spawn(

@@ -442,7 +442,7 @@ async fn sync_to_db(
     ctx: &Context,
     desired: &sync::DesiredEndpoint,
 ) -> Result<(SyncOutcome, EndpointStats), db::DbError> {
-    let mut tx = ctx.pool.begin().await?;
+    let mut tx = crate::db::begin(&ctx.pool).await?;
     let outcome = sync::apply_endpoint(&mut tx, desired, &ctx.keys).await?;
     tx.commit().await?;
     let stats = db::endpoints::stats(&ctx.pool, outcome.endpoint_id, STATS_CAP)
