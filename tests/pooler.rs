@@ -300,19 +300,24 @@ async fn api_and_dispatch_through_pgbouncer_transaction_mode(pool: PgPool) {
     assert_eq!(sql_ids.len(), 10);
     expected.extend(sql_ids.iter().map(|d| d.to_string()));
 
+    let succeeded = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM hookd.deliveries WHERE status = 'succeeded'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    // received, and the outcomes written back through the pooler
     let delivered = wait_until(Duration::from_secs(60), || {
         let (rx, expected) = (&rx, &expected);
         async move {
             let got: BTreeSet<String> = rx.ids().into_iter().collect();
-            expected.is_subset(&got)
+            expected.is_subset(&got) && succeeded().await == 50
         }
     })
     .await;
-    let succeeded: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM hookd.deliveries WHERE status = 'succeeded'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let succeeded = succeeded().await;
     assert!(
         delivered && succeeded == 50,
         "{} of 50 delivered, {succeeded} succeeded\napi: {}\ndispatch: {}\npgbouncer: {}",
