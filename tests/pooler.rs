@@ -131,6 +131,10 @@ const WATCHED: [&str; 8] = [
     "idle_in_transaction_session_timeout",
 ];
 
+/// What the checking client saw: its turns, the server sessions it was given, and what
+/// it found there that hookd left.
+type Seen = (usize, BTreeSet<i32>, Vec<String>);
+
 /// What one server session shows a client that has just been given it: the watched
 /// settings, and session objects (prepared statements, LISTENs, advisory locks). Simple
 /// protocol only, so the check itself works through the pooler and prepares nothing.
@@ -194,7 +198,7 @@ async fn api_and_dispatch_through_pgbouncer_transaction_mode(pool: PgPool) {
 
     // the checking client: every turn on the pool, what its session shows
     let stop = tokio_util::sync::CancellationToken::new();
-    let seen: Arc<Mutex<(usize, BTreeSet<i32>, Vec<String>)>> = Arc::default();
+    let seen: Arc<Mutex<Seen>> = Arc::default();
     let watcher = {
         let (stop, seen, clean) = (stop.clone(), seen.clone(), clean.clone());
         tokio::spawn(async move {
