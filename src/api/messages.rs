@@ -643,23 +643,29 @@ pub async fn list(
     }
     let before = super::listing::uuid_cursor(p.cursor.as_deref())?;
     let audience = caller.audience();
-    let rows = db::events::list(
-        &state.pool,
-        &db::events::EventQuery {
-            audience: db::Audience {
-                tenant: tenant.as_deref(),
-                consumer: audience.consumer,
-            },
-            consumer: p.consumer.as_deref(),
-            event_type: p.event_type.as_deref(),
-            status,
-            before,
-            since: p.since,
-            until: p.until,
-            limit,
+    let query = db::events::EventQuery {
+        audience: db::Audience {
+            tenant: tenant.as_deref(),
+            consumer: audience.consumer,
         },
-    )
-    .await?;
+        consumer: p.consumer.as_deref(),
+        event_type: p.event_type.as_deref(),
+        status,
+        before,
+        since: p.since,
+        until: p.until,
+        limit,
+    };
+    // A listing costs what it returns or is refused: a status filter is read from the
+    // deliveries' indexes, which know the tenant and consumer but not the event type.
+    if !db::events::status_served(&query) {
+        return Err(ApiError::unprocessable(
+            "filter_not_served",
+            "status can be combined with consumer, since, until and cursor, but not with \
+             eventType, and needs a tenant; see docs/retention-partitions.md",
+        ));
+    }
+    let rows = db::events::list(&state.pool, &query).await?;
     let next_cursor = (rows.len() as i64 == limit)
         .then(|| rows.last().map(|r| r.id.to_string()))
         .flatten();
