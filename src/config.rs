@@ -354,9 +354,23 @@ pub struct ApplyArgs {
     pub db: DbArgs,
     #[command(flatten)]
     pub keys: KeyArgs,
-    /// YAML files with WebhookEndpoint and Secret documents
+    /// YAML files with WebhookEndpoint and Secret documents; `-` reads standard input, a
+    /// directory applies every *.yaml in it
     #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
     pub files: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DeleteArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// YAML files whose WebhookEndpoints are removed (the files given to `hookd apply`;
+    /// their Secrets are ignored); `-` reads standard input, a directory means every *.yaml in it
+    #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
+    pub files: Vec<PathBuf>,
+    /// Exit 0 even when an endpoint was never applied or is already deleted
+    #[arg(long)]
+    pub ignore_not_found: bool,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -211,6 +211,52 @@ fn is_host_or_scheme_source(s: &str) -> bool {
     !s.is_empty() && s.len() <= 255 && s.chars().all(allowed) && !s.contains("//*/")
 }
 
+/// A time bound of a listing or replay (`since`, `until`): an RFC 3339 time, or a date,
+/// which means its midnight UTC. A date alone used to be refused with serde's "premature
+/// end of input at line 1 column 21", which says neither what was wrong nor what to send.
+pub fn parse_time_bound(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Ok(t.with_timezone(&chrono::Utc));
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+        return Ok(d.and_time(chrono::NaiveTime::MIN).and_utc());
+    }
+    Err(format!(
+        "{s:?} is not a time: expected RFC 3339, e.g. 2026-12-05T13:00:00Z (or 2026-12-05T14:00:00+01:00), or a date, e.g. 2026-12-05 (its midnight UTC)"
+    ))
+}
+
+/// `#[serde(default, deserialize_with = "crate::domain::time_bound")]` for an optional
+/// [`parse_time_bound`] field, in a JSON body or a query string.
+pub fn time_bound<'de, D: serde::Deserializer<'de>>(
+    de: D,
+) -> Result<Option<chrono::DateTime<chrono::Utc>>, D::Error> {
+    let s: Option<String> = serde::Deserialize::deserialize(de)?;
+    s.map(|s| parse_time_bound(&s).map_err(serde::de::Error::custom))
+        .transpose()
+}
+
+#[cfg(test)]
+mod time_bound_tests {
+    use super::parse_time_bound;
+
+    #[test]
+    fn times_and_dates() {
+        assert_eq!(
+            parse_time_bound("2026-12-05").unwrap().to_rfc3339(),
+            "2026-12-05T00:00:00+00:00"
+        );
+        assert_eq!(
+            parse_time_bound("2026-12-05T14:00:00+01:00")
+                .unwrap()
+                .to_rfc3339(),
+            "2026-12-05T13:00:00+00:00"
+        );
+        let e = parse_time_bound("yesterday").unwrap_err();
+        assert!(e.contains("RFC 3339") && e.contains("2026-12-05"), "{e}");
+    }
+}
+
 #[cfg(test)]
 mod frame_ancestors_tests {
     use super::*;

@@ -265,8 +265,10 @@ impl ToSchema for ReplayableStatus {}
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct EndpointReplayIn {
     /// deliveries created at or after this time (default: any)
+    #[serde(default, deserialize_with = "crate::domain::time_bound")]
     since: Option<DateTime<Utc>>,
     /// deliveries created before this time (default: any)
+    #[serde(default, deserialize_with = "crate::domain::time_bound")]
     until: Option<DateTime<Utc>>,
     /// default: `["dead"]`
     #[schema(value_type = Option<Vec<ReplayableStatus>>)]

@@ -462,7 +462,9 @@ fn refused(r: PatchRefused) -> ApiError {
         PatchRefused::ManagedByKubernetes => ApiError::new(
             StatusCode::CONFLICT,
             "managed_by_kubernetes",
-            "this endpoint is declared by a WebhookEndpoint object; change that object (kubectl) instead",
+            // The declaration is the source of truth: a change made here would be undone by
+            // the controller's next resync or the next `hookd apply` of the same file.
+            "this endpoint is declared by a WebhookEndpoint object; change that object instead: in a cluster with kubectl (kubectl apply, or kubectl delete); without one, where `hookd apply -f FILE` stored it, with `hookd apply -f FILE` (set `paused: true` in its spec to pause it) or `hookd delete -f FILE`",
         ),
         PatchRefused::ConsumerDeleted => ApiError::new(
             StatusCode::CONFLICT,
@@ -1000,8 +1002,10 @@ pub struct DeliveryListParams {
     #[param(value_type = Option<DeliveryStatus>)]
     status: Option<String>,
     /// created at or after
+    #[serde(default, deserialize_with = "crate::domain::time_bound")]
     since: Option<DateTime<Utc>>,
     /// created before
+    #[serde(default, deserialize_with = "crate::domain::time_bound")]
     until: Option<DateTime<Utc>>,
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<i64>,

@@ -223,6 +223,23 @@ pub async fn remove_declared(
     Ok(row)
 }
 
+/// The id of the endpoint declared as namespace/name whose declaration has not been
+/// removed (`hookd delete` answers "not found" for one already removed, as kubectl does).
+pub async fn declared_live(
+    conn: &mut PgConnection,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Uuid>, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM hookd.endpoints
+         WHERE k8s_namespace = $1 AND k8s_name = $2 AND removed_at IS NULL",
+    )
+    .bind(namespace)
+    .bind(name)
+    .fetch_optional(conn)
+    .await?)
+}
+
 /// Holds the endpoint declared as namespace/name (paused, with `reason`) without touching
 /// the rest of its row: its current declaration is refused, so the last accepted one stays
 /// but nothing is sent. A disabled endpoint stays disabled. Clearing the fingerprint makes

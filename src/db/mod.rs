@@ -363,13 +363,26 @@ where
 
 /// Applies the migrations (idempotent: applied ones are skipped by version and checksum),
 /// then creates the history days from today on that do not exist yet (migration 0014).
+///
+/// On a connection of its own whose slow statements are logged at debug, not warn: a
+/// migration is expected to take seconds, and sqlx's slow-statement warning prints the
+/// whole statement, so the first screen of `hookd migrate` and `hookd dev` was the 11 KB
+/// text of migration 0014.
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
-    MIGRATOR.run(pool).await?;
-    sqlx::query("SELECT hookd.history_days_ensure($1)")
-        .bind(retention::HISTORY_DAYS_AHEAD)
-        .execute(pool)
+    use sqlx::Connection;
+    let opts = (*pool.connect_options())
+        .clone()
+        .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_millis(500));
+    let mut conn = sqlx::PgConnection::connect_with(&opts)
         .await
         .map_err(sqlx::migrate::MigrateError::Execute)?;
+    MIGRATOR.run(&mut conn).await?;
+    sqlx::query("SELECT hookd.history_days_ensure($1)")
+        .bind(retention::HISTORY_DAYS_AHEAD)
+        .execute(&mut conn)
+        .await
+        .map_err(sqlx::migrate::MigrateError::Execute)?;
+    let _ = conn.close().await;
     Ok(())
 }
 
