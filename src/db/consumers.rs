@@ -421,7 +421,8 @@ pub async fn delete_step(pool: &PgPool, id: Uuid, batch: i64) -> Result<DeleteSt
                 .fetch_one(&mut *tx)
                 .await?
             };
-            let done = eps.is_empty();
+            // the last endpoints (fewer than a batch), none of their deliveries left open
+            let done = (eps.len() as i64) < batch && cancelled < batch;
             let next_cursor = if cancelled < batch {
                 eps.last().copied().or(cursor)
             } else {
