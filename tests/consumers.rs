@@ -890,7 +890,11 @@ async fn a_webhook_endpoint_object_can_name_a_consumer(pool: PgPool) {
             .await
             .unwrap();
     assert_eq!(state, "disabled");
-    assert!(reason.unwrap().contains("consumer c2"));
+    // the old owner can read this row: it must not learn who the declaration names now
+    // (issue 29)
+    let reason = reason.unwrap();
+    assert!(reason.contains("another owner"), "{reason}");
+    assert!(!reason.contains("c2"), "{reason}");
     let owner_change = sqlx::query("UPDATE hookd.endpoints SET consumer = 'c3' WHERE id = $1")
         .bind(moved)
         .execute(&pool)
