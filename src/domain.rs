@@ -183,8 +183,11 @@ impl std::fmt::Display for FrameAncestors {
 impl FromStr for FrameAncestors {
     type Err = String;
 
-    /// `'none'`, or space-separated `'self'`, scheme sources (`https:`) and host sources
-    /// (`https://shop.example.com`, `https://*.example.com:8443`), as CSP defines them.
+    /// `'none'`, or space-separated `'self'` and origins (`https://shop.example.com`,
+    /// `https://*.example.com:8443`). Sources that admit any site (`*`, a bare scheme like
+    /// `https:`, `https://*`) or a scheme other than http(s) (`javascript:`, `data:`) are
+    /// refused: the portal holds a customer's session, and any page that may frame it may
+    /// overlay it (clickjacking).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let sources: Vec<&str> = s.split_ascii_whitespace().collect();
         if sources.is_empty() {
@@ -196,7 +199,12 @@ impl FromStr for FrameAncestors {
         for source in &sources {
             if !(matches!(*source, "'none'" | "'self'") || is_host_or_scheme_source(source)) {
                 return Err(format!(
-                    "{source:?} is not a CSP source ('self', a scheme like https: or an origin like https://app.example.com)"
+                    "{source:?} is not a CSP source ('self' or an origin like https://app.example.com)"
+                ));
+            }
+            if !matches!(*source, "'none'" | "'self'") && !is_named_origin(source) {
+                return Err(format!(
+                    "{source:?} would let any site, or a non-web scheme, embed the customer portal; name the origins (https://app.example.com)"
                 ));
             }
         }
@@ -257,6 +265,20 @@ mod time_bound_tests {
     }
 }
 
+/// An http(s) origin naming a host (a leading `*.` subdomain wildcard is allowed, a bare
+/// `*` host is not).
+fn is_named_origin(s: &str) -> bool {
+    let Some(rest) = s
+        .strip_prefix("https://")
+        .or_else(|| s.strip_prefix("http://"))
+    else {
+        return false;
+    };
+    let host = rest.split(['/', ':']).next().unwrap_or("");
+    let named = host.strip_prefix("*.").unwrap_or(host);
+    !named.is_empty() && !named.contains('*') && named.chars().any(|c| c.is_ascii_alphanumeric())
+}
+
 #[cfg(test)]
 mod frame_ancestors_tests {
     use super::*;
@@ -269,8 +291,15 @@ mod frame_ancestors_tests {
             ok("  'self'   https://shop.example.com https://*.example.com:8443 ").unwrap(),
             "'self' https://shop.example.com https://*.example.com:8443"
         );
-        assert_eq!(ok("https:").unwrap(), "https:");
         for bad in [
+            "*",
+            "https:",
+            "http:",
+            "javascript:",
+            "data:",
+            "https://*",
+            "https://*:443",
+            "'self' javascript:alert(1)",
             "",
             "   ",
             "'none' https://a.example",

@@ -282,6 +282,8 @@ pub fn parse_ingest_body(
         Some(t) => Caller::Authenticated(Principal {
             tenant: t.to_owned(),
             consumer: None,
+            consumer_generation: None,
+            consumer_since: None,
             scopes: vec![Scope::Produce],
             subject: Subject::Token { id: Uuid::nil() },
         }),
@@ -700,7 +702,7 @@ pub async fn list(
     let query = db::events::EventQuery {
         audience: db::Audience {
             tenant: tenant.as_deref(),
-            consumer: audience.consumer,
+            ..audience
         },
         consumer: p.consumer.as_deref(),
         event_type: p.event_type.as_deref(),

@@ -873,6 +873,7 @@ pub async fn replay(
             SELECT id, status = 'in_progress' AND visible_at > now() AS leased
             FROM hookd.deliveries
             WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)
+              AND ($4::uuid IS NULL OR id >= $4)
             FOR UPDATE
         ), upd AS (
             UPDATE hookd.deliveries d
@@ -889,6 +890,7 @@ pub async fn replay(
         .bind(id)
         .bind(audience.tenant)
         .bind(audience.consumer)
+        .bind(audience.since)
         .fetch_optional(pool)
         .await?)
     })
@@ -979,11 +981,13 @@ pub async fn get(
         "SELECT id, event_id, endpoint_id, tenant, status, attempts, visible_at, last_status_code,
                 last_error, created_at, updated_at, completed_at
          FROM hookd.deliveries
-         WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)",
+         WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)
+           AND ($4::uuid IS NULL OR id >= $4)",
     )
     .bind(id)
     .bind(audience.tenant)
     .bind(audience.consumer)
+    .bind(audience.since)
     .fetch_optional(pool)
     .await?)
 }

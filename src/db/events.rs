@@ -311,11 +311,13 @@ pub async fn get(
 ) -> Result<Option<EventRow>, DbError> {
     Ok(sqlx::query_as::<_, EventRow>(
         "SELECT id, tenant, event_type, payload, idempotency_key, consumer, created_at FROM hookd.events
-         WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)",
+         WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)
+           AND ($4::uuid IS NULL OR id >= $4)",
     )
     .bind(id)
     .bind(audience.tenant)
     .bind(audience.consumer)
+    .bind(audience.since)
     .fetch_optional(pool)
     .await?)
 }
@@ -421,7 +423,11 @@ const LIST_SQL: &str = r#"
 
 /// The id range of a listing: `[lower, upper)`, from `since`, `until` and the cursor.
 fn id_bounds(q: &EventQuery<'_>) -> (Option<Uuid>, Option<Uuid>) {
-    let lower = q.since.map(uuid_floor);
+    // a consumer token's floor (an earlier consumer with its uid) bounds the range too
+    let lower = match (q.since.map(uuid_floor), q.audience.since) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
     let upper = match (q.before, q.until.map(uuid_floor)) {
         (Some(b), Some(u)) => Some(b.min(u)),
         (b, u) => b.or(u),

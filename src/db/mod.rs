@@ -28,13 +28,20 @@ pub static MIGRATOR: Migrator = sqlx::migrate!();
 pub struct Audience<'a> {
     pub tenant: Option<&'a str>,
     pub consumer: Option<&'a str>,
+    /// A consumer token's consumer generation: endpoints of an earlier consumer with the
+    /// same uid are not its (migration 0017).
+    pub consumer_generation: Option<i64>,
+    /// A consumer token's floor of event and delivery ids (UUIDv7, time-ordered): the
+    /// smallest id minted when its consumer was created. Older rows with the same uid are
+    /// an earlier consumer's.
+    pub since: Option<uuid::Uuid>,
 }
 
 impl<'a> Audience<'a> {
     pub fn tenant(tenant: Option<&'a str>) -> Self {
         Audience {
             tenant,
-            consumer: None,
+            ..Default::default()
         }
     }
 }
