@@ -596,11 +596,14 @@ fn crds_use_only_formats_the_api_server_knows() {
     for f in ["uint32", "uint8", "uint", "int-or-string"] {
         assert!(!hookd::k8s::crd::format_is_known(f), "{f}");
     }
-    assert!(formats.contains("int32") && formats.contains("date-time"), "{formats:?}");
+    assert!(
+        formats.contains("int32") && formats.contains("date-time"),
+        "{formats:?}"
+    );
     // the u32 fields keep their bounds: int32 where they fit, and their ranges
     let crd = serde_json::to_value(hookd::k8s::crd::crds()[0].clone()).unwrap();
-    let timeout = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-        ["properties"]["timeoutSeconds"];
+    let timeout = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["timeoutSeconds"];
     assert_eq!(timeout["format"], "int32");
     assert_eq!(timeout["minimum"].as_f64(), Some(1.0));
     assert_eq!(timeout["maximum"].as_f64(), Some(300.0));
@@ -638,7 +641,10 @@ fn dispatcher_with(spec: serde_json::Value) -> hookd::k8s::WebhookDispatcher {
 fn env_rule_admits_the_allowed_settings_and_nothing_else() {
     for name in hookd::k8s::crd::DISPATCHER_ENV_ALLOWED {
         let d = dispatcher_with(serde_json::json!({"env": [{"name": name, "value": "1"}]}));
-        assert!(d.validate_cel().is_ok(), "{name} is refused by the CEL rule");
+        assert!(
+            d.validate_cel().is_ok(),
+            "{name} is refused by the CEL rule"
+        );
     }
     for name in ["HOOKD_RETENTION_DAYS", "HOOKD_TENANT_RETENTION"] {
         assert!(hookd::k8s::crd::DISPATCHER_ENV_ALLOWED.contains(&name));
@@ -659,14 +665,16 @@ fn env_rule_admits_the_allowed_settings_and_nothing_else() {
 #[test]
 fn dispatcher_schema_has_pull_secrets_and_placement() {
     let crd = serde_json::to_value(hookd::k8s::crd::crds()[1].clone()).unwrap();
-    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-        ["properties"];
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
     assert_eq!(spec["imagePullSecrets"]["type"], "array");
     assert_eq!(
         spec["imagePullSecrets"]["items"]["properties"]["name"]["type"],
         "string"
     );
-    assert_eq!(spec["nodeSelector"]["additionalProperties"]["type"], "string");
+    assert_eq!(
+        spec["nodeSelector"]["additionalProperties"]["type"],
+        "string"
+    );
     assert!(spec["tolerations"]["items"]["properties"]["tolerationSeconds"].is_object());
     assert!(spec["affinity"]["properties"]["nodeAffinity"].is_object());
     assert_eq!(spec["priorityClassName"]["type"], "string");

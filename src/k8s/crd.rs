@@ -476,7 +476,10 @@ fn known_formats_only(s: &mut JSONSchemaProps) {
     if let Some(JSONSchemaPropsOrBool::Schema(a)) = s.additional_properties.as_mut() {
         known_formats_only(a);
     }
-    for list in [&mut s.all_of, &mut s.any_of, &mut s.one_of].into_iter().flatten() {
+    for list in [&mut s.all_of, &mut s.any_of, &mut s.one_of]
+        .into_iter()
+        .flatten()
+    {
         list.iter_mut().for_each(known_formats_only);
     }
     if let Some(not) = s.not.as_mut() {

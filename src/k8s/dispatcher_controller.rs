@@ -553,7 +553,13 @@ pub fn desired_status(
                 now,
             ),
             None => condition(
-                prev, "Ready", "False", "Progressing", counted, generation, now,
+                prev,
+                "Ready",
+                "False",
+                "Progressing",
+                counted,
+                generation,
+                now,
             ),
         }
     };
@@ -1148,12 +1154,7 @@ mod tests {
             ("hookd-config", Some(true))
         );
         assert!(from[0].prefix.is_none() && from[0].secret_ref.is_none());
-        let names: Vec<&str> = c
-            .env
-            .iter()
-            .flatten()
-            .map(|e| e.name.as_str())
-            .collect();
+        let names: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
         assert!(
             !names.contains(&"HOOKD_RETENTION_DAYS"),
             "retention is not pinned by the controller: {names:?}"
@@ -1180,7 +1181,11 @@ mod tests {
         let dep = desired_deployment(&d, "hookd:test", 1);
         let c = &dep.spec.unwrap().template.spec.unwrap().containers[0];
         let env = c.env.as_ref().unwrap();
-        let v = |n: &str| env.iter().find(|e| e.name == n).and_then(|e| e.value.clone());
+        let v = |n: &str| {
+            env.iter()
+                .find(|e| e.name == n)
+                .and_then(|e| e.value.clone())
+        };
         assert_eq!(v("HOOKD_RETENTION_DAYS").as_deref(), Some("90"));
         assert_eq!(v("HOOKD_TENANT_RETENTION").as_deref(), Some("billing=365"));
         // a system- priority class stays the cluster's
@@ -1220,8 +1225,8 @@ mod tests {
         assert_eq!(json["tolerations"][0]["key"], "dedicated");
         assert_eq!(json["tolerations"][0]["effect"], "NoSchedule");
         assert_eq!(
-            json["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
-                ["weight"],
+            json["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+                [0]["weight"],
             100
         );
         assert_eq!(json["priorityClassName"], "hookd-high");
@@ -1367,10 +1372,7 @@ mod tests {
         );
 
         // creating, pulling, not scheduled yet: nothing is wrong yet
-        let starting = pod(
-            "p-d",
-            waiting("ContainerCreating", ""),
-        );
+        let starting = pod("p-d", waiting("ContainerCreating", ""));
         let pending = pod("p-e", serde_json::json!({"phase": "Pending"}));
         let fine = deployment_status(serde_json::json!([
             {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated", "message": "x"},

@@ -109,12 +109,7 @@ fn exception_below(patterns: &[IgnorePattern], dir: &str) -> bool {
 
 /// Every file of the context `.dockerignore` admits, as paths relative to `root`.
 pub(crate) fn context_files(root: &Path, patterns: &[IgnorePattern]) -> BTreeSet<String> {
-    fn walk(
-        root: &Path,
-        rel: &str,
-        patterns: &[IgnorePattern],
-        out: &mut BTreeSet<String>,
-    ) {
+    fn walk(root: &Path, rel: &str, patterns: &[IgnorePattern], out: &mut BTreeSet<String>) {
         let dir = if rel.is_empty() {
             root.to_path_buf()
         } else {
@@ -290,11 +285,8 @@ pub(crate) fn replay_copies(
             } else if !under.is_empty() {
                 // a directory: its contents go into dest
                 for f in under {
-                    let target = format!(
-                        "{}/{}",
-                        copy.dest.trim_end_matches('/'),
-                        &f[below.len()..]
-                    );
+                    let target =
+                        format!("{}/{}", copy.dest.trim_end_matches('/'), &f[below.len()..]);
                     placed.insert(target, f.clone());
                 }
             } else {
@@ -354,7 +346,10 @@ pub(crate) fn dockerignore_follows_dockers_rules() {
     assert!(excluded(&p, "target"));
     assert!(excluded(&p, "README.md"));
     assert!(!excluded(&p, "src"));
-    assert!(!excluded(&p, "src/k8s/mod.rs"), "a parent directory matches");
+    assert!(
+        !excluded(&p, "src/k8s/mod.rs"),
+        "a parent directory matches"
+    );
     assert!(excluded(&p, "src/k8s/.mod.rs.swp"), "the last match wins");
     assert!(!excluded(&p, "examples/endpoint.yaml"));
     assert!(excluded(&p, "examples/other.yaml"));

@@ -40,11 +40,7 @@ pub(crate) fn policy_problems(install: &Install) -> Vec<String> {
             .filter(|p| {
                 let spec = p.spec.as_ref().unwrap();
                 selects(&match_labels(spec.pod_selector.as_ref()), &w.labels)
-                    && spec
-                        .policy_types
-                        .iter()
-                        .flatten()
-                        .any(|t| t == "Ingress")
+                    && spec.policy_types.iter().flatten().any(|t| t == "Ingress")
             })
             .collect();
         if policies.is_empty() {
@@ -55,9 +51,9 @@ pub(crate) fn policy_problems(install: &Install) -> Vec<String> {
                 for rule in p.spec.as_ref().unwrap().ingress.iter().flatten() {
                     let ports: Vec<_> = rule.ports.iter().flatten().collect();
                     if ports.is_empty()
-                        || ports.iter().any(|port| {
-                            port.port != Some(IntOrString::String("http".into()))
-                        })
+                        || ports
+                            .iter()
+                            .any(|port| port.port != Some(IntOrString::String("http".into())))
                     {
                         errs.push(format!(
                             "{}: NetworkPolicy {} admits more than the http port",

@@ -196,10 +196,8 @@ pub(crate) fn key_rotation_restarts_every_deployment_that_holds_the_key() {
     let markdown = read(&repo("manifests/README.md"));
     for dir in ["manifests", "manifests/overlays/dev"] {
         let install = parse_install(&render(dir));
-        let holders: BTreeSet<String> = key_holders(&install)
-            .iter()
-            .map(|d| d.name_any())
-            .collect();
+        let holders: BTreeSet<String> =
+            key_holders(&install).iter().map(|d| d.name_any()).collect();
         for want in ["hookd-api", "hookd-controller", "hookd-dispatcher-default"] {
             assert!(
                 holders.contains(want),
