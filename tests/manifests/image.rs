@@ -220,10 +220,8 @@ pub(crate) fn parse_dockerfile(text: &str) -> Vec<Stage> {
                 let stage = stages.last_mut().expect("FROM first");
                 stage.workdir = resolve(&stage.workdir, &args);
             }
-            "RUN" => {
-                if args.contains("cargo build") {
-                    stages.last_mut().expect("FROM first").builds = true;
-                }
+            "RUN" if args.contains("cargo build") => {
+                stages.last_mut().expect("FROM first").builds = true;
             }
             "COPY" | "ADD" => {
                 let stage = stages.last_mut().expect("FROM first");
