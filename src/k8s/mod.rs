@@ -6,6 +6,7 @@
 //! `dispatcher_controller`, each with `reconcile` + `error_policy` and pure functions for
 //! the desired state that tests call without a cluster.
 
+pub mod client;
 pub mod conditions;
 pub mod crd;
 pub mod dispatcher_controller;
@@ -26,7 +27,7 @@ use kube::api::PartialObjectMeta;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{Controller, Predicate, WatchStreamExt, predicates, watcher};
-use kube::{Api, Client, CustomResourceExt, Resource};
+use kube::{Api, Client, Resource};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -35,6 +36,7 @@ use crate::crypto::Keyring;
 use crate::db::DbError;
 use crate::domain::NamespaceTenants;
 use crate::metrics::{ControllerLabel, Metrics, ReconcileResult};
+use client::with_user_agent;
 
 pub use crd::{
     WebhookDispatcher, WebhookDispatcherSpec, WebhookDispatcherStatus, WebhookEndpoint,
@@ -43,8 +45,8 @@ pub use crd::{
 
 /// Every CRD hookd defines, as one multi-document YAML stream (`hookd crd`, `crds/`).
 pub fn crds_yaml() -> String {
-    let crds = [crd::WebhookEndpoint::crd(), crd::WebhookDispatcher::crd()];
-    crds.iter()
+    crd::crds()
+        .iter()
         .map(|c| serde_yaml::to_string(c).expect("CRDs serialize to YAML"))
         .collect::<Vec<_>>()
         .join("---\n")
@@ -118,6 +120,14 @@ pub const REQUIRED_ACCESS: &[Access] = &[
         group: "apps",
         resource: "deployments",
         verbs: &["list", "watch", "create", "patch"],
+        cluster_wide: false,
+    },
+    // why dispatcher pods are not ready (container waiting reasons, scheduling), read
+    // only while some are not
+    Access {
+        group: "",
+        resource: "pods",
+        verbs: &["list"],
         cluster_wide: false,
     },
     Access {
@@ -371,11 +381,12 @@ pub async fn run(
     settings: ControllerSettings,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let client = Client::try_default().await.map_err(|e| {
+    let config = kube::Config::infer().await.map_err(|e| {
         anyhow::anyhow!(
             "cannot reach a Kubernetes cluster (in-cluster service account, KUBECONFIG or ~/.kube/config): {e}"
         )
     })?;
+    let client = Client::try_from(with_user_agent(config.clone()))?;
     let metrics = Metrics::new();
     let health = Arc::new(Health::default());
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
@@ -413,7 +424,7 @@ pub async fn run(
         // The lease manager talks through its own client, whose successful Lease writes
         // tell the watchdog how long leadership is certainly valid.
         let (observer, renewed) = leader::RenewalObserver::new(&lease);
-        let lease_client = kube::client::ClientBuilder::try_from(kube::Config::infer().await?)?
+        let lease_client = kube::client::ClientBuilder::try_from(with_user_agent(config))?
             .with_layer(&observer)
             .build();
         leader::run_as_leader(
