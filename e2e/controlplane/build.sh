@@ -16,9 +16,18 @@ command -v go >/dev/null || { echo "build.sh: go is not installed" >&2; exit 1; 
 # The toolchain on the machine builds; a go directive newer than it is an error, not a download.
 export GOTOOLCHAIN=local
 
+# The release the servers report (/version, kubectl version): upstream's build stamps it
+# with -X; without it they say v0.0.0-master.
+k8s_version=$(sed -n 's#^require k8s.io/kubernetes \(v[0-9.]*\).*#\1#p' "$here/k8s/go.mod")
+[[ -n "$k8s_version" ]] || { echo "build.sh: no k8s.io/kubernetes version in k8s/go.mod" >&2; exit 1; }
+k8s_minor=$(cut -d. -f2 <<<"$k8s_version")
+v=k8s.io/component-base/version
+k8s_ldflags="-X $v.gitVersion=$k8s_version -X $v.gitMajor=1 -X $v.gitMinor=$k8s_minor -X $v.gitTreeState=clean"
+
 key="$(
   {
     go env GOVERSION
+    echo "$k8s_ldflags"
     for f in k8s/go.mod k8s/go.sum etcd/go.mod etcd/go.sum etcd/main.go; do
       echo "$f"
       cat "$here/$f"
@@ -54,7 +63,7 @@ start=$SECONDS
 echo "build.sh: building the control plane into $dir (cold: module download + build, tens of minutes)" >&2
 (cd "$here/etcd" && nice -n 10 go build "${flags[@]}" -o "$tmp/etcd" .)
 echo "build.sh: etcd built after $((SECONDS - start)) s" >&2
-(cd "$here/k8s" && nice -n 10 go build "${flags[@]}" -o "$tmp/" \
+(cd "$here/k8s" && nice -n 10 go build -trimpath "-ldflags=-s -w $k8s_ldflags" -o "$tmp/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager)
 echo "build.sh: kube-apiserver and kube-controller-manager built after $((SECONDS - start)) s" >&2
 
