@@ -272,15 +272,28 @@ where
     }
     tracing::info!(%identity, "acquired the leader lease");
     metrics.leader.set(1);
+    // The Lease is certainly ours only as long after the last successful write as it lasts:
+    // a new manager that finds this replica still named as holder claims it without
+    // writing, so a write of an earlier term is what counts then. Nothing observed at all:
+    // "just now" (the acquiring write completed before `leading` turned true).
+    let last_write = *renewed.borrow_and_update();
+    let mut deadline = work_deadline(
+        last_write.unwrap_or_else(Instant::now),
+        lease_duration,
+        margin,
+    );
+    if last_write.is_some_and(|t| t < term_start) && deadline <= Instant::now() {
+        tracing::warn!(%identity, "still named holder of a Lease not renewed in time; not leading until a renewal succeeds");
+        metrics.leader.set(0);
+        lease_task.abort();
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(grace.max(1))) => {}
+            _ = shutdown.cancelled() => return Term::Done,
+        }
+        return Term::Lost;
+    }
     let token = shutdown.child_token();
     let mut worker = tokio::spawn(work(token.clone()));
-    // the acquiring write itself (a renewal of an earlier term does not count); if it was
-    // not observed, "just now" (the write completed before `leading` turned true)
-    let acquired = renewed
-        .borrow_and_update()
-        .filter(|t| *t >= term_start)
-        .unwrap_or_else(Instant::now);
-    let mut deadline = work_deadline(acquired, lease_duration, margin);
     let (lost, finished) = loop {
         tokio::select! {
             changed = leading.changed() => {
