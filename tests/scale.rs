@@ -265,12 +265,10 @@ async fn queue_entries_with_nothing_due_hold_nothing_back(pool: PgPool) {
     .await
     .unwrap();
     let busy = endpoint(&pool, opts("t", "http://127.0.0.1:9/busy".into())).await;
-    sqlx::query(
-        "SELECT hookd.enqueue('t', 'scale.test', '{}') FROM generate_series(1, 100)",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    sqlx::query("SELECT hookd.enqueue('t', 'scale.test', '{}') FROM generate_series(1, 100)")
+        .execute(&pool)
+        .await
+        .unwrap();
     // the bulk endpoints are subscribed too: keep only the busy endpoint's rows
     sqlx::query("DELETE FROM hookd.deliveries WHERE tenant = 't' AND endpoint_id <> $1")
         .bind(busy)
@@ -331,7 +329,11 @@ async fn a_refresh_skipped_under_a_lock_is_done_by_the_next_fold(pool: PgPool) {
         .await
         .unwrap()
     };
-    assert_eq!(entry().await, 1, "the finishing refresh skipped the held entry");
+    assert_eq!(
+        entry().await,
+        1,
+        "the finishing refresh skipped the held entry"
+    );
     deliveries::fold_wakeups(&pool).await.unwrap();
     assert_eq!(entry().await, 0, "the fold refreshed the entry it skipped");
 }

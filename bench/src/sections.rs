@@ -807,11 +807,21 @@ async fn beside_a_crowd(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError
     let rx = start_receiver(ctx).await?;
     endpoints(ctx, "bench-e2e", &[rx.url("/e2e")]).await?;
     let crowd = s.dispatch_trickle_endpoints;
-    let urls: Vec<String> = (0..crowd).map(|i| crowd_rx.url(&format!("/c{i}"))).collect();
+    let urls: Vec<String> = (0..crowd)
+        .map(|i| crowd_rx.url(&format!("/c{i}")))
+        .collect();
     let ids = endpoints(ctx, "bench-crowd", &urls).await?;
     // about twice what the separate-process drains manage over the window
     let rows = (crowd as i64 * 4).max((s.e2e_window.as_secs_f64() * 12_000.0) as i64);
-    db::fill(&ctx.pool, "bench-crowd", &ids, rows, &payload(s.payload_bytes, 0), false).await?;
+    db::fill(
+        &ctx.pool,
+        "bench-crowd",
+        &ids,
+        rows,
+        &payload(s.payload_bytes, 0),
+        false,
+    )
+    .await?;
     db::vacuum_analyze(&ctx.pool).await?;
     let stack = ProcessStack::start(ctx).await?;
     let pace = Pace {
