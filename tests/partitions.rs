@@ -187,10 +187,7 @@ async fn listing_by_status_reads_what_it_returns(pool: PgPool) {
         .await
         .unwrap();
     let q = EventQuery {
-        audience: Audience {
-            tenant: Some("list"),
-            consumer: None,
-        },
+        audience: Audience::tenant(Some("list")),
         status: Some(DeliveryStatus::Dead),
         limit: 10,
         ..Default::default()
