@@ -60,7 +60,7 @@ BEGIN
     RETURN true;
   END IF;
   FOR t IN SELECT * FROM (VALUES
-      ('delivery_history', 'id', 'AND status IN (''succeeded'', ''dead'', ''cancelled'')'),
+      ('delivery_history', 'id', $x$AND status IN ('succeeded', 'dead', 'cancelled')$x$),
       ('delivery_attempts', 'delivery_id', ''),
       ('dead_letters', 'delivery_id', '')) AS v(parent, key, extra)
   LOOP

@@ -534,6 +534,7 @@ fn listener_clash_names_the_address_and_the_flag() {
 /// receiver (without it: 422).
 #[sqlx::test]
 async fn customers_guide_works_on_your_own_postgres(pool: PgPool) {
+    init();
     let home = std::env::temp_dir().join(format!("hookd-home-{}", uuid::Uuid::now_v7().simple()));
     std::fs::create_dir(&home).unwrap();
     let receiver = Receiver::start(&[SECRET_A]).await;

@@ -99,6 +99,9 @@ fn api_settings(auth: AuthMode) -> ApiSettings {
         ingest_committers: INGEST_COMMITTERS,
         ingest_max_group: INGEST_MAX_GROUP,
         auth,
+        // the consumers section measures what creating many endpoints of one consumer
+        // costs, not the per-consumer cap (issue 29), which would refuse the 17th
+        consumer_max_endpoints: 1_000_000,
         ..ApiSettings::defaults()
     }
 }

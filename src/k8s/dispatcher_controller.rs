@@ -1334,7 +1334,7 @@ mod tests {
                 "secret \"hookd-database\" not found",
             ),
         );
-        let why = not_ready_reason(None, &[missing.clone()]).unwrap();
+        let why = not_ready_reason(None, std::slice::from_ref(&missing)).unwrap();
         assert_eq!(why.reason, "CreateContainerConfigError");
         assert_eq!(
             why.message,
