@@ -20,24 +20,6 @@ const TENANT: &str = DEFAULT_TENANT;
 const API_SECRET_A: &str = "whsec_RzJH00HTPAJeFtgT0NteobsaX6JniEw0YX6Ro3Uz0HA=";
 const API_SECRET_B: &str = "whsec_qBYHruxdag2GhR0jGFD0P6luw59//9IvimdT3qYlPiQ=";
 
-/// A request with an explicit bearer token and JSON body.
-async fn call(
-    api: &TestApi,
-    token: &str,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let mut r = api
-        .client
-        .request(method, format!("{}{path}", api.base))
-        .bearer_auth(token);
-    if let Some(b) = body {
-        r = r.json(&b);
-    }
-    send(r).await
-}
-
 async fn create_endpoint(api: &TestApi, token: &str, body: Value) -> Value {
     let (s, v) = call(api, token, Method::POST, "/v1/endpoints", Some(body)).await;
     assert_eq!(s, StatusCode::CREATED, "{v}");

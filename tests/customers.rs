@@ -19,23 +19,6 @@ use uuid::Uuid;
 
 const TENANT: &str = DEFAULT_TENANT;
 
-async fn call(
-    api: &TestApi,
-    token: &str,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let mut r = api
-        .client
-        .request(method, format!("{}{path}", api.base))
-        .bearer_auth(token);
-    if let Some(b) = body {
-        r = r.json(&b);
-    }
-    send(r).await
-}
-
 async fn consumer_token(api: &TestApi, tenant_token: &str, uid: &str) -> String {
     let (s, t) = call(
         api,
