@@ -291,12 +291,9 @@ pub async fn list(
         limit,
     )
     .await?;
-    let next_cursor = (rows.len() as i64 == limit)
-        .then(|| {
-            rows.last()
-                .map(|r| URL_SAFE_NO_PAD.encode(format!("{}\n{}", r.tenant, r.uid)))
-        })
-        .flatten();
+    let next_cursor = super::listing::next_cursor(&rows, limit, |r| {
+        URL_SAFE_NO_PAD.encode(format!("{}\n{}", r.tenant, r.uid))
+    });
     Ok(Json(ConsumerPage {
         items: rows.into_iter().map(Into::into).collect(),
         next_cursor,

@@ -498,9 +498,8 @@ pub async fn dead_letters(
         },
     )
     .await?;
-    let next_cursor = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|r| encode_cursor(r.dead_at, r.delivery_id)))
-        .flatten();
+    let next_cursor =
+        super::listing::next_cursor(&rows, limit, |r| encode_cursor(r.dead_at, r.delivery_id));
     Ok(Json(DeadLetterPage {
         items: rows
             .into_iter()

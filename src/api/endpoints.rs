@@ -463,9 +463,7 @@ pub async fn list(
         limit,
     )
     .await?;
-    let next_cursor = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|r| r.id.to_string()))
-        .flatten();
+    let next_cursor = super::listing::next_cursor(&rows, limit, |r| r.id.to_string());
     Ok(Json(EndpointPage {
         items: rows.into_iter().map(Into::into).collect(),
         next_cursor,
@@ -1162,9 +1160,7 @@ pub async fn deliveries(
         },
     )
     .await?;
-    let next_cursor = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|r| r.row.id.to_string()))
-        .flatten();
+    let next_cursor = super::listing::next_cursor(&rows, limit, |r| r.row.id.to_string());
     Ok(Json(EndpointDeliveryPage {
         items: rows
             .into_iter()

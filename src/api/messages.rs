@@ -722,9 +722,7 @@ pub async fn list(
         ));
     }
     let rows = db::events::list(&state.pool, &query).await?;
-    let next_cursor = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|r| r.id.to_string()))
-        .flatten();
+    let next_cursor = super::listing::next_cursor(&rows, limit, |r| r.id.to_string());
     Ok(Json(MessagePage {
         items: rows
             .into_iter()

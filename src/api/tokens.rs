@@ -117,9 +117,7 @@ pub async fn list(
         limit,
     )
     .await?;
-    let next_cursor = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|r| r.id.to_string()))
-        .flatten();
+    let next_cursor = super::listing::next_cursor(&rows, limit, |r| r.id.to_string());
     Ok(Json(TokenPage {
         items: rows.into_iter().map(Into::into).collect(),
         next_cursor,
