@@ -22,9 +22,14 @@ RUN mkdir src \
     && cargo build --release --locked -p hookd \
     && rm -rf src
 
-# The crate itself (migrations are compiled into the binary by sqlx::migrate!).
+# The crate itself and every file it embeds at compile time: the migrations
+# (sqlx::migrate!), the web console and portal (src/ui: include_bytes! of ui/) and the
+# example endpoint `hookd dev` applies (src/dev.rs: include_str!). tests/manifests/image.rs
+# checks the crate builds from exactly what these lines and .dockerignore let through.
 COPY src ./src
 COPY migrations ./migrations
+COPY ui ./ui
+COPY examples/endpoint.yaml ./examples/
 # COPY keeps the files' old modification times, older than the stub build; touching the
 # crate roots makes cargo rebuild hookd instead of keeping the stub.
 RUN touch src/main.rs src/lib.rs \

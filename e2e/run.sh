@@ -11,8 +11,25 @@
 #
 # Env: KEEP_CLUSTER=1 keeps the cluster (and prints its KUBECONFIG); E2E_EVENTS (default
 # 50) events in the delivery phase; KIND_NODE_IMAGE overrides kind's node image.
+#
+# `e2e/run.sh --control-plane local` instead runs the install path against a real control
+# plane built from Go modules, on this machine, without kind or docker
+# (e2e/controlplane/local.sh, docs/control-plane.md).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+case "${1:-}" in
+--control-plane | --control-plane=*)
+  mode=${1#--control-plane}
+  mode=${mode#=}
+  if [[ -z "$mode" ]]; then mode=${2:-}; fi
+  if [[ "$mode" != local ]]; then
+    echo "usage: e2e/run.sh [--control-plane local]" >&2
+    exit 2
+  fi
+  exec bash e2e/controlplane/local.sh
+  ;;
+esac
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 

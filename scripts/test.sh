@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's one test command: fmt, clippy and nextest over the workspace (hookd and
-# the bench crate) and a bounded schemathesis run (scripts/schemathesis.sh) against a
-# Postgres.
+# the bench crate), the install path against a real Kubernetes control plane
+# (e2e/run.sh --control-plane local) and a bounded schemathesis run
+# (scripts/schemathesis.sh) against a Postgres.
 #
 # If DATABASE_URL is set it is used as is. Otherwise a throwaway cluster is
 # created in a fresh temp dir on a free 127.0.0.1 port and destroyed on exit
@@ -13,6 +14,7 @@
 #   HOOKD_PG_BINDIR       directory with initdb/pg_ctl/postgres (overrides search)
 #   HOOKD_TEST_SKIP_LINT=1  skip cargo fmt/clippy (quick local loops)
 #   HOOKD_TEST_SKIP_SCHEMATHESIS=1  skip the schemathesis run (quick local loops)
+#   HOOKD_TEST_SKIP_CONTROLPLANE=1  skip the control-plane e2e (quick local loops)
 # Extra arguments are passed to `cargo nextest run`.
 set -euo pipefail
 
@@ -209,6 +211,15 @@ log "cargo nextest run --workspace"
 # Not exec: the EXIT trap must still run to tear the cluster down. --workspace: the bench
 # crate's smoke test (bench/tests/) runs with the product's tests.
 cargo nextest run --workspace --locked --no-fail-fast "$@"
+
+if [[ "${HOOKD_TEST_SKIP_CONTROLPLANE:-0}" != 1 ]]; then
+  # The install path against a real kube-apiserver, etcd and kube-controller-manager built
+  # from Go modules (cached; docs/control-plane.md), with the hookd nextest just built.
+  log "e2e/run.sh --control-plane local"
+  HOOKD_BIN="$PWD/target/debug/hookd" bash e2e/run.sh --control-plane local
+else
+  log "HOOKD_TEST_SKIP_CONTROLPLANE=1: skipping the control-plane e2e"
+fi
 
 if [[ "${HOOKD_TEST_SKIP_SCHEMATHESIS:-0}" != 1 ]]; then
   log "schemathesis against a live hookd api"

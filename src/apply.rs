@@ -100,9 +100,16 @@ pub fn redact_secrets(message: &str) -> String {
     let mut rest = message;
     while let Some(at) = rest.find("whsec_") {
         out.push_str(&rest[..at]);
-        out.push_str("whsec_(redacted)");
-        rest = rest[at + "whsec_".len()..]
-            .trim_start_matches(|c: char| c.is_ascii_alphanumeric() || "+/=-_".contains(c));
+        let after = &rest[at + "whsec_".len()..];
+        let tail =
+            after.trim_start_matches(|c: char| c.is_ascii_alphanumeric() || "+/=-_".contains(c));
+        // the bare prefix, as in "must start with whsec_", is no secret: keep it readable
+        out.push_str(if tail.len() == after.len() {
+            "whsec_"
+        } else {
+            "whsec_(redacted)"
+        });
+        rest = tail;
     }
     out.push_str(rest);
     out
@@ -536,27 +543,167 @@ pub fn plan(files: &[(PathBuf, Vec<Document>)]) -> Result<Vec<sync::DesiredEndpo
     Ok(out)
 }
 
-/// Reads and validates the files into a plan; nothing is written.
-pub fn load(paths: &[PathBuf]) -> Result<Vec<sync::DesiredEndpoint>, ApplyError> {
-    let mut files = Vec::new();
+/// What `-f -` is called in messages.
+pub const STDIN_LABEL: &str = "(standard input)";
+
+/// The texts `-f` names, as kubectl reads them: `-` is standard input, a directory is
+/// every `*.yaml` (and `*.yml`) file directly in it, in name order, anything else a file.
+/// Each is refused above [`MAX_FILE_BYTES`] before it is read whole.
+pub fn read_sources(paths: &[PathBuf]) -> Result<Vec<(PathBuf, String)>, ApplyError> {
+    use std::io::Read;
+    let too_large = |file: &Path, len: u64| ApplyError::File {
+        file: file.to_path_buf(),
+        message: format!("file is {len} bytes; at most {MAX_FILE_BYTES} are read"),
+    };
+    let mut out = Vec::new();
+    let mut stdin_read = false;
     for p in paths {
         let read_err = |source| ApplyError::Read {
             file: p.clone(),
             source,
         };
-        // Refuse a huge file before reading it into memory (a FIFO or /dev/stdin reports
-        // 0 and is bounded by `parse_documents` instead).
-        let len = std::fs::metadata(p).map_err(read_err)?.len();
-        if len > MAX_FILE_BYTES as u64 {
-            return Err(ApplyError::File {
-                file: p.clone(),
-                message: format!("file is {len} bytes; at most {MAX_FILE_BYTES} are read"),
-            });
+        if p.as_os_str() == "-" {
+            if std::mem::replace(&mut stdin_read, true) {
+                continue; // `-f - -f -`: standard input is read once
+            }
+            let label = PathBuf::from(STDIN_LABEL);
+            let mut bytes = Vec::new();
+            std::io::stdin()
+                .lock()
+                .take(MAX_FILE_BYTES as u64 + 1)
+                .read_to_end(&mut bytes)
+                .map_err(|source| ApplyError::Read {
+                    file: label.clone(),
+                    source,
+                })?;
+            if bytes.len() > MAX_FILE_BYTES {
+                return Err(ApplyError::File {
+                    file: label,
+                    message: format!("more than {MAX_FILE_BYTES} bytes; at most that is read"),
+                });
+            }
+            let text = String::from_utf8(bytes).map_err(|_| ApplyError::File {
+                file: label.clone(),
+                message: "not UTF-8 text".into(),
+            })?;
+            out.push((label, text));
+            continue;
         }
-        let text = std::fs::read_to_string(p).map_err(read_err)?;
-        files.push((p.clone(), parse_documents(p, &text)?));
+        let meta = std::fs::metadata(p).map_err(read_err)?;
+        let files = if meta.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(p)
+                .map_err(read_err)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+                .filter(|f| f.is_file())
+                .collect();
+            files.sort();
+            if files.is_empty() {
+                return Err(ApplyError::File {
+                    file: p.clone(),
+                    message: "a directory without *.yaml files".into(),
+                });
+            }
+            files
+        } else {
+            vec![p.clone()]
+        };
+        for f in files {
+            let read_err = |source| ApplyError::Read {
+                file: f.clone(),
+                source,
+            };
+            // Refuse a huge file before reading it into memory (a FIFO or /dev/stdin
+            // reports 0 and is bounded by `parse_documents` instead).
+            let len = std::fs::metadata(&f).map_err(read_err)?.len();
+            if len > MAX_FILE_BYTES as u64 {
+                return Err(too_large(&f, len));
+            }
+            let text = std::fs::read_to_string(&f).map_err(read_err)?;
+            out.push((f, text));
+        }
     }
-    plan(&files)
+    Ok(out)
+}
+
+/// Reads and validates the files into a plan; nothing is written.
+pub fn load(paths: &[PathBuf]) -> Result<Vec<sync::DesiredEndpoint>, ApplyError> {
+    load_texts(&read_sources(paths)?)
+}
+
+/// The WebhookEndpoints `hookd delete -f` removes: every one the files declare, as
+/// `(namespace, name)`, in order, each once. The documents are validated as `hookd apply`
+/// validates them (a file that would not apply names nothing to delete), but their
+/// Secrets need not resolve.
+pub fn load_deletions(paths: &[PathBuf]) -> Result<Vec<(String, String)>, ApplyError> {
+    let mut names: Vec<(String, String)> = Vec::new();
+    for (label, text) in read_sources(paths)? {
+        for d in parse_documents(&label, &text)? {
+            if let Document::Endpoint(ep) = d {
+                let key = (ep.namespace().unwrap_or_default(), ep.name_any());
+                if !names.contains(&key) {
+                    names.push(key);
+                }
+            }
+        }
+    }
+    if names.is_empty() {
+        return Err(ApplyError::Empty);
+    }
+    Ok(names)
+}
+
+/// What `hookd delete` did to one declared endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Deletion {
+    /// Disabled (its declaration is gone) and its unfinished deliveries cancelled; its
+    /// history stays readable.
+    Deleted {
+        endpoint_id: uuid::Uuid,
+        cancelled: i64,
+    },
+    /// Never applied, or already deleted.
+    NotFound,
+}
+
+/// Removes the declared endpoints in one transaction, as the controller does when a
+/// WebhookEndpoint object is deleted: the row is disabled, what was still to be sent is
+/// `cancelled`, history stays. Applying the same file again brings it back.
+pub async fn delete_declared(
+    pool: &PgPool,
+    names: &[(String, String)],
+) -> Result<Vec<(String, Deletion)>, ApplyError> {
+    let mut tx = crate::db::begin(pool).await?;
+    let mut out = Vec::with_capacity(names.len());
+    for (ns, name) in names {
+        let label = format!("{ns}/{name}");
+        if crate::db::endpoints::declared_live(&mut tx, ns, name)
+            .await?
+            .is_none()
+        {
+            out.push((label, Deletion::NotFound));
+            continue;
+        }
+        let removed = crate::db::endpoints::remove_declared(
+            &mut tx,
+            ns,
+            name,
+            "WebhookEndpoint deleted (hookd delete)",
+        )
+        .await?;
+        out.push((
+            label,
+            match removed {
+                Some((endpoint_id, cancelled)) => Deletion::Deleted {
+                    endpoint_id,
+                    cancelled,
+                },
+                None => Deletion::NotFound,
+            },
+        ));
+    }
+    tx.commit().await.map_err(DbError::from)?;
+    Ok(out)
 }
 
 /// Validates YAML texts already in memory (`label` names each in errors) into a plan.
@@ -630,4 +777,23 @@ pub async fn describe(
         lines.push(line);
     }
     Ok(lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_secrets;
+
+    /// A secret after the prefix is hidden; the prefix alone, as in the hint "must start
+    /// with whsec_", is not a secret and stays readable.
+    #[test]
+    fn only_secrets_are_redacted() {
+        assert_eq!(
+            redact_secrets("secret must start with whsec_"),
+            "secret must start with whsec_"
+        );
+        assert_eq!(
+            redact_secrets("bad whsec_MfKQ9r8+/= here; whsec_ again"),
+            "bad whsec_(redacted) here; whsec_ again"
+        );
+    }
 }

@@ -178,6 +178,27 @@ pub struct ApiSettings {
     /// frame-ancestors sources, space-separated (`https://app.example.com`), or `'none'`
     #[arg(long, env = "HOOKD_PORTAL_FRAME_ANCESTORS", default_value = "'none'")]
     pub portal_frame_ancestors: crate::domain::FrameAncestors,
+    /// Most live endpoints one consumer may have (Stripe allows 16 per account); over it,
+    /// 422 `consumer_endpoint_limit`
+    #[arg(long, env = "HOOKD_CONSUMER_MAX_ENDPOINTS", default_value_t = 16)]
+    pub consumer_max_endpoints: i64,
+    /// Most live endpoints made through the API one tenant may have, consumers' included;
+    /// over it, 422 `tenant_endpoint_limit`
+    #[arg(long, env = "HOOKD_TENANT_MAX_ENDPOINTS", default_value_t = 300_000)]
+    pub tenant_max_endpoints: i64,
+    /// Requests per second one consumer token's consumer may make that cost work (test
+    /// events, replayed deliveries, endpoint changes), per API replica; over it, 429
+    /// `consumer_rate_limited`. Never taken from the tenant's HOOKD_TENANT_RATE_LIMIT
+    #[arg(long, env = "HOOKD_CONSUMER_RATE_LIMIT", default_value = "10", value_parser = parse_rate)]
+    pub consumer_rate_limit: f64,
+    /// One consumer's share of the request-body bytes in flight (HOOKD_API_MAX_INFLIGHT_BYTES),
+    /// apart from its tenant's share; over it, 429 `consumer_requests_busy`
+    #[arg(long, env = "HOOKD_CONSUMER_INFLIGHT_BYTES", default_value_t = 1 << 20)]
+    pub consumer_inflight_bytes: usize,
+    /// Rows one batch of a consumer deletion disables or cancels, each batch one short
+    /// transaction
+    #[arg(long, env = "HOOKD_CONSUMER_DELETE_BATCH", default_value_t = 1000)]
+    pub consumer_delete_batch: i64,
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
@@ -366,9 +387,23 @@ pub struct ApplyArgs {
     pub db: DbArgs,
     #[command(flatten)]
     pub keys: KeyArgs,
-    /// YAML files with WebhookEndpoint and Secret documents
+    /// YAML files with WebhookEndpoint and Secret documents; `-` reads standard input, a
+    /// directory applies every *.yaml in it
     #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
     pub files: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DeleteArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// YAML files whose WebhookEndpoints are removed (the files given to `hookd apply`;
+    /// their Secrets are ignored); `-` reads standard input, a directory means every *.yaml in it
+    #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
+    pub files: Vec<PathBuf>,
+    /// Exit 0 even when an endpoint was never applied or is already deleted
+    #[arg(long)]
+    pub ignore_not_found: bool,
 }
 
 #[derive(Debug, Clone, Args)]

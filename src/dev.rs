@@ -49,16 +49,8 @@ const SECRET_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DevError {
-    #[error(
-        "cannot listen on {addr} for the {what} ({flag}): {source}; stop what is using it or choose another address"
-    )]
-    Listen {
-        addr: std::net::SocketAddr,
-        what: &'static str,
-        flag: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Listen(#[from] crate::runtime::ListenError),
     #[error("{}: {source}", path.display())]
     Examples {
         path: std::path::PathBuf,
@@ -72,14 +64,7 @@ async fn bind(
     what: &'static str,
     flag: &'static str,
 ) -> Result<tokio::net::TcpListener, DevError> {
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| DevError::Listen {
-            addr,
-            what,
-            flag,
-            source,
-        })
+    Ok(crate::runtime::bind(addr, what, flag).await?)
 }
 
 /// The YAML texts to apply: the given folder's `*.yaml`, or the built-in examples aimed
@@ -240,6 +225,8 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         s: mut dispatch,
         retention,
     } = DispatchDefaults::parse_from(["hookd"]);
+    // what its "dispatcher starting" line reports (the listener is bound above)
+    dispatch.listen = args.dispatch_listen;
     if dispatch.allowed_destinations.is_empty() {
         // the example receiver lives on loopback, which is refused by default
         dispatch.allowed_destinations = "127.0.0.0/8,::1/128".into();

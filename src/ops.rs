@@ -121,10 +121,10 @@ pub fn router(pool: PgPool, metrics: Metrics) -> Router {
 }
 
 /// The operations routes of a component with its own idea of readiness (the controller:
-/// its watches have synced). `ready` answers the status and a one-word body.
+/// its watches have synced). `ready` answers the status and a short body saying why.
 pub fn router_with_readiness<F>(ready: F, metrics: Metrics) -> Router
 where
-    F: Fn() -> (StatusCode, &'static str) + Clone + Send + Sync + 'static,
+    F: Fn() -> (StatusCode, String) + Clone + Send + Sync + 'static,
 {
     Router::new()
         .route("/healthz", get(healthz))

@@ -239,9 +239,13 @@ async fn commit_group(pool: &PgPool, cfg: &OutboxConfig, mut jobs: Vec<Job>, not
                 }
                 jobs = stay;
             }
-            Err(GroupError::NotWritten(e)) if e.is_transient_conflict() => {
+            Err(GroupError::NotWritten(e))
+                if e.is_transient_conflict() || e.sqlstate().as_deref() == Some(LOCK_TIMEOUT) =>
+            {
                 // A deadlock or serialization failure is about this group's mix: each
-                // job on its own has its own chance (not a 503 for all of them).
+                // job on its own has its own chance (not a 503 for all of them). A lock
+                // wait that timed out (someone's DDL or a producer's lock) is retried
+                // the same way: a busy lock is never an answer (invariant 10).
                 spawn_alone(pool, cfg, jobs, notifier);
                 return;
             }
@@ -319,12 +323,15 @@ async fn enqueue_alone(
         match alone_tx(pool, cfg, messages).await {
             Ok(r) => return r,
             Err(GroupError::NotWritten(e)) if e.is_transient_conflict() && tries < 3 => {}
+            // A lock wait other than for an idempotency key (those are answered in
+            // `alone_tx`) timed out: a table lock held by upkeep or a producer. Retried
+            // after a pause; if it persists, the database is busy (503, retryable), never
+            // an internal error.
             Err(GroupError::NotWritten(e)) if e.sqlstate().as_deref() == Some(LOCK_TIMEOUT) => {
-                let key = messages
-                    .iter()
-                    .find_map(|m| m.idempotency_key.clone())
-                    .unwrap_or_default();
-                return Err(EnqueueError::KeyInUse { key });
+                if tries >= LOCK_TIMEOUT_TRIES {
+                    return Err(EnqueueError::Unavailable(e.to_string()));
+                }
+                tokio::time::sleep(Duration::from_millis(50 * u64::from(tries))).await;
             }
             Err(GroupError::NotWritten(e)) => return Err(EnqueueError::from(e)),
             Err(GroupError::ProvenUnwritten(_)) if tries < 3 => {}
@@ -338,6 +345,9 @@ async fn enqueue_alone(
 
 /// SQLSTATE 55P03: `lock_timeout` expired.
 const LOCK_TIMEOUT: &str = "55P03";
+
+/// Attempts of a job alone whose lock waits (other than for its keys) time out.
+const LOCK_TIMEOUT_TRIES: u32 = 4;
 
 enum GroupResult {
     Committed(Vec<Verdict>),
@@ -425,7 +435,14 @@ async fn alone_tx(
         .iter()
         .filter_map(|m| m.idempotency_key.clone().map(|k| (m.tenant.clone(), k)))
         .collect();
-    db::events::lock_keys(&mut tx, &keys).await?;
+    match db::events::lock_keys(&mut tx, &keys).await {
+        Ok(()) => {}
+        Err(e) if e.sqlstate().as_deref() == Some(LOCK_TIMEOUT) => {
+            let key = keys.first().map(|k| k.1.clone()).unwrap_or_default();
+            return Ok(Err(EnqueueError::KeyInUse { key }));
+        }
+        Err(e) => return Err(e.into()),
+    }
     let all: Vec<&NewMessage> = messages.iter().collect();
     let (rows, outcomes) = insert_messages(&mut tx, &all).await?;
     let mut out = Vec::with_capacity(outcomes.len());

@@ -413,7 +413,7 @@ pub async fn run(args: ReceiverArgs, shutdown: CancellationToken) -> anyhow::Res
         return Err(ReceiverError::NoSecrets.into());
     }
     let receiver = Receiver::new(ReceiverConfig::from(&args))?;
-    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let listener = crate::runtime::bind(args.listen, "receiver", "--listen, HOOKD_LISTEN").await?;
     let keys = receiver.shared.current_keys().await;
     println!(
         "hookd receiver: listening on http://{}, verifying with {} secret(s) now ({} from files re-read on every delivery)",

@@ -217,9 +217,7 @@ pub async fn prune_once(
         }
         // The days that will be old enough to drop within the grace: their expired rows
         // wait that long for the drop. Days are contiguous id ranges from the lowest id
-        // up, so "below the last such day's end" is "in one of them" (or in a day that
-        // could not be created, whose rows then wait out the grace in a default
-        // partition).
+        // up, so "below the last such day's end" is "in one of them".
         let grace = TimeDelta::from_std(DROP_GRACE).unwrap_or_default();
         let soon = db::history_days_below(&mut conn, uuid_v7_floor(oldest + grace)).await?;
         if let Some(last) = soon.last() {
@@ -345,9 +343,10 @@ pub fn spawn_pruner(
 }
 
 /// Creates the coming history days (see [`db::HISTORY_DAYS_AHEAD`]) now and then every hour
-/// until `shutdown`. Every dispatcher runs it, whether or not it prunes: a missing day
-/// loses nothing (its deliveries go to a default partition) but can no longer be
-/// dropped whole.
+/// until `shutdown`. Every dispatcher runs it, whether or not it prunes: there is no
+/// default partition (migration 0016), so a delivery can become terminal only in a day
+/// that exists, and creating one takes no lock that enqueue, claim or outcome writes
+/// wait for.
 pub fn spawn_history_days(pool: PgPool, shutdown: CancellationToken) {
     tokio::spawn(async move {
         loop {

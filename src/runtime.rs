@@ -66,3 +66,44 @@ pub fn error_line(e: &anyhow::Error) -> String {
     }
     line
 }
+
+/// A listener that could not be bound, named with what wanted it and the flag and
+/// variable that move it: "Address already in use (os error 98)" alone says neither.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {addr} for the {what} ({flag}): {source}; {}", listen_hint(.source))]
+pub struct ListenError {
+    pub addr: std::net::SocketAddr,
+    pub what: &'static str,
+    pub flag: &'static str,
+    #[source]
+    pub source: std::io::Error,
+}
+
+fn listen_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => "stop what is using it or choose another address",
+        std::io::ErrorKind::PermissionDenied => {
+            "ports below 1024 need privileges; choose another port"
+        }
+        std::io::ErrorKind::AddrNotAvailable => {
+            "that address is not one of this machine's; choose another (0.0.0.0 for every interface)"
+        }
+        _ => "choose another address",
+    }
+}
+
+/// Binds `addr` for the component `what`, whose address is set by `flag`.
+pub async fn bind(
+    addr: std::net::SocketAddr,
+    what: &'static str,
+    flag: &'static str,
+) -> Result<tokio::net::TcpListener, ListenError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ListenError {
+            addr,
+            what,
+            flag,
+            source,
+        })
+}

@@ -63,6 +63,35 @@ pub fn is_published_test_secret(secret: &str) -> bool {
     PUBLISHED_SECRETS.contains(&secret.trim())
 }
 
+/// Secrets printed in this project's own README and examples: as public as the test
+/// vectors.
+const DOCUMENTED_SECRETS: [&str; 2] = [
+    "whsec_Qk3pV2m0nZ7yJd8tXr5aLw1cHs9uE6gB",
+    "whsec_4L7nuLYb52h6oEpc5KNRA/vP3w3CyYGcEuj5mLBcRhk=",
+];
+
+/// Why a well-formed secret is no secret, if it is not: published (the Standard Webhooks
+/// test vectors, this project's README and examples) or degenerate (every byte the same,
+/// as an all-zero key). `hookd apply` and the controller warn about these (a declaration
+/// may be a copy-pasted tutorial); the endpoints API, where customers choose secrets,
+/// refuses them.
+pub fn weak_secret_reason(secret: &str) -> Option<&'static str> {
+    let s = secret.trim();
+    if PUBLISHED_SECRETS.contains(&s) {
+        return Some("it is a published Standard Webhooks test-vector secret");
+    }
+    if DOCUMENTED_SECRETS.contains(&s) {
+        return Some("it is printed in hookd's README or examples");
+    }
+    let key = s
+        .strip_prefix(SECRET_PREFIX)
+        .and_then(|e| LENIENT_STANDARD.decode(e).ok())?;
+    if key.windows(2).all(|w| w[0] == w[1]) {
+        return Some("every byte of its key is the same (an all-zero key, for one)");
+    }
+    None
+}
+
 impl SigningSecret {
     /// Parses `whsec_<base64>`. Surrounding whitespace is ignored because secrets stored
     /// with `echo` or in env files routinely carry a trailing newline.

@@ -368,7 +368,7 @@ async fn connection_cap_queues_further_clients(pool: PgPool) {
 // ---- OpenAPI ----
 
 /// Every route the router serves, as (method, OpenAPI path).
-const ROUTES: [(&str, &str); 31] = [
+const ROUTES: [(&str, &str); 34] = [
     ("post", "/v1/messages"),
     ("get", "/v1/messages"),
     ("post", "/v1/messages/batch"),
@@ -395,6 +395,9 @@ const ROUTES: [(&str, &str); 31] = [
     ("delete", "/v1/consumers/{uid}"),
     ("post", "/v1/consumers/{uid}/tokens"),
     ("post", "/v1/consumers/{uid}/portal"),
+    ("get", "/v1/consumer-deletions/{id}"),
+    ("get", "/v1/tokens"),
+    ("delete", "/v1/tokens/{id}"),
     ("get", "/v1/whoami"),
     ("get", "/healthz"),
     ("get", "/readyz"),

@@ -682,3 +682,170 @@ async fn a_disabled_endpoint_says_why_and_the_documented_way_re_enables_it(pool:
     let run = apply(&pool, &file).await;
     assert!(run.stdout.contains("state active"), "{}", run.stdout);
 }
+
+/// `hookd ARGS` with `stdin` as its standard input, on the test database.
+fn hookd_with_stdin(pool: &PgPool, args: &[&str], stdin: &str) -> Run {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(hookd_bin())
+        .args(args)
+        .env("DATABASE_URL", database_url(pool))
+        .env(TEST_KEY_ENV, TEST_ENCRYPTION_KEY)
+        .env("HOOKD_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    Run {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+async fn state_of(pool: &PgPool, name: &str) -> (String, Option<String>) {
+    sqlx::query_as(
+        "SELECT state, state_reason FROM hookd.endpoints WHERE k8s_namespace = 'team-a' AND k8s_name = $1",
+    )
+    .bind(name)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Issue 31 item 4: an endpoint from `hookd apply` without a cluster can be removed
+/// (`hookd delete -f`, the same file), its unsent deliveries are cancelled, its history
+/// stays, a second delete says "not found", and applying again brings it back. `-f DIR`
+/// and `-f -` work for both commands. The API keeps refusing to change it, and says how.
+#[sqlx::test]
+async fn apply_then_delete_without_a_cluster(pool: PgPool) {
+    let dir = std::env::temp_dir().join(format!("hookd-apply-dir-{}", Uuid::now_v7().simple()));
+    std::fs::create_dir(&dir).unwrap();
+    let orders = docs(&[
+        secret_string_data("orders-secret", "secret", SECRET_A),
+        endpoint_doc("orders", "orders-secret", "secret", ""),
+    ]);
+    let billing = docs(&[
+        secret_string_data("billing-secret", "secret", SECRET_B),
+        endpoint_doc("billing", "billing-secret", "secret", ""),
+    ]);
+    std::fs::write(dir.join("orders.yaml"), &orders).unwrap();
+    std::fs::write(dir.join("billing.yaml"), &billing).unwrap();
+    std::fs::write(dir.join("notes.txt"), "not yaml, not read").unwrap();
+    let dir_arg = dir.to_str().unwrap();
+
+    // a directory applies every *.yaml in it
+    let r = hookd_with_stdin(&pool, &["apply", "-f", dir_arg], "");
+    assert!(r.ok, "{}", r.stderr);
+    assert!(
+        r.stdout.contains("webhookendpoint/team-a/orders created"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("webhookendpoint/team-a/billing created"),
+        "{}",
+        r.stdout
+    );
+
+    // an event waits for orders (no dispatcher runs)
+    let api = TestApi::start(&pool).await;
+    let (_, deliveries) = api.enqueue("team-a", "invoice.paid", r#"{"n":1}"#).await;
+    assert_eq!(deliveries.len(), 2);
+    let orders_id: Uuid = sqlx::query_scalar(
+        "SELECT id FROM hookd.endpoints WHERE k8s_namespace = 'team-a' AND k8s_name = 'orders'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+
+    // the API refuses, naming both ways that work
+    let (status, v) = send(
+        api.request_as(
+            "team-a",
+            reqwest::Method::DELETE,
+            &format!("/v1/endpoints/{orders_id}"),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(status, reqwest::StatusCode::CONFLICT, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    for hint in ["kubectl", "hookd delete -f FILE", "paused: true"] {
+        assert!(message.contains(hint), "{hint}: {message}");
+    }
+
+    // `-f -`: standard input names what to delete
+    let r = hookd_with_stdin(&pool, &["delete", "-f", "-"], &orders);
+    assert!(r.ok, "{}", r.stderr);
+    assert!(
+        r.stdout.contains(&format!(
+            "webhookendpoint/team-a/orders deleted (id {orders_id}, 1 unfinished deliveries cancelled)"
+        )),
+        "{}",
+        r.stdout
+    );
+    let (state, reason) = state_of(&pool, "orders").await;
+    assert_eq!(state, "disabled");
+    assert!(reason.unwrap().contains("hookd delete"));
+    assert_eq!(state_of(&pool, "billing").await.0, "active");
+    let statuses: Vec<String> =
+        sqlx::query_scalar("SELECT status::text FROM hookd.deliveries WHERE endpoint_id = $1")
+            .bind(orders_id)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(statuses, ["cancelled"], "history stays, cancelled");
+
+    // a second delete: not found, exit 1, unless --ignore-not-found
+    let r = hookd_with_stdin(&pool, &["delete", "-f", "-"], &orders);
+    assert!(!r.ok);
+    assert!(
+        r.stderr.contains("webhookendpoint/team-a/orders not found"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("--ignore-not-found"), "{}", r.stderr);
+    let r = hookd_with_stdin(&pool, &["delete", "--ignore-not-found", "-f", "-"], &orders);
+    assert!(r.ok, "{}", r.stderr);
+
+    // applying again brings it back, same id; `-f -` applies too
+    let r = hookd_with_stdin(&pool, &["apply", "-f", "-"], &orders);
+    assert!(r.ok, "{}", r.stderr);
+    assert!(
+        r.stdout.contains(&format!("id {orders_id}, state active")),
+        "{}",
+        r.stdout
+    );
+
+    // a directory deletes every endpoint its *.yaml declare
+    let r = hookd_with_stdin(&pool, &["delete", "-f", dir_arg], "");
+    assert!(r.ok, "{}", r.stderr);
+    assert!(
+        r.stdout.contains("webhookendpoint/team-a/orders deleted"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("webhookendpoint/team-a/billing deleted"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(state_of(&pool, "billing").await.0, "disabled");
+
+    // a directory without YAML is refused, naming it
+    let empty = dir.join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let r = hookd_with_stdin(&pool, &["delete", "-f", empty.to_str().unwrap()], "");
+    assert!(!r.ok);
+    assert!(r.stderr.contains("without *.yaml files"), "{}", r.stderr);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

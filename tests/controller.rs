@@ -1048,6 +1048,16 @@ async fn dispatcher_applies_its_deployment_and_reports_status(pool: PgPool) {
         .unwrap()
     );
     assert_eq!(apply.body["metadata"]["ownerReferences"][0]["uid"], "d-uid");
+    // one pod missing: its pods are read for a reason (none found: still starting)
+    let pods = api
+        .expect("GET", PODS_PATH, |_| (200, pod_list(json!([]))))
+        .await;
+    for part in [
+        "labelSelector=app.kubernetes.io%2Fcomponent%3Ddispatcher%2Capp.kubernetes.io%2Finstance%3Ddefault%2Capp.kubernetes.io%2Fname%3Dhookd",
+        "limit=20",
+    ] {
+        assert!(pods.query.contains(part), "{}", pods.query);
+    }
     let status = api
         .expect("PATCH", DISPATCHER_STATUS_PATH, dispatcher_with_status(&d))
         .await;
@@ -1057,11 +1067,151 @@ async fn dispatcher_applies_its_deployment_and_reports_status(pool: PgPool) {
     assert_eq!(s["backlog"], 0);
     assert_eq!(s["deployment"], "hookd-dispatcher-default");
     assert_eq!(condition(s, "Ready")["status"], "False");
+    assert_eq!(condition(s, "Ready")["reason"], "Progressing");
     assert_eq!(
         run.await.unwrap().unwrap(),
-        Action::requeue(Duration::from_secs(600)),
-        "fixed replicas: only the rare resync (the Deployment watch brings changes)"
+        Action::requeue(Duration::from_secs(10)),
+        "pods not ready: looked at again soon (their changes bring no watch event)"
     );
+    api.expect_no_more().await;
+
+    // all ready: no pod is read, and only the rare resync (the Deployment watch brings
+    // changes)
+    let (ctx, mut api) = context(&pool);
+    let run = tokio::spawn(dispatcher_controller::reconcile(
+        Arc::new(d.clone()),
+        ctx.clone(),
+    ));
+    api.expect("PATCH", DEPLOY_PATH, applied_deployment(2))
+        .await;
+    let status = api
+        .expect("PATCH", DISPATCHER_STATUS_PATH, dispatcher_with_status(&d))
+        .await;
+    assert_eq!(condition(&status.body["status"], "Ready")["status"], "True");
+    assert_eq!(
+        run.await.unwrap().unwrap(),
+        Action::requeue(Duration::from_secs(600))
+    );
+    api.expect_no_more().await;
+}
+
+const PODS_PATH: &str = "/api/v1/namespaces/hookd-system/pods";
+
+fn pod_list(items: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
+}
+
+/// Why pods do not start reaches the WebhookDispatcher's status: the Deployment's
+/// ReplicaFailure (Pod Security refused the pods) without reading pods, and a pod's
+/// container that cannot start (its Secret is missing) from the pods; a refused pod list
+/// still leaves the count.
+#[sqlx::test]
+async fn dispatcher_status_says_why_pods_do_not_start(pool: PgPool) {
+    let d =
+        dispatcher_object(json!({"replicas": 2, "databaseSecretRef": {"name": "hookd-database"}}));
+    let with_deployment_status = |status: Value| {
+        move |c: &Call| {
+            let mut obj = c.body.clone();
+            obj["status"] = status;
+            (200, obj)
+        }
+    };
+    let refused = "pods \"hookd-dispatcher-default-5f7c9d-x\" is forbidden: violates PodSecurity \"restricted:latest\": runAsNonRoot != true";
+    // 1. Pod Security admission refused every pod
+    let (ctx, mut api) = context(&pool);
+    let run = tokio::spawn(dispatcher_controller::reconcile(
+        Arc::new(d.clone()),
+        ctx.clone(),
+    ));
+    api.expect(
+        "PATCH",
+        DEPLOY_PATH,
+        with_deployment_status(json!({"replicas": 0, "conditions": [
+            {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable", "message": "Deployment does not have minimum availability."},
+            {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": refused},
+        ]})),
+    )
+    .await;
+    api.expect("GET", PODS_PATH, |_| (200, pod_list(json!([]))))
+        .await;
+    let status = api
+        .expect("PATCH", DISPATCHER_STATUS_PATH, dispatcher_with_status(&d))
+        .await;
+    let ready = condition(&status.body["status"], "Ready");
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("False"), Some("FailedCreate"))
+    );
+    assert_eq!(
+        ready["message"],
+        format!("0/2 dispatcher pods ready: {refused}")
+    );
+    assert_eq!(
+        run.await.unwrap().unwrap(),
+        Action::requeue(Duration::from_secs(10))
+    );
+    api.expect_no_more().await;
+
+    // 2. the pods exist but their database Secret does not
+    let (ctx, mut api) = context(&pool);
+    let run = tokio::spawn(dispatcher_controller::reconcile(
+        Arc::new(d.clone()),
+        ctx.clone(),
+    ));
+    api.expect(
+        "PATCH",
+        DEPLOY_PATH,
+        with_deployment_status(json!({"replicas": 2, "unavailableReplicas": 2})),
+    )
+    .await;
+    api.expect("GET", PODS_PATH, |_| {
+        (
+            200,
+            pod_list(json!([{
+                "metadata": {"name": "hookd-dispatcher-default-5f7c9d-abcde", "namespace": "hookd-system"},
+                "status": {"phase": "Pending", "containerStatuses": [{
+                    "name": "dispatcher", "image": "hookd:test", "imageID": "", "ready": false,
+                    "restartCount": 0,
+                    "state": {"waiting": {"reason": "CreateContainerConfigError",
+                                          "message": "secret \"hookd-database\" not found"}}}]}
+            }])),
+        )
+    })
+    .await;
+    let status = api
+        .expect("PATCH", DISPATCHER_STATUS_PATH, dispatcher_with_status(&d))
+        .await;
+    let ready = condition(&status.body["status"], "Ready");
+    assert_eq!(ready["reason"], "CreateContainerConfigError");
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("container dispatcher: secret \"hookd-database\" not found"),
+        "{ready}"
+    );
+    run.await.unwrap().unwrap();
+    api.expect_no_more().await;
+
+    // 3. the pod list is refused (RBAC of an older install): the count, no reason
+    let (ctx, mut api) = context(&pool);
+    let run = tokio::spawn(dispatcher_controller::reconcile(
+        Arc::new(d.clone()),
+        ctx.clone(),
+    ));
+    api.expect("PATCH", DEPLOY_PATH, applied_deployment(0))
+        .await;
+    api.expect("GET", PODS_PATH, |_| (403, status_error(403, "Forbidden")))
+        .await;
+    let status = api
+        .expect("PATCH", DISPATCHER_STATUS_PATH, dispatcher_with_status(&d))
+        .await;
+    let ready = condition(&status.body["status"], "Ready");
+    assert_eq!(
+        (ready["reason"].as_str(), ready["message"].as_str()),
+        (Some("Progressing"), Some("0/2 dispatcher pods ready"))
+    );
+    run.await.unwrap().unwrap();
     api.expect_no_more().await;
 }
 
@@ -1093,6 +1243,8 @@ async fn autoscaling_sets_replicas_from_the_backlog(pool: PgPool) {
         .expect("PATCH", DEPLOY_PATH, applied_deployment(1))
         .await;
     assert_eq!(apply.body["spec"]["replicas"], 3);
+    api.expect("GET", PODS_PATH, |_| (200, pod_list(json!([]))))
+        .await;
     let status = api
         .expect("PATCH", DISPATCHER_STATUS_PATH, dispatcher_with_status(&d))
         .await;

@@ -553,3 +553,156 @@ fn dispatcher_name_is_bounded_at_admission() {
     assert!(mk(&"d".repeat(63)).validate_cel().is_ok());
     assert!(mk(&"d".repeat(64)).validate_cel().is_err());
 }
+
+/// Every `format` in the CRDs is one the API server knows: from Kubernetes 1.34 each unknown
+/// one is a warning on every `kubectl apply` of the CRDs (schemars' `uint32` gave nine).
+#[test]
+fn crds_use_only_formats_the_api_server_knows() {
+    fn walk(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                // `format` of a schema, not a property that happens to be called so
+                if let Some(serde_json::Value::String(f)) = m.get("format")
+                    && m.contains_key("type")
+                    && !hookd::k8s::crd::format_is_known(f)
+                {
+                    out.push(format!("{path}: format {f:?}"));
+                }
+                for (k, v) in m {
+                    walk(v, &format!("{path}.{k}"), out);
+                }
+            }
+            serde_json::Value::Array(a) => {
+                for (i, v) in a.iter().enumerate() {
+                    walk(v, &format!("{path}[{i}]"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut formats = std::collections::BTreeSet::new();
+    let mut unknown = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&hookd::k8s::crds_yaml()) {
+        let crd: serde_json::Value = serde::Deserialize::deserialize(doc).unwrap();
+        let kind = crd["spec"]["names"]["kind"].as_str().unwrap().to_string();
+        walk(&crd["spec"]["versions"], &kind, &mut unknown);
+        collect_formats(&crd, &mut formats);
+    }
+    assert!(unknown.is_empty(), "{unknown:#?}");
+    // the known list is Kubernetes', not whatever the CRDs happen to use
+    for f in ["int32", "int64", "date-time", "byte", "password", "double"] {
+        assert!(hookd::k8s::crd::format_is_known(f), "{f}");
+    }
+    for f in ["uint32", "uint8", "uint", "int-or-string"] {
+        assert!(!hookd::k8s::crd::format_is_known(f), "{f}");
+    }
+    assert!(
+        formats.contains("int32") && formats.contains("date-time"),
+        "{formats:?}"
+    );
+    // the u32 fields keep their bounds: int32 where they fit, and their ranges
+    let crd = serde_json::to_value(hookd::k8s::crd::crds()[0].clone()).unwrap();
+    let timeout = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["timeoutSeconds"];
+    assert_eq!(timeout["format"], "int32");
+    assert_eq!(timeout["minimum"].as_f64(), Some(1.0));
+    assert_eq!(timeout["maximum"].as_f64(), Some(300.0));
+}
+
+fn collect_formats(v: &serde_json::Value, out: &mut std::collections::BTreeSet<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            if let Some(serde_json::Value::String(f)) = m.get("format") {
+                out.insert(f.clone());
+            }
+            m.values().for_each(|v| collect_formats(v, out));
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| collect_formats(v, out)),
+        _ => {}
+    }
+}
+
+fn dispatcher_with(spec: serde_json::Value) -> hookd::k8s::WebhookDispatcher {
+    let mut base = serde_json::json!({"databaseSecretRef": {"name": "db"}});
+    for (k, v) in spec.as_object().unwrap() {
+        base[k] = v.clone();
+    }
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "hookd.dev/v1alpha1", "kind": "WebhookDispatcher",
+        "metadata": {"name": "default", "namespace": "hookd-system"},
+        "spec": base,
+    }))
+    .unwrap()
+}
+
+/// The `env` rule admits exactly the settings the controller's privilege check admits,
+/// retention included (every cluster pruned at 30 days whatever was asked, issue 28).
+#[test]
+fn env_rule_admits_the_allowed_settings_and_nothing_else() {
+    for name in hookd::k8s::crd::DISPATCHER_ENV_ALLOWED {
+        let d = dispatcher_with(serde_json::json!({"env": [{"name": name, "value": "1"}]}));
+        assert!(
+            d.validate_cel().is_ok(),
+            "{name} is refused by the CEL rule"
+        );
+    }
+    for name in ["HOOKD_RETENTION_DAYS", "HOOKD_TENANT_RETENTION"] {
+        assert!(hookd::k8s::crd::DISPATCHER_ENV_ALLOWED.contains(&name));
+    }
+    for name in [
+        "DATABASE_URL",
+        "HOOKD_ENCRYPTION_KEY",
+        "HOOKD_LISTEN",
+        "HOOKD_ENCRYPTION_KEY_FILE",
+    ] {
+        let d = dispatcher_with(serde_json::json!({"env": [{"name": name, "value": "x"}]}));
+        assert!(d.validate_cel().is_err(), "{name} must be refused");
+    }
+}
+
+/// Private registries and placement are part of the schema (additive fields), typed as
+/// Kubernetes types them, so a misspelt toleration is refused like in a Deployment.
+#[test]
+fn dispatcher_schema_has_pull_secrets_and_placement() {
+    let crd = serde_json::to_value(hookd::k8s::crd::crds()[1].clone()).unwrap();
+    let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    assert_eq!(spec["imagePullSecrets"]["type"], "array");
+    assert_eq!(
+        spec["imagePullSecrets"]["items"]["properties"]["name"]["type"],
+        "string"
+    );
+    assert_eq!(
+        spec["nodeSelector"]["additionalProperties"]["type"],
+        "string"
+    );
+    assert!(spec["tolerations"]["items"]["properties"]["tolerationSeconds"].is_object());
+    assert!(spec["affinity"]["properties"]["nodeAffinity"].is_object());
+    assert_eq!(spec["priorityClassName"]["type"], "string");
+    // every field that existed keeps its name
+    for f in [
+        "replicas",
+        "autoscaling",
+        "concurrency",
+        "endpointConcurrency",
+        "leaseSeconds",
+        "requestTimeoutSeconds",
+        "image",
+        "imagePullPolicy",
+        "databaseSecretRef",
+        "encryptionKeySecretRef",
+        "allowedDestinations",
+        "resources",
+        "serviceAccountName",
+        "env",
+    ] {
+        assert!(spec[f].is_object(), "spec.{f} is gone");
+    }
+    let d = dispatcher_with(serde_json::json!({
+        "imagePullSecrets": [{"name": "regcred"}],
+        "nodeSelector": {"pool": "egress"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+        "priorityClassName": "hookd-high",
+    }));
+    assert!(d.validate_cel().is_ok());
+    assert_eq!(d.spec.image_pull_secrets[0].name, "regcred");
+}

@@ -113,6 +113,19 @@ async fn dev_prints_a_working_curl_line(pool: PgPool) {
             .any(|l| l.starts_with("hookd_claimed_total") && !l.ends_with(" 0")),
         "{m}"
     );
+    // the dispatcher's log names the address it listens on, not its default 0.0.0.0
+    // (issue 31 item 9), and the first screen is no SQL (item 2)
+    let printed = child.output();
+    let starting = printed
+        .lines()
+        .find(|l| l.contains("dispatcher starting"))
+        .unwrap_or_else(|| panic!("{printed}"));
+    assert!(
+        starting.contains(&format!("127.0.0.1:{metrics}")),
+        "{starting}"
+    );
+    assert!(!printed.contains("0.0.0.0"), "{printed}");
+    assert!(!printed.contains("slow statement"), "{printed}");
 
     // A user's own endpoint, with its own secret, aimed at the example receiver: the
     // receiver knows every secret of the dev database, so it verifies (issue 17).

@@ -332,7 +332,7 @@ async fn claim_plan_is_an_index_range_scan(pool: PgPool) {
     bulk_events(&pool, "plan", 100_000).await;
     sqlx::query(
         "INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, status, attempts, completed_at)
-         SELECT gen_random_uuid(), e.id, ($1::uuid[])[1 + (e.rn % 3)], 'plan',
+         SELECT hookd.uuid_v7(), e.id, ($1::uuid[])[1 + (e.rn % 3)], 'plan',
                 CASE WHEN e.rn <= 50000 THEN 'pending' ELSE 'succeeded' END,
                 CASE WHEN e.rn <= 50000 THEN 0 ELSE 1 END,
                 CASE WHEN e.rn <= 50000 THEN NULL ELSE now() END
@@ -409,7 +409,7 @@ async fn fenced_writes_probe_the_primary_key_whatever_the_statistics(pool: PgPoo
     sqlx::query(
         "INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, status, attempts,
                                        completed_at, claim_token)
-         SELECT gen_random_uuid(), e.id, $1, 'fence-plan',
+         SELECT hookd.uuid_v7(), e.id, $1, 'fence-plan',
                 CASE WHEN e.rn <= 3 THEN 'in_progress' ELSE 'succeeded' END, 1,
                 CASE WHEN e.rn <= 3 THEN NULL ELSE now() END,
                 CASE WHEN e.rn <= 3 THEN gen_random_uuid() END

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
 use common::*;
-use hookd::db::deliveries::{self, ClaimRequest};
+use hookd::db::deliveries::{self, ClaimRequest, TenantShares};
 use sqlx::PgPool;
 use tokio_util::sync::DropGuard;
 use uuid::Uuid;
@@ -195,6 +195,147 @@ async fn a_hot_endpoint_takes_turns_with_the_others(pool: PgPool) {
         .unwrap();
     assert!(last.iter().all(|d| d.endpoint_id == hot));
     assert_eq!(last.len(), 10);
+}
+
+/// The shares a dispatcher with `concurrency` slots passes with nothing in flight (240:
+/// 225 per tenant, 211 per consumer of a tenant).
+fn idle_shares(concurrency: usize) -> TenantShares {
+    let cap = hookd::dispatch::share_cap(concurrency, 0);
+    TenantShares {
+        cap,
+        busy: Vec::new(),
+        consumer_cap: hookd::dispatch::share_cap(usize::try_from(cap).unwrap(), 0),
+        consumers_busy: Vec::new(),
+    }
+}
+
+/// `n` tenant-wide endpoints of `tenant`, written straight to the table.
+async fn bulk_endpoints(pool: &PgPool, tenant: &str, n: i32) {
+    sqlx::query(
+        "INSERT INTO hookd.endpoints (id, tenant, k8s_namespace, k8s_name, url)
+         SELECT hookd.uuid_v7(), $1, 'bulk', 'bulk-' || hookd.uuid_v7(), 'http://127.0.0.1:9/bulk'
+         FROM generate_series(1, $2) g",
+    )
+    .bind(tenant)
+    .bind(n)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Issue 27, item 1 (the SQL reproduction): tenant `big` has 2,544 endpoints with one due
+/// row each, tenant `small` one endpoint with one newer row. A claim of 250 with the
+/// shares of an idle dispatcher of 240 slots fills `big`'s consumer share (211 rows) and
+/// reaches `small`. Before: each of `big`'s endpoints was charged its full quota (32)
+/// against the share, so the claim returned 11 rows, all `big`'s, and the window of
+/// entries never reached `small`.
+#[sqlx::test]
+async fn a_tenant_of_many_trickle_endpoints_fills_a_claim_and_hides_no_other(pool: PgPool) {
+    bulk_endpoints(&pool, "big", 2_544).await;
+    enqueue_sql(&pool, "big", 1).await;
+    let small = endpoint(&pool, opts("small", "http://127.0.0.1:9/small".into())).await;
+    enqueue_sql(&pool, "small", 1).await;
+
+    let got = deliveries::claim_shared(&pool, &claim_req(250, 32), &idle_shares(240))
+        .await
+        .unwrap();
+    let small_rows = got.iter().filter(|d| d.endpoint_id == small).count();
+    println!("{} rows, {small_rows} of small", got.len());
+    assert_eq!(small_rows, 1, "small's row was hidden behind big's entries");
+    assert_eq!(
+        got.len(),
+        212,
+        "big's consumer share (211 rows of one each) and small's row"
+    );
+}
+
+/// Issue 27, item 2: queue entries with nothing due ahead in turn order never throttle
+/// their tenant. Seven such entries of tenant `t` (as a race left them) and one endpoint
+/// with 100 due rows: the claim takes that endpoint's full per-endpoint quota (32), not
+/// what is left of the tenant's share after charging each empty entry 32 (225 - 7 x 32 =
+/// 1), and the next fold removes the empty entries.
+#[sqlx::test]
+async fn queue_entries_with_nothing_due_hold_nothing_back(pool: PgPool) {
+    bulk_endpoints(&pool, "t", 7).await;
+    sqlx::query(
+        "INSERT INTO hookd.endpoint_queue (endpoint_id, tenant, due_at)
+         SELECT id, tenant, now() - interval '1 hour' FROM hookd.endpoints WHERE tenant = 't'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let busy = endpoint(&pool, opts("t", "http://127.0.0.1:9/busy".into())).await;
+    sqlx::query("SELECT hookd.enqueue('t', 'scale.test', '{}') FROM generate_series(1, 100)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // the bulk endpoints are subscribed too: keep only the busy endpoint's rows
+    sqlx::query("DELETE FROM hookd.deliveries WHERE tenant = 't' AND endpoint_id <> $1")
+        .bind(busy)
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let got = deliveries::claim_shared(&pool, &claim_req(250, 32), &idle_shares(240))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 32, "the busy endpoint's full per-endpoint quota");
+    assert!(got.iter().all(|d| d.endpoint_id == busy));
+
+    deliveries::fold_wakeups(&pool).await.unwrap();
+    let left: Vec<Uuid> = sqlx::query_scalar("SELECT endpoint_id FROM hookd.endpoint_queue")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, vec![busy], "the empty entries are gone after a fold");
+}
+
+/// Issue 27, item 2, the race that left those entries: the last open delivery of an
+/// endpoint finishes while another transaction holds the endpoint's queue entry (a
+/// concurrent claim or outcome refreshing it, with a snapshot that cannot see this one).
+/// The finishing refresh skips the locked entry; before, nothing ever refreshed it again
+/// and it stayed at the head of the line with nothing due. Now the skip leaves a recheck,
+/// and the next fold removes the entry.
+#[sqlx::test]
+async fn a_refresh_skipped_under_a_lock_is_done_by_the_next_fold(pool: PgPool) {
+    let e = endpoint(&pool, opts("race", "http://127.0.0.1:9/race".into())).await;
+    enqueue_sql(&pool, "race", 1).await;
+    deliveries::fold_wakeups(&pool).await.unwrap();
+    let claimed = deliveries::claim(&pool, &claim_req(10, 32)).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM hookd.endpoint_queue WHERE endpoint_id = $1 FOR UPDATE")
+        .bind(e)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE hookd.deliveries SET status = 'succeeded', completed_at = now(), updated_at = now()
+         WHERE id = $1",
+    )
+    .bind(claimed[0].id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    holder.commit().await.unwrap();
+
+    let entry = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM hookd.endpoint_queue WHERE endpoint_id = $1",
+        )
+        .bind(e)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!(
+        entry().await,
+        1,
+        "the finishing refresh skipped the held entry"
+    );
+    deliveries::fold_wakeups(&pool).await.unwrap();
+    assert_eq!(entry().await, 0, "the fold refreshed the entry it skipped");
 }
 
 /// Whose share of a dispatcher's slots a fairness test measures: a tenant's against

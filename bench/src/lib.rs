@@ -172,6 +172,9 @@ pub struct Scale {
     /// the drain over many endpoints (issue 13: 1,000)
     pub dispatch_many_endpoints: usize,
     pub dispatch_many_rows: i64,
+    /// the customer-webhook shape (issue 27): this many endpoints with one due row each,
+    /// drained beside the same number of rows over 1/200 as many endpoints
+    pub dispatch_trickle_endpoints: usize,
     /// dispatcher processes for the multi-dispatcher drain
     pub dispatchers: usize,
     /// active endpoint counts the claim and an idle dispatcher are measured at
@@ -209,6 +212,7 @@ impl Scale {
             dispatch_single_rows: 30_000,
             dispatch_many_endpoints: 1_000,
             dispatch_many_rows: 30_000,
+            dispatch_trickle_endpoints: 10_000,
             dispatchers: 4,
             endpoint_counts: vec![10, 20_000, 300_000],
             idle_window: Duration::from_secs(10),
@@ -260,6 +264,7 @@ impl Scale {
             dispatch_single_rows: 100,
             dispatch_many_endpoints: 20,
             dispatch_many_rows: 200,
+            dispatch_trickle_endpoints: 400,
             dispatchers: 2,
             endpoint_counts: vec![10, 500],
             idle_window: Duration::from_millis(300),

@@ -99,6 +99,9 @@ fn api_settings(auth: AuthMode) -> ApiSettings {
         ingest_committers: INGEST_COMMITTERS,
         ingest_max_group: INGEST_MAX_GROUP,
         auth,
+        // the consumers section measures what creating many endpoints of one consumer
+        // costs, not the per-consumer cap (issue 29), which would refuse the 17th
+        consumer_max_endpoints: 1_000_000,
         ..ApiSettings::defaults()
     }
 }
@@ -589,11 +592,18 @@ pub(crate) async fn baselines(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
 pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
     let s = &ctx.scale;
     let rx = start_receiver(ctx).await?;
+    let trickle = s.dispatch_trickle_endpoints;
+    let trickle_rows = trickle as i64;
+    let few = (trickle / 200).max(1);
+    // the trickle pair's rates, for the ratio row: (few endpoints, many endpoints)
+    let mut pair = (None, None);
     for (endpoint_count, rows, dispatchers) in [
         (s.dispatch_endpoints, s.dispatch_rows, 1),
         (s.dispatch_endpoints, s.dispatch_rows, s.dispatchers),
         (s.dispatch_many_endpoints, s.dispatch_many_rows, 1),
         (1, s.dispatch_single_rows, 1),
+        (few, trickle_rows, 1),
+        (trickle, trickle_rows, 1),
     ] {
         reset(ctx).await?;
         let urls: Vec<String> = (0..endpoint_count)
@@ -647,6 +657,13 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
         let unique: std::collections::HashSet<Uuid> = arrivals.iter().map(|a| a.0).collect();
         let succeeded = db::count_status(&ctx.pool, "succeeded").await?;
         let rate = rows as f64 / elapsed.as_secs_f64();
+        if rows == trickle_rows && dispatchers == 1 {
+            if endpoint_count == few {
+                pair.0 = Some(rate);
+            } else if endpoint_count == trickle {
+                pair.1 = Some(rate);
+            }
+        }
         let by = if dispatchers > 1 {
             format!(", {dispatchers} dispatchers")
         } else {
@@ -685,6 +702,19 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
         progress(&format!(
             "dispatch to {endpoint_count} endpoint(s){by}: {rate:.0} deliveries/s"
         ));
+    }
+    if let (Some(few_rate), Some(many_rate)) = pair {
+        report.rows.push(Row {
+            section: "dispatch",
+            figure: format!(
+                "drain of {trickle} endpoints x 1 row against {few} endpoints x {} rows",
+                trickle_rows / few as i64
+            ),
+            value: many_rate / few_rate,
+            unit: "x",
+            detail: format!("{many_rate:.0} against {few_rate:.0} del/s (goal: at least 0.8 x)"),
+            conditions: "the two drains above, in one run".into(),
+        });
     }
     if rx.malformed() + rx.bad_signatures() > 0 {
         report.checks.push(Check {
@@ -767,6 +797,69 @@ pub(crate) async fn e2e(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError
         ", separate processes",
         "`hookd api` and `hookd dispatch` as child processes with default settings, receiver in the bench process",
     );
+    beside_a_crowd(ctx, report).await
+}
+
+/// Issue 27: a one-endpoint tenant's latency while a tenant of many endpoints with a few
+/// due rows each keeps the dispatcher at the machine's limit (its backlog outlasts the
+/// window). Separate processes; the small tenant has a receiver of its own.
+async fn beside_a_crowd(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
+    let s = &ctx.scale;
+    reset(ctx).await?;
+    let crowd_rx = start_receiver(ctx).await?;
+    let rx = start_receiver(ctx).await?;
+    endpoints(ctx, "bench-e2e", &[rx.url("/e2e")]).await?;
+    let crowd = s.dispatch_trickle_endpoints;
+    let urls: Vec<String> = (0..crowd)
+        .map(|i| crowd_rx.url(&format!("/c{i}")))
+        .collect();
+    let ids = endpoints(ctx, "bench-crowd", &urls).await?;
+    // about twice what the separate-process drains manage over the window
+    let rows = (crowd as i64 * 4).max((s.e2e_window.as_secs_f64() * 12_000.0) as i64);
+    db::fill(
+        &ctx.pool,
+        "bench-crowd",
+        &ids,
+        rows,
+        &payload(s.payload_bytes, 0),
+        false,
+    )
+    .await?;
+    db::vacuum_analyze(&ctx.pool).await?;
+    let stack = ProcessStack::start(ctx).await?;
+    let pace = Pace {
+        rate: 20.0,
+        window: s.e2e_window,
+        types: vec!["bench.e2e".into()],
+    };
+    let paced = paced_load(ctx, stack.api, &rx, &pace).await;
+    let left = db::open_deliveries(&ctx.pool).await?;
+    let crowd_got = crowd_rx.count();
+    stack.stop().await;
+    let p = paced?;
+    let lat = &p.latencies;
+    report.checks.push(Check {
+        what: "e2e beside a crowd: deliveries received == deliveries enqueued".into(),
+        expected: p.events,
+        actual: lat.len() as u64,
+    });
+    report.rows.push(Row {
+        section: "e2e",
+        figure: format!("latency p99 of a 1-endpoint tenant beside a {crowd}-endpoint tenant"),
+        value: ms(percentile(lat, 99.0)),
+        unit: "ms",
+        detail: format!(
+            "p50 {:.2} ms max {:.2} ms; the crowd: {crowd_got} delivered meanwhile, {left} still open at the end (goal: p99 under 100 ms)",
+            ms(percentile(lat, 50.0)),
+            ms(lat.last().copied().unwrap_or_default())
+        ),
+        conditions: format!(
+            "separate processes with default settings; the crowd's {rows} rows ({} per endpoint) pre-filled; the small tenant paced at {:.0} ev/s for {}",
+            rows / crowd as i64,
+            pace.rate,
+            secs(pace.window)
+        ),
+    });
     Ok(())
 }
 

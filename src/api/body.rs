@@ -91,32 +91,6 @@ impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for ObjectOnly<T> 
     }
 }
 
-/// A JSON object body of at most `limit` bytes; an empty body is `{}` (routes whose every
-/// field is optional).
-pub async fn json_or_empty<T: DeserializeOwned>(
-    headers: &HeaderMap,
-    body: Body,
-    limit: usize,
-) -> Result<T, ApiError> {
-    let bytes = read_limited(body, limit).await?;
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return parse(b"{}");
-    }
-    require_json(headers)?;
-    parse(&bytes)
-}
-
-/// A required JSON object body of at most `limit` bytes.
-pub async fn json<T: DeserializeOwned>(
-    headers: &HeaderMap,
-    body: Body,
-    limit: usize,
-) -> Result<T, ApiError> {
-    require_json(headers)?;
-    let bytes = read_limited(body, limit).await?;
-    parse(&bytes)
-}
-
 /// For a field where `null` means "clear it" and absence means "leave it":
 /// `#[serde(default, deserialize_with = "nullable")]` on an `Option<Option<T>>`.
 pub fn nullable<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>

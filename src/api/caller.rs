@@ -42,6 +42,8 @@ impl Caller {
             Caller::Authenticated(p) => crate::db::Audience {
                 tenant: Some(&p.tenant),
                 consumer: p.consumer.as_deref(),
+                consumer_generation: p.consumer_generation,
+                since: p.consumer_since.map(crate::db::events::uuid_floor),
             },
         }
     }

@@ -12,9 +12,9 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
 
 use super::AppState;
-use super::body::json_or_empty;
 use super::caller::Caller;
 use super::error::ApiError;
 use super::listing::{page_limit, query};
@@ -44,11 +44,15 @@ pub struct ConsumerOut {
     updated_at: DateTime<Utc>,
 }
 
+fn empty_object() -> Box<serde_json::value::RawValue> {
+    serde_json::value::RawValue::from_string("{}".into()).expect("{} is JSON")
+}
+
 impl From<db::consumers::ConsumerRow> for ConsumerOut {
     fn from(c: db::consumers::ConsumerRow) -> Self {
         // jsonb's text form is always valid JSON; the fallback only keeps this infallible
-        let metadata = serde_json::value::RawValue::from_string(c.metadata)
-            .unwrap_or_else(|_| serde_json::value::RawValue::from_string("{}".into()).unwrap());
+        let metadata =
+            serde_json::value::RawValue::from_string(c.metadata).unwrap_or_else(|_| empty_object());
         ConsumerOut {
             uid: c.uid,
             tenant: c.tenant,
@@ -108,6 +112,7 @@ fn tenant_of(caller: &Caller, named: Option<String>) -> Result<String, ApiError>
         (status = 413, response = responses::PayloadTooLarge),
         (status = 415, response = responses::UnsupportedMediaType),
         (status = 422, response = responses::Unprocessable),
+        (status = 429, response = responses::TooManyRequests),
         (status = 500, response = responses::Internal),
         (status = 503, response = responses::Unavailable),
     ),
@@ -123,7 +128,9 @@ pub async fn upsert(
     caller.require(Scope::Manage)?;
     caller.require_tenant_wide()?;
     let uid = path_uid(uid)?;
-    let input: ConsumerIn = json_or_empty(&headers, body, BODY_LIMIT).await?;
+    let input: ConsumerIn = state
+        .read_json_body(&caller, &headers, body, BODY_LIMIT, true)
+        .await?;
     let tenant = tenant_of(&caller, input.tenant)?;
     domain::validate_tenant(&tenant).map_err(|e| ApiError::unprocessable("invalid_tenant", e))?;
     if let Some(n) = &input.name {
@@ -200,8 +207,20 @@ pub async fn get(
     }
     let row = db::consumers::get(&state.pool, &tenant, &uid)
         .await?
+        .filter(|r| {
+            caller
+                .audience()
+                .consumer_generation
+                .is_none_or(|own| own == r.generation)
+        })
         .ok_or_else(|| ApiError::not_found("consumer"))?;
-    Ok(Json(ConsumerOut::from(row)).into_response())
+    let mut out = ConsumerOut::from(row);
+    if caller.consumer_scope().is_some() {
+        // the producer's name and notes about its customer are not the customer's to read
+        out.name = None;
+        out.metadata = empty_object();
+    }
+    Ok(Json(out).into_response())
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -272,17 +291,51 @@ pub async fn list(
         limit,
     )
     .await?;
-    let next_cursor = (rows.len() as i64 == limit)
-        .then(|| {
-            rows.last()
-                .map(|r| URL_SAFE_NO_PAD.encode(format!("{}\n{}", r.tenant, r.uid)))
-        })
-        .flatten();
+    let next_cursor = super::listing::next_cursor(&rows, limit, |r| {
+        URL_SAFE_NO_PAD.encode(format!("{}\n{}", r.tenant, r.uid))
+    });
     Ok(Json(ConsumerPage {
         items: rows.into_iter().map(Into::into).collect(),
         next_cursor,
     })
     .into_response())
+}
+
+/// How far a consumer deletion got.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsumerDeletionOut {
+    id: Uuid,
+    tenant: String,
+    /// the deleted consumer's uid (a consumer created later with it is another one)
+    consumer: String,
+    /// `running` (endpoints being disabled, deliveries cancelled, in batches) or `done`
+    status: &'static str,
+    tokens_revoked: i64,
+    endpoints_disabled: i64,
+    deliveries_cancelled: i64,
+    requested_at: DateTime<Utc>,
+    completed_at: Option<DateTime<Utc>>,
+}
+
+impl From<db::consumers::DeletionRow> for ConsumerDeletionOut {
+    fn from(d: db::consumers::DeletionRow) -> Self {
+        ConsumerDeletionOut {
+            status: if d.completed_at.is_some() {
+                "done"
+            } else {
+                "running"
+            },
+            id: d.id,
+            tenant: d.tenant,
+            consumer: d.uid,
+            tokens_revoked: d.tokens_revoked,
+            endpoints_disabled: d.endpoints_disabled,
+            deliveries_cancelled: d.deliveries_cancelled,
+            requested_at: d.requested_at,
+            completed_at: d.completed_at,
+        }
+    }
 }
 
 /// DELETE /v1/consumers/{uid}
@@ -292,10 +345,15 @@ pub async fn list(
     tag = "consumers",
     operation_id = "deleteConsumer",
     summary = "Delete a consumer (scope: manage)",
-    description = "Its endpoints are disabled (reason: consumer deleted), their pending \
-        deliveries cancelled with that reason, and its tokens revoked. History stays.",
+    description = "At once, whatever its size: the consumer is gone (a consumer created \
+        later with this uid starts empty), its tokens are revoked and no new delivery is made \
+        for its endpoints. Its endpoints are then disabled (reason: consumer deleted) and \
+        their open deliveries cancelled with that reason, in bounded batches: 204 when that \
+        finished within the request, else 202 with the deletion's progress (also at \
+        `GET /v1/consumer-deletions/{id}`, the Location). History stays.",
     params(("uid" = String, Path, description = "The consumer's uid"), TenantParam),
     responses(
+        (status = 202, description = "Deleted; endpoints and deliveries still being wound down", body = ConsumerDeletionOut),
         (status = 204, description = "Deleted"),
         (status = 400, response = responses::BadRequest),
         (status = 401, response = responses::Unauthorized),
@@ -318,17 +376,79 @@ pub async fn delete(
     let uid = path_uid(uid)?;
     let p = query(params)?;
     let tenant = tenant_of(&caller, p.tenant)?;
-    let done = db::consumers::delete(&state.pool, &tenant, &uid)
+    let started = db::consumers::start_delete(&state.pool, &tenant, &uid)
         .await?
         .ok_or_else(|| ApiError::not_found("consumer"))?;
+    // dead in this process now; elsewhere the token lookup finds no consumer of the
+    // token's generation as soon as its cache entry (5 s at most) lapses
+    state.auth.forget_tokens(&started.revoked_tokens);
+    let id = started.deletion.id;
+    let batch = state.customers.delete_batch;
+    // a small consumer is done within the request: its endpoints, then its deliveries
+    let mut row = started.deletion;
+    for _ in 0..2 {
+        match db::consumers::delete_step(&state.pool, id, batch).await? {
+            db::consumers::DeleteStep::Progress(r) => {
+                row = r;
+                if row.completed_at.is_some() {
+                    break;
+                }
+            }
+            db::consumers::DeleteStep::Busy => break,
+        }
+    }
     tracing::info!(
-        tenant = %tenant, consumer = %uid,
-        endpoints_disabled = done.endpoints_disabled,
-        deliveries_cancelled = done.deliveries_cancelled,
-        tokens_revoked = done.tokens_revoked,
+        tenant = %tenant, consumer = %uid, deletion = %id,
+        tokens_revoked = row.tokens_revoked,
+        endpoints_disabled = row.endpoints_disabled,
+        deliveries_cancelled = row.deliveries_cancelled,
+        done = row.completed_at.is_some(),
         "consumer deleted"
     );
-    Ok(StatusCode::NO_CONTENT.into_response())
+    if row.completed_at.is_some() {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    tokio::spawn(crate::api::deletions::finish(state.pool.clone(), id, batch));
+    let location = format!("/v1/consumer-deletions/{id}");
+    Ok((
+        StatusCode::ACCEPTED,
+        [(axum::http::header::LOCATION, location)],
+        Json(ConsumerDeletionOut::from(row)),
+    )
+        .into_response())
+}
+
+/// GET /v1/consumer-deletions/{id}
+#[utoipa::path(
+    get,
+    path = "/v1/consumer-deletions/{id}",
+    tag = "consumers",
+    operation_id = "getConsumerDeletion",
+    summary = "How far a consumer deletion got (scope: read)",
+    params(("id" = Uuid, Path, description = "The deletion id (from DELETE /v1/consumers/{uid})")),
+    responses(
+        (status = 200, description = "The deletion", body = ConsumerDeletionOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_deletion(
+    caller: Caller,
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Read)?;
+    caller.require_tenant_wide()?;
+    let id = super::path_id(id, "consumer deletion")?;
+    let row = db::consumers::get_deletion(&state.pool, id, caller.tenant_scope())
+        .await?
+        .ok_or_else(|| ApiError::not_found("consumer deletion"))?;
+    Ok(Json(ConsumerDeletionOut::from(row)).into_response())
 }
 
 #[derive(Deserialize, ToSchema, Default)]
@@ -371,7 +491,9 @@ async fn mint(
     caller.require(Scope::Manage)?;
     caller.require_tenant_wide()?;
     let uid = path_uid(uid)?;
-    let input: ConsumerTokenIn = json_or_empty(headers, body, BODY_LIMIT).await?;
+    let input: ConsumerTokenIn = state
+        .read_json_body(caller, headers, body, BODY_LIMIT, true)
+        .await?;
     let tenant = tenant_of(caller, input.tenant)?;
     domain::validate_tenant(&tenant).map_err(|e| ApiError::unprocessable("invalid_tenant", e))?;
     let ttl = input.ttl_seconds.unwrap_or(DEFAULT_TOKEN_TTL_SECS);
@@ -431,6 +553,7 @@ async fn mint(
         (status = 413, response = responses::PayloadTooLarge),
         (status = 415, response = responses::UnsupportedMediaType),
         (status = 422, response = responses::Unprocessable),
+        (status = 429, response = responses::TooManyRequests),
         (status = 500, response = responses::Internal),
         (status = 503, response = responses::Unavailable),
     ),
@@ -470,6 +593,7 @@ pub async fn create_token(
         (status = 413, response = responses::PayloadTooLarge),
         (status = 415, response = responses::UnsupportedMediaType),
         (status = 422, response = responses::Unprocessable),
+        (status = 429, response = responses::TooManyRequests),
         (status = 500, response = responses::Internal),
         (status = 503, response = responses::Unavailable),
     ),

@@ -15,7 +15,7 @@ use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-use super::body::{parse, read_limited, require_json};
+use super::body::{parse, require_json};
 use super::caller::Caller;
 use super::error::ApiError;
 use super::messages::DeliverySummary;
@@ -201,10 +201,9 @@ pub async fn replay(
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Operate)?;
     let id = path_id(id, "delivery")?;
-    // a replay is a send like an enqueue's: it counts against the tenant's rate
-    if let Some(tenant) = caller.tenant_scope() {
-        state.admit(&[(tenant, 1)])?;
-    }
+    // a replay is a send like an enqueue's: it counts against the tenant's rate, or a
+    // consumer token's own (never the tenant's: a customer cannot use up the producer's)
+    state.admit_work(&caller, 1)?;
     match db::deliveries::replay(&state.pool, id, caller.audience()).await? {
         ReplayOutcome::Replayed => {
             state.notifier.wake();
@@ -265,8 +264,10 @@ impl ToSchema for ReplayableStatus {}
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct EndpointReplayIn {
     /// deliveries created at or after this time (default: any)
+    #[serde(default, deserialize_with = "crate::domain::time_bound")]
     since: Option<DateTime<Utc>>,
     /// deliveries created before this time (default: any)
+    #[serde(default, deserialize_with = "crate::domain::time_bound")]
     until: Option<DateTime<Utc>>,
     /// default: `["dead"]`
     #[schema(value_type = Option<Vec<ReplayableStatus>>)]
@@ -323,7 +324,7 @@ pub async fn replay_endpoint(
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Operate)?;
     let id = path_id(id, "endpoint")?;
-    let bytes = read_limited(body, 64 * 1024).await?;
+    let bytes = state.read_body(&caller, &headers, body, 64 * 1024).await?;
     // no body, or JSON null: every default
     let input: Option<EndpointReplayIn> = if bytes.is_empty() {
         None
@@ -358,19 +359,11 @@ pub async fn replay_endpoint(
     {
         return Err(ApiError::not_found("endpoint"));
     }
-    // Each replayed delivery is a send and counts against the tenant's rate: one call
-    // replays at most what the tenant's bucket holds (the rest is for the next call), and
-    // what it does not use is given back.
-    let rated = match (caller.tenant_scope(), &state.rate_limiter) {
-        (Some(tenant), Some(limiter)) => {
-            let want = u32::try_from(limit).unwrap_or(u32::MAX);
-            let took = limiter
-                .take_up_to(tenant, want, std::time::Instant::now())
-                .map_err(|wait| ApiError::rate_limited(tenant, wait))?;
-            Some((tenant, limiter, took))
-        }
-        _ => None,
-    };
+    // Each replayed delivery is a send and counts against the caller's rate (the tenant's,
+    // or a consumer token's own): one call replays at most what the bucket holds (the rest
+    // is for the next call), and what it does not use is given back.
+    let want = u32::try_from(limit).unwrap_or(u32::MAX);
+    let rated = state.take_work_up_to(&caller, want)?;
     let limit = rated.as_ref().map_or(limit, |r| i64::from(r.2));
     let replayed = db::deliveries::replay_endpoint(
         &state.pool,
@@ -382,10 +375,10 @@ pub async fn replay_endpoint(
         caller.tenant_scope(),
     )
     .await;
-    if let Some((tenant, limiter, took)) = rated {
+    if let Some((limiter, key, took)) = rated {
         let used = replayed.as_ref().map_or(0, |r| r.0);
         limiter.refund(
-            tenant,
+            &key,
             took.saturating_sub(u32::try_from(used).unwrap_or(took)),
         );
     }
@@ -498,15 +491,15 @@ pub async fn dead_letters(
         &db::dead_letters::DeadLetterQuery {
             tenant,
             consumer: caller.consumer_scope().map(str::to_owned),
+            since: caller.audience().since,
             endpoint_id: p.endpoint_id,
             after,
             limit,
         },
     )
     .await?;
-    let next_cursor = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|r| encode_cursor(r.dead_at, r.delivery_id)))
-        .flatten();
+    let next_cursor =
+        super::listing::next_cursor(&rows, limit, |r| encode_cursor(r.dead_at, r.delivery_id));
     Ok(Json(DeadLetterPage {
         items: rows
             .into_iter()

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-use super::body::{json, json_or_empty, nullable};
+use super::body::nullable;
 use super::caller::Caller;
 use super::error::ApiError;
 use super::listing::{check_consumer_filter, page_limit, parse_status, query, uuid_cursor};
@@ -28,6 +28,15 @@ use crate::domain::{self, CircuitState, DeliveryStatus};
 
 /// Largest request body of these routes.
 const BODY_LIMIT: usize = 64 * 1024;
+
+/// The type of test events, reserved: a test event's type is this or below it.
+pub const TEST_EVENT_TYPE: &str = "hookd.test";
+
+fn is_test_event_type(t: &str) -> bool {
+    t == TEST_EVENT_TYPE
+        || t.strip_prefix(TEST_EVENT_TYPE)
+            .is_some_and(|rest| rest.starts_with('.'))
+}
 
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -232,6 +241,19 @@ async fn check_fields(
     Ok(())
 }
 
+/// 422 for a secret anyone can know (see `signing::weak_secret_reason`); never echoes it.
+fn refuse_weak_secret(secret: &str) -> Result<(), ApiError> {
+    match crate::signing::weak_secret_reason(secret) {
+        None => Ok(()),
+        Some(why) => Err(ApiError::unprocessable(
+            "weak_secret",
+            format!(
+                "this secret cannot be used: {why}, so anyone could forge its signatures. Leave secret out to have one generated, or use echo \"whsec_$(openssl rand -base64 32)\""
+            ),
+        )),
+    }
+}
+
 fn keyring(state: &AppState) -> Result<&crate::crypto::Keyring, ApiError> {
     state.manage.keyring.as_ref().map_err(|reason| {
         tracing::warn!(%reason, "a signing secret cannot be stored");
@@ -263,6 +285,7 @@ fn keyring(state: &AppState) -> Result<&crate::crypto::Keyring, ApiError> {
         (status = 413, response = responses::PayloadTooLarge),
         (status = 415, response = responses::UnsupportedMediaType),
         (status = 422, response = responses::Unprocessable),
+        (status = 429, response = responses::TooManyRequests),
         (status = 500, response = responses::Internal),
         (status = 503, response = responses::Unavailable),
     ),
@@ -275,7 +298,10 @@ pub async fn create(
     body: Body,
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Manage)?;
-    let input: EndpointIn = json(&headers, body, BODY_LIMIT).await?;
+    state.admit_work(&caller, 0)?;
+    let input: EndpointIn = state
+        .read_json_body(&caller, &headers, body, BODY_LIMIT, false)
+        .await?;
     let tenant = caller
         .resolve_tenant(input.tenant)?
         .ok_or_else(|| ApiError::unprocessable("missing_field", "tenant is required"))?;
@@ -303,6 +329,7 @@ pub async fn create(
                     e.to_string().replace(&s, "…")
                 ))
             })?;
+            refuse_weak_secret(&s)?;
             s
         }
         None => crate::endpoints::generate_secret(),
@@ -310,16 +337,41 @@ pub async fn create(
     let keyring = keyring(&state)?;
     let id = Uuid::now_v7();
     let mut tx = crate::db::begin(&state.pool).await?;
-    if let Some(c) = &consumer {
-        if caller.consumer_scope().is_some() {
-            // a consumer token never brings its consumer back after a delete (its token
-            // is revoked, but the API caches verdicts for a few seconds)
-            if !db::consumers::hold(&mut tx, &tenant, c).await? {
-                return Err(ApiError::not_found("consumer"));
+    let limits = state.customers;
+    let consumer_generation = match &consumer {
+        None => None,
+        Some(c) => {
+            // A consumer token never brings its consumer back after a delete, nor acts
+            // for a later consumer with its uid (the API caches verdicts for a few
+            // seconds). Held exclusively: two creates count one after the other.
+            let own = caller.audience().consumer_generation;
+            let held =
+                db::consumers::lock_for_endpoints(&mut tx, &tenant, c, own.is_none()).await?;
+            let generation = match (held, own) {
+                (Some(g), Some(own)) if g != own => None,
+                (held, _) => held,
             }
-        } else {
-            db::consumers::ensure(&mut tx, &tenant, c).await?;
+            .ok_or_else(|| ApiError::not_found("consumer"))?;
+            let cap = limits.consumer_max_endpoints;
+            if db::consumers::count_endpoints(&mut tx, &tenant, c, generation, cap).await? >= cap {
+                return Err(ApiError::unprocessable(
+                    "consumer_endpoint_limit",
+                    format!(
+                        "consumer {c:?} has {cap} endpoints, the most one consumer may have (HOOKD_CONSUMER_MAX_ENDPOINTS); delete one first"
+                    ),
+                ));
+            }
+            Some(generation)
         }
+    };
+    let cap = limits.tenant_max_endpoints;
+    if db::consumers::lock_and_count_tenant_endpoints(&mut tx, &tenant, cap).await? >= cap {
+        return Err(ApiError::unprocessable(
+            "tenant_endpoint_limit",
+            format!(
+                "tenant {tenant:?} has {cap} endpoints made through the API, the most one tenant may have (HOOKD_TENANT_MAX_ENDPOINTS); delete one first"
+            ),
+        ));
     }
     db::endpoints::insert_api(
         &mut tx,
@@ -332,6 +384,7 @@ pub async fn create(
             description: input.description,
             headers: serde_json::to_value(&hdrs).unwrap_or_default(),
             paused: input.paused.unwrap_or(false),
+            consumer_generation,
         },
     )
     .await?;
@@ -410,9 +463,7 @@ pub async fn list(
         limit,
     )
     .await?;
-    let next_cursor = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|r| r.id.to_string()))
-        .flatten();
+    let next_cursor = super::listing::next_cursor(&rows, limit, |r| r.id.to_string());
     Ok(Json(EndpointPage {
         items: rows.into_iter().map(Into::into).collect(),
         next_cursor,
@@ -462,12 +513,14 @@ fn refused(r: PatchRefused) -> ApiError {
         PatchRefused::ManagedByKubernetes => ApiError::new(
             StatusCode::CONFLICT,
             "managed_by_kubernetes",
-            "this endpoint is declared by a WebhookEndpoint object; change that object (kubectl) instead",
+            // The declaration is the source of truth: a change made here would be undone by
+            // the controller's next resync or the next `hookd apply` of the same file.
+            "this endpoint is declared by a WebhookEndpoint object; change that object instead: in a cluster with kubectl (kubectl apply, or kubectl delete); without one, where `hookd apply -f FILE` stored it, with `hookd apply -f FILE` (set `paused: true` in its spec to pause it) or `hookd delete -f FILE`",
         ),
         PatchRefused::ConsumerDeleted => ApiError::new(
             StatusCode::CONFLICT,
             "consumer_deleted",
-            "this endpoint's consumer was deleted; create the consumer again (PUT /v1/consumers/{uid}) before enabling it",
+            "this endpoint's consumer was deleted; it stays disabled for good (a consumer created again with the same uid is another customer and starts without it)",
         ),
     }
 }
@@ -511,6 +564,7 @@ async fn patch_and_answer(
         (status = 413, response = responses::PayloadTooLarge),
         (status = 415, response = responses::UnsupportedMediaType),
         (status = 422, response = responses::Unprocessable),
+        (status = 429, response = responses::TooManyRequests),
         (status = 500, response = responses::Internal),
         (status = 503, response = responses::Unavailable),
     ),
@@ -525,7 +579,10 @@ pub async fn update(
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Manage)?;
     let id = path_id(id, "endpoint")?;
-    let input: EndpointPatchIn = json(&headers, body, BODY_LIMIT).await?;
+    state.admit_work(&caller, 0)?;
+    let input: EndpointPatchIn = state
+        .read_json_body(&caller, &headers, body, BODY_LIMIT, false)
+        .await?;
     let url = not_null("url", input.url)?;
     let event_types = not_null("eventTypes", input.event_types)?;
     let hdrs = not_null("headers", input.headers)?;
@@ -571,6 +628,7 @@ pub async fn update(
         (status = 403, response = responses::Forbidden),
         (status = 404, response = responses::NotFound),
         (status = 409, response = responses::Conflict),
+        (status = 429, response = responses::TooManyRequests),
         (status = 500, response = responses::Internal),
         (status = 503, response = responses::Unavailable),
     ),
@@ -583,6 +641,7 @@ pub async fn delete(
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Manage)?;
     let id = path_id(id, "endpoint")?;
+    state.admit_work(&caller, 0)?;
     let mut tx = crate::db::begin(&state.pool).await?;
     let cancelled = db::endpoints::delete_api(&mut tx, id, caller.audience())
         .await?
@@ -601,6 +660,7 @@ async fn set_state(
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Manage)?;
     let id = path_id(id, "endpoint")?;
+    state.admit_work(&caller, 0)?;
     let patch = db::endpoints::EndpointPatch {
         state: Some(to),
         ..Default::default()
@@ -624,6 +684,7 @@ async fn set_state(
         (status = 403, response = responses::Forbidden),
         (status = 404, response = responses::NotFound),
         (status = 409, response = responses::Conflict),
+        (status = 429, response = responses::TooManyRequests),
         (status = 500, response = responses::Internal),
         (status = 503, response = responses::Unavailable),
     ),
@@ -652,6 +713,7 @@ pub async fn pause(
         (status = 403, response = responses::Forbidden),
         (status = 404, response = responses::NotFound),
         (status = 409, response = responses::Conflict),
+        (status = 429, response = responses::TooManyRequests),
         (status = 500, response = responses::Internal),
         (status = 503, response = responses::Unavailable),
     ),
@@ -682,6 +744,7 @@ pub async fn resume(
         (status = 403, response = responses::Forbidden),
         (status = 404, response = responses::NotFound),
         (status = 409, response = responses::Conflict),
+        (status = 429, response = responses::TooManyRequests),
         (status = 500, response = responses::Internal),
         (status = 503, response = responses::Unavailable),
     ),
@@ -735,6 +798,7 @@ pub struct SecretOut {
         (status = 413, response = responses::PayloadTooLarge),
         (status = 415, response = responses::UnsupportedMediaType),
         (status = 422, response = responses::Unprocessable),
+        (status = 429, response = responses::TooManyRequests),
         (status = 500, response = responses::Internal),
         (status = 503, response = responses::Unavailable),
     ),
@@ -749,7 +813,10 @@ pub async fn rotate_secret(
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Manage)?;
     let id = path_id(id, "endpoint")?;
-    let input: RotateIn = json_or_empty(&headers, body, BODY_LIMIT).await?;
+    state.admit_work(&caller, 0)?;
+    let input: RotateIn = state
+        .read_json_body(&caller, &headers, body, BODY_LIMIT, true)
+        .await?;
     let grace = input.grace_seconds.unwrap_or(86_400);
     if !(0..=604_800).contains(&grace) {
         return Err(invalid("graceSeconds must be between 0 and 604800".into()));
@@ -759,6 +826,7 @@ pub async fn rotate_secret(
             crate::signing::SigningSecret::parse(&s).map_err(|_| {
                 invalid("secret must be whsec_ followed by base64 of 24-64 bytes".into())
             })?;
+            refuse_weak_secret(&s)?;
             s
         }
         None => crate::endpoints::generate_secret(),
@@ -901,7 +969,8 @@ pub async fn stats(
 #[derive(Deserialize, ToSchema, Default)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct TestEventIn {
-    /// default `hookd.test`
+    /// `hookd.test` (the default) or a type below it (`hookd.test.invoice`): test events are
+    /// always told apart from the producer's
     event_type: Option<String>,
     /// any JSON value but null; default `{"test": true, "endpointId": …}`
     #[serde(default, deserialize_with = "nullable")]
@@ -952,15 +1021,31 @@ pub async fn send_test(
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Manage)?;
     let id = path_id(id, "endpoint")?;
-    let input: TestEventIn = json_or_empty(&headers, body, BODY_LIMIT).await?;
-    let event_type = input.event_type.unwrap_or_else(|| "hookd.test".into());
+    let input: TestEventIn = state
+        .read_json_body(&caller, &headers, body, BODY_LIMIT, true)
+        .await?;
+    let event_type = input.event_type.unwrap_or_else(|| TEST_EVENT_TYPE.into());
     domain::validate_event_type(&event_type).map_err(invalid)?;
+    // A test event must be told apart from the producer's events, by its receiver and in
+    // every listing: its type is the reserved `hookd.test` or below it.
+    if !is_test_event_type(&event_type) {
+        return Err(ApiError::unprocessable(
+            "invalid_test_event_type",
+            format!(
+                "a test event's type is {TEST_EVENT_TYPE} or starts with {TEST_EVENT_TYPE}. (got {event_type:?}); the producer's own types are sent with POST /v1/messages"
+            ),
+        ));
+    }
     let payload = match input.payload {
         Some(None) => return Err(invalid("payload must not be null".into())),
         Some(Some(p)) => p.get().to_owned(),
         None => format!(r#"{{"test":true,"endpointId":"{id}"}}"#),
     };
     let e = visible(&state, &caller, id).await?;
+    if e.managed_by != "api" {
+        // the producer's own endpoint (a WebhookEndpoint object): read-only through this API
+        return Err(refused(PatchRefused::ManagedByKubernetes));
+    }
     if e.state == "disabled" {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -971,7 +1056,11 @@ pub async fn send_test(
             ),
         ));
     }
-    state.admit(&[(e.tenant.as_str(), 1)])?;
+    if caller.tenant_scope().is_some() {
+        state.admit_work(&caller, 1)?;
+    } else {
+        state.admit(&[(e.tenant.as_str(), 1)])?;
+    }
     let event = db::events::NewEvent {
         id: Uuid::now_v7(),
         request_hash: crate::outbox::request_hash(&event_type, &payload, e.consumer.as_deref()),
@@ -1000,8 +1089,10 @@ pub struct DeliveryListParams {
     #[param(value_type = Option<DeliveryStatus>)]
     status: Option<String>,
     /// created at or after
+    #[serde(default, deserialize_with = "crate::domain::time_bound")]
     since: Option<DateTime<Utc>>,
     /// created before
+    #[serde(default, deserialize_with = "crate::domain::time_bound")]
     until: Option<DateTime<Utc>>,
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<i64>,
@@ -1069,9 +1160,7 @@ pub async fn deliveries(
         },
     )
     .await?;
-    let next_cursor = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|r| r.row.id.to_string()))
-        .flatten();
+    let next_cursor = super::listing::next_cursor(&rows, limit, |r| r.row.id.to_string());
     Ok(Json(EndpointDeliveryPage {
         items: rows
             .into_iter()

@@ -81,6 +81,10 @@ struct Bucket {
     at: Instant,
 }
 
+/// A consumer's share of request-body bytes in flight unless configured: 16 requests of
+/// the largest body the consumer routes take.
+pub const DEFAULT_CONSUMER_SHARE: usize = 1 << 20;
+
 /// Buckets kept before idle (full) ones are forgotten.
 const MAX_BUCKETS: usize = 10_000;
 
@@ -175,6 +179,9 @@ impl TenantRateLimiter {
 pub struct IngestBudget {
     process_max: usize,
     tenant_max: usize,
+    /// a consumer token's share, kept apart from its tenant's (so a customer cannot use up
+    /// what the producer's ingest needs)
+    consumer_max: usize,
     state: Mutex<InFlight>,
     metrics: Metrics,
 }
@@ -207,6 +214,7 @@ impl IngestBudget {
         IngestBudget {
             process_max,
             tenant_max: tenant_max.min(process_max),
+            consumer_max: DEFAULT_CONSUMER_SHARE.min(process_max),
             state: Mutex::new(InFlight::default()),
             metrics,
         }
@@ -217,6 +225,29 @@ impl IngestBudget {
         self.tenant_max
     }
 
+    /// Sets one consumer's share (HOOKD_CONSUMER_INFLIGHT_BYTES).
+    pub fn with_consumer_share(mut self, bytes: usize) -> Self {
+        self.consumer_max = bytes.clamp(1, self.process_max);
+        self
+    }
+
+    /// Reserves `bytes` for what `caller` sends: a consumer token from its consumer's share
+    /// (not its tenant's), a tenant credential from its tenant's, no credential from the
+    /// process total only.
+    pub fn try_reserve_for(
+        self: &Arc<Self>,
+        caller: &Caller,
+        bytes: usize,
+    ) -> Result<BodyPermit, BudgetRefusal> {
+        match (caller.tenant_scope(), caller.consumer_scope()) {
+            (Some(t), Some(c)) => {
+                // a tenant name never holds a newline, so this key is no tenant's
+                self.reserve_keyed(Some(format!("{t}\n{c}")), self.consumer_max, bytes)
+            }
+            (t, _) => self.try_reserve(t, bytes),
+        }
+    }
+
     /// Reserves `bytes` for `tenant` (`None`: no credential, only the process total
     /// applies), all or nothing.
     pub fn try_reserve(
@@ -224,13 +255,22 @@ impl IngestBudget {
         tenant: Option<&str>,
         bytes: usize,
     ) -> Result<BodyPermit, BudgetRefusal> {
+        self.reserve_keyed(tenant.map(str::to_owned), self.tenant_max, bytes)
+    }
+
+    fn reserve_keyed(
+        self: &Arc<Self>,
+        key: Option<String>,
+        share: usize,
+        bytes: usize,
+    ) -> Result<BodyPermit, BudgetRefusal> {
         let mut s = self.state.lock().expect("ingest budget lock");
-        if let Some(t) = tenant {
+        if let Some(t) = &key {
             let held = s.per_tenant.get(t).copied().unwrap_or(0);
-            if held + bytes > self.tenant_max {
+            if held + bytes > share {
                 return Err(BudgetRefusal::Tenant {
                     in_flight: held,
-                    share: self.tenant_max,
+                    share,
                 });
             }
         }
@@ -238,13 +278,13 @@ impl IngestBudget {
             return Err(BudgetRefusal::Process);
         }
         s.total += bytes;
-        if let Some(t) = tenant {
-            *s.per_tenant.entry(t.to_string()).or_default() += bytes;
+        if let Some(t) = &key {
+            *s.per_tenant.entry(t.clone()).or_default() += bytes;
         }
         self.metrics.ingest_bytes_in_flight.set(s.total as i64);
         Ok(BodyPermit {
             budget: self.clone(),
-            tenant: tenant.map(str::to_owned),
+            tenant: key,
             bytes,
         })
     }
@@ -377,12 +417,179 @@ impl AppState {
         })
     }
 
+    /// Reads the JSON body of a request on a route other than the ingest ones, within the
+    /// same per-process budget of bytes in flight: the bytes are reserved from the request
+    /// head (its Content-Length, or `limit` when unknown) before any is read, from the
+    /// caller's share (a consumer's own, a tenant's, or only the process total), and given
+    /// back once parsed. Held connections on these routes thus cost at most the budget.
+    /// `empty_ok`: an empty body reads as `{}`.
+    pub(crate) async fn read_json_body<T: serde::de::DeserializeOwned>(
+        &self,
+        caller: &Caller,
+        headers: &HeaderMap,
+        body: Body,
+        limit: usize,
+        empty_ok: bool,
+    ) -> Result<T, ApiError> {
+        let bytes = self.read_body(caller, headers, body, limit).await?;
+        if empty_ok && bytes.iter().all(u8::is_ascii_whitespace) {
+            return super::body::parse(b"{}");
+        }
+        super::body::require_json(headers)?;
+        super::body::parse(&bytes)
+    }
+
+    /// The raw body of a non-ingest request, read within the budget (see
+    /// [`AppState::read_json_body`]).
+    pub(crate) async fn read_body(
+        &self,
+        caller: &Caller,
+        headers: &HeaderMap,
+        body: Body,
+        limit: usize,
+    ) -> Result<bytes::Bytes, ApiError> {
+        let declared = match headers.get(header::CONTENT_LENGTH) {
+            None => None,
+            Some(v) => Some(
+                v.to_str()
+                    .ok()
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .ok_or_else(|| {
+                        ApiError::bad_request(
+                            "invalid_content_length",
+                            "Content-Length is not a number",
+                        )
+                    })?,
+            ),
+        };
+        if let Some(n) = declared
+            && n > limit
+        {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("request body is {n} bytes; the limit is {limit}"),
+            ));
+        }
+        if declared == Some(0) {
+            return Ok(bytes::Bytes::new());
+        }
+        let reserve = declared.unwrap_or(limit);
+        let mut permit = self
+            .ingest_budget
+            .try_reserve_for(caller, reserve)
+            .map_err(|refusal| self.budget_refused(caller, refusal))?;
+        let bytes = super::body::read_limited(body, reserve).await?;
+        permit.shrink_to(bytes.len());
+        Ok(bytes)
+    }
+
+    fn budget_refused(&self, caller: &Caller, refusal: BudgetRefusal) -> ApiError {
+        match (refusal, caller.consumer_scope()) {
+            (BudgetRefusal::Tenant { in_flight, share }, Some(c)) => {
+                self.count_refusal("consumer_bytes");
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "consumer_requests_busy",
+                    format!(
+                        "consumer {c:?} has {in_flight} bytes of requests in flight and may have {share}; nothing was written, retry after 1 s"
+                    ),
+                )
+                .with_retry_after(1)
+            }
+            (BudgetRefusal::Tenant { in_flight, share }, None) => {
+                self.count_refusal("tenant_bytes");
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "tenant_ingest_busy",
+                    format!(
+                        "tenant {:?} has {in_flight} bytes of requests in flight and may have {share}; nothing was written, retry after 1 s",
+                        caller.tenant_scope().unwrap_or_default()
+                    ),
+                )
+                .with_retry_after(1)
+            }
+            (BudgetRefusal::Process, _) => {
+                self.count_refusal("process_bytes");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "ingest_busy",
+                    "this API replica has as many request bytes in flight as it may hold; nothing was written, retry after 1 s",
+                )
+            }
+        }
+    }
+
+    /// Takes the rate of work a request causes. A consumer token's work (test events,
+    /// replays, endpoint changes: at least one unit each) comes from its consumer's own
+    /// bucket, never from the tenant's: a customer can then never get the producer's
+    /// events refused. A tenant credential's `sends` (test events, replays) come from the
+    /// tenant's ingest rate, as before.
+    pub(crate) fn admit_work(&self, caller: &Caller, sends: u32) -> Result<(), ApiError> {
+        match (caller.tenant_scope(), caller.consumer_scope()) {
+            (Some(t), Some(c)) => {
+                let key = format!("{t}\n{c}");
+                self.consumer_rate
+                    .admit(&[(key.as_str(), sends.max(1))], Instant::now())
+                    .map_err(|(_, wait)| {
+                        self.count_refusal("consumer_rate_limited");
+                        consumer_rate_limited(c, wait)
+                    })
+            }
+            (Some(t), None) if sends > 0 => self.admit(&[(t, sends)]),
+            _ => Ok(()),
+        }
+    }
+
+    /// Takes between 1 and `max` sends for a replay of unknown size (see
+    /// [`TenantRateLimiter::take_up_to`]) from the caller's bucket (a consumer's own, or
+    /// its tenant's when there is a tenant rate limit); returns what to give back with
+    /// [`AppState::refund_work`] and the most it may replay.
+    pub(crate) fn take_work_up_to(
+        &self,
+        caller: &Caller,
+        max: u32,
+    ) -> Result<Option<(Arc<TenantRateLimiter>, String, u32)>, ApiError> {
+        let (limiter, key, consumer) = match (caller.tenant_scope(), caller.consumer_scope()) {
+            (Some(t), Some(c)) => (self.consumer_rate.clone(), format!("{t}\n{c}"), Some(c)),
+            (Some(t), None) => match &self.rate_limiter {
+                Some(l) => (l.clone(), t.to_owned(), None),
+                None => return Ok(None),
+            },
+            _ => return Ok(None),
+        };
+        let took =
+            limiter
+                .take_up_to(&key, max, Instant::now())
+                .map_err(|wait| match consumer {
+                    Some(c) => {
+                        self.count_refusal("consumer_rate_limited");
+                        consumer_rate_limited(c, wait)
+                    }
+                    None => ApiError::rate_limited(caller.tenant_scope().unwrap_or_default(), wait),
+                })?;
+        Ok(Some((limiter, key, took)))
+    }
+
     fn count_refusal(&self, reason: &'static str) {
         self.metrics
             .ingest_refused
             .get_or_create(&crate::metrics::Reason { reason })
             .inc();
     }
+}
+
+/// 429 for a consumer over its own rate.
+fn consumer_rate_limited(consumer: &str, wait: Duration) -> ApiError {
+    let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "consumer_rate_limited",
+        format!(
+            "consumer {consumer:?} is over its rate limit (HOOKD_CONSUMER_RATE_LIMIT); nothing was done, retry after {secs} s"
+        ),
+    )
+    .with_retry_after(secs)
 }
 
 impl Admitted {

@@ -62,3 +62,13 @@ pub(super) fn parse_status(s: Option<&str>) -> Result<Option<DeliveryStatus>, Ap
     })
     .transpose()
 }
+
+/// The cursor of the page after `rows`, from its last row, when the page is full; `None`
+/// after a shorter page, which is the last.
+pub fn next_cursor<T>(rows: &[T], limit: i64, cursor_of: impl Fn(&T) -> String) -> Option<String> {
+    if rows.len() as i64 == limit {
+        rows.last().map(cursor_of)
+    } else {
+        None
+    }
+}

@@ -68,6 +68,50 @@ pub struct EnqueuedOut {
     event_id: Uuid,
     /// one per subscribed endpoint of the tenant (possibly none)
     delivery_ids: Vec<Uuid>,
+    /// Only when `deliveryIds` is empty: why nothing will be sent (no endpoint of the
+    /// tenant, or of the consumer, subscribes to the event type)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hint: Option<String>,
+}
+
+/// What a 201 with no delivery means: the event is stored, and nobody will receive it. A
+/// typo in the event type or the consumer otherwise looks exactly like success.
+fn no_delivery_hint(delivery_ids: &[Uuid], m: &Addressed) -> Option<String> {
+    if !delivery_ids.is_empty() {
+        return None;
+    }
+    let Addressed {
+        tenant,
+        event_type,
+        consumer,
+    } = m;
+    let whose = match consumer {
+        Some(c) => format!("consumer {c:?} of tenant {tenant:?}"),
+        None => format!(
+            "tenant {tenant:?} without a consumer (an event naming \"consumer\" reaches that consumer's endpoints instead)"
+        ),
+    };
+    Some(format!(
+        "no endpoint of {whose} subscribes to event type {event_type:?}: the event is stored, and nothing will be delivered"
+    ))
+}
+
+/// Who a message is for, kept for [`no_delivery_hint`] (the message itself, payload and
+/// all, goes to the committer).
+struct Addressed {
+    tenant: String,
+    event_type: String,
+    consumer: Option<String>,
+}
+
+impl From<&NewMessage> for Addressed {
+    fn from(m: &NewMessage) -> Self {
+        Addressed {
+            tenant: m.tenant.clone(),
+            event_type: m.event_type.clone(),
+            consumer: m.consumer.clone(),
+        }
+    }
 }
 
 #[derive(Serialize, ToSchema)]
@@ -77,6 +121,9 @@ pub struct BatchResultOut {
     delivery_ids: Vec<Uuid>,
     /// false when the idempotency key was already known and the original ids are returned
     created: bool,
+    /// Only when `deliveryIds` is empty: why nothing will be sent
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hint: Option<String>,
 }
 
 /// One result per message, in input order.
@@ -235,6 +282,8 @@ pub fn parse_ingest_body(
         Some(t) => Caller::Authenticated(Principal {
             tenant: t.to_owned(),
             consumer: None,
+            consumer_generation: None,
+            consumer_since: None,
             scopes: vec![Scope::Produce],
             subject: Subject::Token { id: Uuid::nil() },
         }),
@@ -312,6 +361,7 @@ pub async fn create(
     )?;
     drop(bytes);
     admitted.admit_events(&state, &[(msg.tenant.as_str(), 1)])?;
+    let described = Addressed::from(&msg);
     let started = Instant::now();
     let result = admitted.enqueue(&state, vec![msg]).await?;
     state
@@ -339,6 +389,7 @@ pub async fn create(
         status,
         Json(EnqueuedOut {
             event_id,
+            hint: no_delivery_hint(&delivery_ids, &described),
             delivery_ids,
         }),
     )
@@ -403,6 +454,7 @@ pub async fn create_batch(
         }
     }
     admitted.admit_events(&state, &demand)?;
+    let described: Vec<Addressed> = messages.iter().map(Addressed::from).collect();
     let started = Instant::now();
     let results = admitted.enqueue(&state, messages).await?;
     state
@@ -420,8 +472,10 @@ pub async fn create_batch(
     let out = BatchOut {
         results: results
             .into_iter()
-            .map(|r| BatchResultOut {
+            .zip(&described)
+            .map(|(r, m)| BatchResultOut {
                 event_id: r.event_id,
+                hint: no_delivery_hint(&r.delivery_ids, m),
                 delivery_ids: r.delivery_ids,
                 created: r.created,
             })
@@ -560,8 +614,10 @@ pub struct MessageListParams {
     #[param(value_type = Option<DeliveryStatus>)]
     status: Option<String>,
     /// created at or after
+    #[serde(default, deserialize_with = "crate::domain::time_bound")]
     since: Option<DateTime<Utc>>,
     /// created before
+    #[serde(default, deserialize_with = "crate::domain::time_bound")]
     until: Option<DateTime<Utc>>,
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<i64>,
@@ -643,26 +699,30 @@ pub async fn list(
     }
     let before = super::listing::uuid_cursor(p.cursor.as_deref())?;
     let audience = caller.audience();
-    let rows = db::events::list(
-        &state.pool,
-        &db::events::EventQuery {
-            audience: db::Audience {
-                tenant: tenant.as_deref(),
-                consumer: audience.consumer,
-            },
-            consumer: p.consumer.as_deref(),
-            event_type: p.event_type.as_deref(),
-            status,
-            before,
-            since: p.since,
-            until: p.until,
-            limit,
+    let query = db::events::EventQuery {
+        audience: db::Audience {
+            tenant: tenant.as_deref(),
+            ..audience
         },
-    )
-    .await?;
-    let next_cursor = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|r| r.id.to_string()))
-        .flatten();
+        consumer: p.consumer.as_deref(),
+        event_type: p.event_type.as_deref(),
+        status,
+        before,
+        since: p.since,
+        until: p.until,
+        limit,
+    };
+    // A listing costs what it returns or is refused: a status filter is read from the
+    // deliveries' indexes, which know the tenant and consumer but not the event type.
+    if !db::events::status_served(&query) {
+        return Err(ApiError::unprocessable(
+            "filter_not_served",
+            "status can be combined with consumer, since, until and cursor, but not with \
+             eventType, and needs a tenant; see docs/retention-partitions.md",
+        ));
+    }
+    let rows = db::events::list(&state.pool, &query).await?;
+    let next_cursor = super::listing::next_cursor(&rows, limit, |r| r.id.to_string());
     Ok(Json(MessagePage {
         items: rows
             .into_iter()

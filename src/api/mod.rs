@@ -3,6 +3,7 @@
 mod body;
 mod caller;
 mod consumers;
+pub mod deletions;
 mod deliveries;
 mod endpoints;
 pub mod error;
@@ -12,6 +13,7 @@ mod messages;
 pub mod openapi;
 pub mod server;
 mod settings;
+mod tokens;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -65,6 +67,22 @@ pub struct AppState {
     pub manage: Arc<ManageDeps>,
     /// who may embed the customer portal (`HOOKD_PORTAL_FRAME_ANCESTORS`)
     pub portal_frame_ancestors: crate::domain::FrameAncestors,
+    /// per consumer (`tenant\nuid`): the rate of consumer-token work, apart from the
+    /// tenant's ingest rate (`HOOKD_CONSUMER_RATE_LIMIT`)
+    pub consumer_rate: Arc<TenantRateLimiter>,
+    /// what one consumer and one tenant may have
+    pub customers: CustomerLimits,
+}
+
+/// Limits on what customers (consumers) and tenants may hold (issue 29).
+#[derive(Debug, Clone, Copy)]
+pub struct CustomerLimits {
+    /// `HOOKD_CONSUMER_MAX_ENDPOINTS`
+    pub consumer_max_endpoints: i64,
+    /// `HOOKD_TENANT_MAX_ENDPOINTS`
+    pub tenant_max_endpoints: i64,
+    /// `HOOKD_CONSUMER_DELETE_BATCH`
+    pub delete_batch: i64,
 }
 
 /// What the endpoints and consumers API need: the key that seals signing secrets, the
@@ -125,11 +143,16 @@ impl AppState {
             pool,
             outbox,
             notifier,
-            ingest_budget: Arc::new(IngestBudget::new(
-                process_bytes,
-                tenant_bytes,
-                metrics.clone(),
-            )),
+            ingest_budget: Arc::new(
+                IngestBudget::new(process_bytes, tenant_bytes, metrics.clone())
+                    .with_consumer_share(settings.consumer_inflight_bytes),
+            ),
+            consumer_rate: Arc::new(TenantRateLimiter::new(settings.consumer_rate_limit)),
+            customers: CustomerLimits {
+                consumer_max_endpoints: settings.consumer_max_endpoints.max(0),
+                tenant_max_endpoints: settings.tenant_max_endpoints.max(0),
+                delete_batch: settings.consumer_delete_batch.clamp(1, 100_000),
+            },
             metrics,
             limits: settings.limits(),
             portal_frame_ancestors: settings.portal_frame_ancestors.clone(),
@@ -189,6 +212,9 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         ))
         .routes(routes!(consumers::create_token))
         .routes(routes!(consumers::create_portal))
+        .routes(routes!(consumers::get_deletion))
+        .routes(routes!(tokens::list))
+        .routes(routes!(tokens::revoke))
         .routes(routes!(whoami))
         .routes(routes!(deliveries::get))
         .routes(routes!(deliveries::replay))
@@ -405,6 +431,11 @@ pub async fn run(
         }
     };
     let state = AppState::start(pool, &settings, kube, shutdown.clone()).with_manage(manage);
+    tokio::spawn(deletions::sweep(
+        state.pool.clone(),
+        state.customers.delete_batch,
+        shutdown.clone(),
+    ));
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(listen = %settings.listen, "listening");
     server::serve_api_on(listener, app(state), settings.listener_limits(), shutdown).await?;

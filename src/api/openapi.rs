@@ -52,6 +52,7 @@ pub const METRICS_TOKEN: &str = "metrics_token";
         (name = "messages", description = "Enqueue events and read them back"),
         (name = "deliveries", description = "Inspect, replay and dead-letter deliveries"),
         (name = "operations", description = "Health, readiness, metrics and this document"),
+        (name = "tokens", description = "List and revoke the tenant's API tokens"),
     )
 )]
 pub struct ApiDoc;

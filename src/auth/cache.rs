@@ -29,6 +29,12 @@ impl<V: Clone> TtlCache<V> {
         }
     }
 
+    /// Drops every entry whose value `doomed` picks.
+    pub(crate) fn remove_where(&self, doomed: impl Fn(&V) -> bool) {
+        let mut entries = self.entries.lock().expect("cache lock");
+        entries.retain(|_, (_, v)| !doomed(v));
+    }
+
     /// Keeps `value` until `until`. A full cache first drops what expired, and if that is
     /// not enough (a flood of distinct credentials) starts over: the cache only saves
     /// lookups, so forgetting is always safe.

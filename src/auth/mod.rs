@@ -50,6 +50,10 @@ pub struct Principal {
     pub tenant: String,
     /// a consumer token: confined to this consumer of the tenant
     pub consumer: Option<String>,
+    /// a consumer token: the generation of its consumer, and when that consumer was
+    /// created; what an earlier consumer with the same uid left is not this one's
+    pub consumer_generation: Option<i64>,
+    pub consumer_since: Option<chrono::DateTime<chrono::Utc>>,
     pub scopes: Vec<Scope>,
     pub subject: Subject,
 }
@@ -126,6 +130,14 @@ impl Authenticator {
 
     pub fn is_enabled(&self) -> bool {
         self.inner.is_some()
+    }
+
+    /// Forgets cached verdicts of these tokens (just revoked): they stop working in this
+    /// process at once, not when the cache entry expires.
+    pub fn forget_tokens(&self, ids: &[Uuid]) {
+        if let Some(v) = &self.inner {
+            v.tokens.forget(ids);
+        }
     }
 
     /// Checks the request's credential. `Ok(None)` when authentication is off.

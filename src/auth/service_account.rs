@@ -72,6 +72,8 @@ impl ServiceAccountPolicy {
         Some(Principal {
             tenant,
             consumer: None,
+            consumer_generation: None,
+            consumer_since: None,
             scopes: self.scopes.clone(),
             subject: Subject::ServiceAccount {
                 namespace: namespace.to_string(),

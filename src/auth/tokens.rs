@@ -114,6 +114,11 @@ pub async fn create_in(
     }
     if let Some(c) = &req.consumer {
         crate::domain::validate_consumer(c).map_err(CreateTokenError::Invalid)?;
+        if req.scopes.contains(&Scope::Produce) {
+            return Err(CreateTokenError::Invalid(
+                "a consumer token cannot have the produce scope: consumers receive events, they do not enqueue them".into(),
+            ));
+        }
     }
     if req.name.as_ref().is_some_and(|n| n.len() > 200) {
         return Err(CreateTokenError::Invalid(
@@ -128,6 +133,13 @@ pub async fn create_in(
     let mut scopes = req.scopes.clone();
     scopes.sort();
     scopes.dedup();
+    // the token is for the consumer as it is now: held (and created if need be) in this
+    // transaction, so a concurrent delete revokes it, and a later consumer with the same
+    // uid does not inherit it
+    let consumer_generation = match &req.consumer {
+        Some(c) => Some(db::consumers::ensure(conn, &req.tenant, c).await?),
+        None => None,
+    };
     let token = generate();
     let id = Uuid::now_v7();
     let prefix = token[..DISPLAY_LEN].to_string();
@@ -139,6 +151,7 @@ pub async fn create_in(
             prefix: prefix.clone(),
             tenant: req.tenant.clone(),
             consumer: req.consumer.clone(),
+            consumer_generation,
             scopes: scopes.iter().map(|s| s.as_str().to_string()).collect(),
             name: req.name.clone(),
             expires_at: req.expires_at,
@@ -164,6 +177,13 @@ impl StaticTokens {
         }
     }
 
+    /// Forgets the cached verdicts of these tokens (see `Authenticator::forget_tokens`).
+    pub fn forget(&self, ids: &[Uuid]) {
+        self.cache.remove_where(|p| {
+            matches!(p, Some(Principal { subject: Subject::Token { id }, .. }) if ids.contains(id))
+        });
+    }
+
     pub async fn verify(&self, token: &str) -> Result<Principal, AuthError> {
         if !well_formed(token) {
             return Err(AuthError::Invalid);
@@ -182,10 +202,19 @@ impl StaticTokens {
             if let Some(left) = t.expires_at.and_then(|at| (at - Utc::now()).to_std().ok()) {
                 until = until.min(now + left);
             }
+            let is_consumer = t.consumer.is_some();
             Principal {
                 tenant: t.tenant,
                 consumer: t.consumer,
-                scopes: t.scopes.iter().filter_map(|s| Scope::parse(s)).collect(),
+                consumer_generation: t.consumer_generation,
+                consumer_since: t.consumer_since,
+                // a consumer token made before migration 0017 may list produce: never honoured
+                scopes: t
+                    .scopes
+                    .iter()
+                    .filter_map(|s| Scope::parse(s))
+                    .filter(|s| !(is_consumer && *s == Scope::Produce))
+                    .collect(),
                 subject: Subject::Token { id: t.id },
             }
         });

@@ -46,6 +46,8 @@ pub enum Command {
     Controller(ControllerArgs),
     /// Apply WebhookEndpoint and Secret YAML documents straight to Postgres
     Apply(ApplyArgs),
+    /// Remove the WebhookEndpoints that `hookd apply -f` declared (disabled, unsent deliveries cancelled, history kept)
+    Delete(DeleteArgs),
     /// Print the CustomResourceDefinitions as YAML
     Crd,
     /// Run everything in one process for a laptop (throwaway Postgres when DATABASE_URL is unset)
@@ -84,6 +86,24 @@ impl BenchMoved {
             "hookd bench moved out of the hookd binary into the hookd-bench crate; in the source tree run: {command}"
         )
     }
+}
+
+/// The command line of this process. A missing database is named by its variable too:
+/// clap's "required argument --database-url" alone never says that DATABASE_URL, which
+/// every guide sets, is the usual way to give it.
+pub fn parse() -> Cli {
+    Cli::try_parse().unwrap_or_else(|e| {
+        if e.kind() == clap::error::ErrorKind::MissingRequiredArgument
+            && e.to_string().contains("--database-url")
+        {
+            let _ = e.print();
+            eprintln!(
+                "\nhookd needs a Postgres database: set DATABASE_URL (or pass --database-url), e.g. DATABASE_URL=postgres://postgres@127.0.0.1:5432/hookd; `hookd dev` starts a throwaway one when DATABASE_URL is unset"
+            );
+            std::process::exit(e.exit_code());
+        }
+        e.exit()
+    })
 }
 
 /// The `hookd` executable's body: logging, the metrics token, the chosen component, the
@@ -139,24 +159,47 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Delete(args) => {
+            let names = apply::load_deletions(&args.files)?;
+            let pool = runtime::open_checked(&args.db).await?;
+            let mut missing = Vec::new();
+            for (name, deletion) in apply::delete_declared(&pool, &names).await? {
+                match deletion {
+                    apply::Deletion::Deleted {
+                        endpoint_id,
+                        cancelled,
+                    } => println!(
+                        "webhookendpoint/{name} deleted (id {endpoint_id}, {cancelled} unfinished deliveries cancelled)"
+                    ),
+                    apply::Deletion::NotFound => {
+                        eprintln!("hookd delete: webhookendpoint/{name} not found");
+                        missing.push(name);
+                    }
+                }
+            }
+            if !missing.is_empty() && !args.ignore_not_found {
+                anyhow::bail!(
+                    "{} of {} endpoint(s) not found (never applied, or already deleted): {}; --ignore-not-found accepts that",
+                    missing.len(),
+                    names.len(),
+                    missing.join(", ")
+                );
+            }
+            Ok(())
+        }
         Command::Api(args) => {
+            // `api::run` binds the address itself; a clash is named here first
+            drop(runtime::bind(args.api.listen, "API", "--listen, HOOKD_LISTEN").await?);
             let manage = api::ManageDeps {
-                // without a key the API still serves everything but storing a secret
-                // Only a configured key: the local key file is for one laptop process, and
-                // a secret sealed with it is one the dispatchers cannot open.
-                keyring: if args.keys.encryption_key.is_none()
-                    && args.keys.encryption_key_file.is_none()
-                {
-                    tracing::warn!(
-                        "HOOKD_ENCRYPTION_KEY is not set: the endpoints API cannot create endpoints or rotate secrets (503 encryption_unavailable)"
-                    );
-                    Err("HOOKD_ENCRYPTION_KEY is not set".to_string())
-                } else {
-                    args.keys.keyring().map_err(|e| {
-                    tracing::warn!(error = %e, "no encryption key: the endpoints API cannot create endpoints or rotate secrets (set HOOKD_ENCRYPTION_KEY)");
+                // The same keys as `hookd dispatch` and `hookd apply`: HOOKD_ENCRYPTION_KEY,
+                // else the local key file, which every hookd of one user on one machine
+                // shares (so the own-Postgres guide's api and dispatch agree) and which is
+                // refused inside a cluster. Without a key the API still serves everything
+                // but storing a secret (503 encryption_unavailable).
+                keyring: args.keys.keyring().map_err(|e| {
+                    tracing::warn!(error = %e, "no encryption key: the endpoints API cannot create endpoints or rotate secrets (503 encryption_unavailable); set HOOKD_ENCRYPTION_KEY, the dispatchers' key");
                     e.to_string()
-                    })
-                },
+                }),
                 allow: crate::outbound::AllowList::parse(&args.manage.allowed_destinations)
                     .map_err(|e| anyhow::anyhow!("HOOKD_ALLOWED_DESTINATIONS: {e}"))?,
                 public_url: args.manage.public_url,
@@ -165,12 +208,35 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             api::run(pool, args.api, manage, runtime::shutdown_on_signals()).await
         }
         Command::Dispatch(args) => {
+            let listener = runtime::bind(
+                args.dispatch.listen,
+                "dispatcher health and metrics",
+                "--listen, HOOKD_LISTEN",
+            )
+            .await?;
             let keyring = args.keys.keyring()?;
             let pool = runtime::open_checked(&args.db).await?;
             let shutdown = runtime::shutdown_on_signals();
-            dispatch::run(pool, args.dispatch, keyring, args.retention, shutdown).await
+            dispatch::run_on(
+                listener,
+                pool,
+                args.dispatch,
+                keyring,
+                args.retention,
+                shutdown,
+            )
+            .await
         }
         Command::Controller(args) => {
+            // `k8s::run` binds the address itself; a clash is named here first
+            drop(
+                runtime::bind(
+                    args.controller.listen,
+                    "controller health and metrics",
+                    "--listen, HOOKD_LISTEN",
+                )
+                .await?,
+            );
             let keyring = args.keys.keyring()?;
             let pool = runtime::open_checked(&args.db).await?;
             k8s::run(
@@ -202,11 +268,112 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
+/// `docs/configuration.md`: every subcommand's flags, their environment variables,
+/// defaults and help, rendered from the clap definitions themselves so the page cannot
+/// drift from the binary (a test compares the committed page with this).
+pub fn configuration_reference() -> String {
+    use clap::CommandFactory;
+    let cli = Cli::command();
+    let mut out = String::from(
+        "# Configuration reference\n\n\
+         <!-- generated from the command-line definitions by `hookd::cli::configuration_reference`; \
+         do not edit: `HOOKD_UPDATE_DOCS=1 cargo test --lib configuration_reference` rewrites it -->\n\n\
+         Every flag has an environment equivalent (the second column); a flag given on the command \
+         line wins over its variable. `hookd <command> --help` prints the same. Variables that hold \
+         credentials (`DATABASE_URL`, keys, tokens, secrets) are never echoed by `--help`.\n",
+    );
+    render_args(&mut out, "Every command", None, cli.get_arguments());
+    fn walk(out: &mut String, prefix: &str, cmd: &clap::Command) {
+        for sub in cmd.get_subcommands().filter(|c| !c.is_hide_set()) {
+            let name = format!("{prefix} {}", sub.get_name());
+            let about = sub.get_about().map(|a| a.to_string());
+            render_args(out, &name, about.as_deref(), sub.get_arguments());
+            walk(out, &name, sub);
+        }
+    }
+    walk(&mut out, "hookd", &cli);
+    out
+}
+
+fn render_args<'a>(
+    out: &mut String,
+    title: &str,
+    about: Option<&str>,
+    args: impl Iterator<Item = &'a clap::Arg>,
+) {
+    let cell = |s: &str| {
+        s.split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .replace('|', "\\|")
+    };
+    let rows: Vec<String> = args
+        .filter(|a| !a.is_hide_set())
+        .filter(|a| !matches!(a.get_id().as_str(), "help" | "version"))
+        .map(|a| {
+            let flag = match (a.get_long(), a.get_short()) {
+                (Some(l), Some(s)) => format!("`-{s}`, `--{l}`"),
+                (Some(l), None) => format!("`--{l}`"),
+                (None, _) => format!("`<{}>`", a.get_id().as_str().to_uppercase()),
+            };
+            let env = a
+                .get_env()
+                .map(|e| format!("`{}`", e.to_string_lossy()))
+                .unwrap_or_default();
+            let defaults: Vec<String> = a
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect();
+            let default = match defaults.join(",") {
+                d if d.is_empty() => String::new(),
+                d => format!("`{d}`"),
+            };
+            let help = a
+                .get_long_help()
+                .or_else(|| a.get_help())
+                .map(|h| cell(&h.to_string()))
+                .unwrap_or_default();
+            format!("| {flag} | {env} | {default} | {help} |")
+        })
+        .collect();
+    out.push_str(&format!("\n## `{title}`\n\n"));
+    if let Some(about) = about {
+        out.push_str(&cell(about));
+        out.push_str("\n\n");
+    }
+    if rows.is_empty() {
+        out.push_str("No flags.\n");
+        return;
+    }
+    out.push_str("| flag | environment | default | meaning |\n|---|---|---|---|\n");
+    for r in rows {
+        out.push_str(&r);
+        out.push('\n');
+    }
+}
+
 // Here, at the composition root, rather than beside the controller: it compares the
 // controller's output with this command line, and `k8s` must not depend on `cli`.
 #[cfg(test)]
 mod tests {
     use super::Cli;
+
+    /// docs/configuration.md is the rendering of the command line; a flag added, renamed
+    /// or given another default without the page fails here.
+    #[test]
+    fn configuration_reference_is_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md");
+        let rendered = super::configuration_reference();
+        if std::env::var_os("HOOKD_UPDATE_DOCS").is_some() {
+            std::fs::write(path, &rendered).unwrap();
+        }
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == rendered,
+            "docs/configuration.md differs from the command line; rerun with HOOKD_UPDATE_DOCS=1 cargo test --lib configuration_reference"
+        );
+    }
     use crate::k8s::crd::WebhookDispatcher;
     use crate::k8s::dispatcher_controller::desired_deployment;
 

@@ -150,8 +150,8 @@ pub struct TokenCreateArgs {
     /// A note for `hookd token list`, e.g. who holds it
     #[arg(long)]
     pub name: Option<String>,
-    /// Expiry as an RFC 3339 time, e.g. 2027-01-01T00:00:00Z (default: none)
-    #[arg(long)]
+    /// Expiry as an RFC 3339 time, e.g. 2027-01-01T00:00:00Z, or a date (its midnight UTC), e.g. 2027-01-01 (default: none)
+    #[arg(long, value_name = "RFC3339", value_parser = crate::domain::parse_time_bound)]
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 

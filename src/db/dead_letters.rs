@@ -25,6 +25,8 @@ pub struct DeadLetterQuery {
     pub tenant: Option<String>,
     /// only this consumer's (a consumer token)
     pub consumer: Option<String>,
+    /// a consumer token's id floor (`Audience::since`)
+    pub since: Option<Uuid>,
     pub endpoint_id: Option<Uuid>,
     pub after: Option<(DateTime<Utc>, Uuid)>,
     pub limit: i64,
@@ -40,6 +42,7 @@ pub async fn list(pool: &PgPool, q: &DeadLetterQuery) -> Result<Vec<DeadLetterRo
           AND ($2::uuid IS NULL OR dl.endpoint_id = $2)
           AND ($3::timestamptz IS NULL OR (dl.dead_at, dl.delivery_id) > ($3, $4))
           AND ($6::text IS NULL OR d.consumer = $6)
+          AND ($7::uuid IS NULL OR dl.delivery_id >= $7)
         ORDER BY dl.dead_at, dl.delivery_id
         LIMIT $5
         "#,
@@ -50,6 +53,7 @@ pub async fn list(pool: &PgPool, q: &DeadLetterQuery) -> Result<Vec<DeadLetterRo
     .bind(after_id)
     .bind(q.limit)
     .bind(&q.consumer)
+    .bind(q.since)
     .fetch_all(on(pool))
     .await?)
 }

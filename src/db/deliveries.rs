@@ -73,7 +73,7 @@ pub struct ClaimedDelivery {
 /// The claim statement (see [`claim`]); shared with [`explain_claim`] so the plan a test
 /// inspects is the plan of exactly this text.
 const CLAIM_SQL: &str = r#"
-        WITH clock AS (
+        WITH RECURSIVE clock AS (
             -- Leases commit asynchronously (invariant 9): one lost in a database crash
             -- re-sends a delivery, never drops one. Set here, not by a SET LOCAL
             -- round trip, because the claim runs as a single-statement transaction.
@@ -86,20 +86,43 @@ const CLAIM_SQL: &str = r#"
         ), consumer_busy AS (
             -- '' stands for a tenant's tenant-wide endpoints (a consumer uid is never empty)
             SELECT * FROM unnest($14::text[], $15::text[], $16::int[]) AS c(tenant, consumer, n)
+        ), tenants AS (
+            -- Every tenant with a queue entry: a loose scan of endpoint_queue_tenant_turn,
+            -- one probe per tenant (migration 0015), whatever its number of entries.
+            (SELECT q.tenant FROM hookd.endpoint_queue q ORDER BY q.tenant LIMIT 1)
+            UNION ALL
+            SELECT (SELECT q.tenant FROM hookd.endpoint_queue q
+                    WHERE q.tenant > t.tenant ORDER BY q.tenant LIMIT 1)
+            FROM tenants t WHERE t.tenant IS NOT NULL
         ), due AS (
-            -- Endpoints whose turn has come, longest waiting first (hookd.endpoint_queue,
-            -- migration 0008): one range scan of endpoint_queue_turn. Endpoints this
-            -- worker holds at the per-endpoint cap and tenants at their share are passed
-            -- over inside the scan; the LIMIT bounds what else one claim reads (entries
-            -- that turn out to have nothing due, or whose rows another claimer holds).
-            SELECT q.endpoint_id, q.tenant, q.turn_at
-            FROM hookd.endpoint_queue q
-            WHERE q.turn_at <= (SELECT now FROM clock)
-              AND q.endpoint_id NOT IN (SELECT endpoint_id FROM busy WHERE n >= $7)
-              AND q.tenant NOT IN (SELECT tenant FROM tenant_busy WHERE n >= $11)
-            ORDER BY q.turn_at
+            -- Endpoints whose turn has come, longest waiting first, read tenant by tenant:
+            -- each tenant's range scan stops at what its share can use (a row per entry)
+            -- plus a margin for entries that turn out to have nothing to give, so one
+            -- tenant's thousands of endpoints never fill the window and hide another
+            -- tenant's one (issue 27: 6-11 rows per claim of 250, the small tenant not
+            -- reached). Entries past their tenant's share sort last, so the window's
+            -- limit cuts them first. Endpoints this worker holds at the per-endpoint cap
+            -- and tenants at their share are passed over inside the scans.
+            SELECT w.endpoint_id, w.tenant, w.turn_at
+            FROM (
+                SELECT d.*, row_number() OVER (PARTITION BY d.tenant ORDER BY d.turn_at) AS rn,
+                       least($2, $11 - coalesce(tb.n, 0)) AS useful
+                FROM tenants t
+                LEFT JOIN tenant_busy tb ON tb.tenant = t.tenant
+                CROSS JOIN LATERAL (
+                    SELECT q.endpoint_id, q.tenant, q.turn_at
+                    FROM hookd.endpoint_queue q
+                    WHERE q.tenant = t.tenant
+                      AND q.turn_at <= (SELECT now FROM clock)
+                      AND q.endpoint_id NOT IN (SELECT endpoint_id FROM busy WHERE n >= $7)
+                    ORDER BY q.turn_at
+                    LIMIT least($2, $11 - coalesce(tb.n, 0)) + 16
+                ) d
+                WHERE t.tenant IS NOT NULL AND coalesce(tb.n, 0) < $11
+            ) w
+            ORDER BY w.rn > w.useful, w.turn_at
             LIMIT $2 + cardinality($4::uuid[]) + 64
-        ), quota AS (
+        ), settings AS (
             SELECT du.endpoint_id, du.tenant, du.turn_at, e.config_version, e.url, e.headers,
                    e.timeout_ms, e.max_attempts, e.retry_schedule_secs,
                    e.circuit_state <> 'closed' AS probe,
@@ -124,14 +147,36 @@ const CLAIM_SQL: &str = r#"
                 ON cb.tenant = du.tenant AND cb.consumer = coalesce(e.consumer, '')
             WHERE e.state = 'active'
               AND (e.circuit_state = 'closed' OR e.circuit_open_until <= (SELECT now FROM clock))
+        ), quota AS (
+            -- What each endpoint can actually take: its due rows, counted up to its own
+            -- quota (an index range scan of at most that many entries, no lock). The
+            -- shares below charge an endpoint this, not its full quota: charged 32 each,
+            -- a claim of 250 served 7 endpoints of one due row, and a tenant's share of
+            -- 225 went to 7 entries with nothing due at all.
+            SELECT s.*, greatest(0, least(s.own, a.avail)) AS take, a.avail
+            FROM settings s
+            CROSS JOIN LATERAL (
+                SELECT count(*)::int AS avail FROM (
+                    SELECT 1 FROM hookd.deliveries d
+                    WHERE d.endpoint_id = s.endpoint_id
+                      AND d.status IN ('pending', 'in_progress', 'failed')
+                      AND d.visible_at <= (SELECT now FROM clock)
+                    LIMIT greatest(s.own, 1)
+                ) x
+            ) a
+        ), rechecks AS (
+            -- an entry whose turn came with nothing due is early: the next fold puts it
+            -- right (migration 0015), so it is never read at the head of the line again
+            INSERT INTO hookd.endpoint_rechecks (endpoint_id)
+            SELECT endpoint_id FROM quota WHERE avail = 0
         ), own_share AS (
             -- A consumer's rows stop at what is left of its share of its tenant's, then
             -- (below) a tenant's at what is left of its share, each counting every
-            -- endpoint before as taking its full quota: never more rows locked than
+            -- endpoint before as taking what it can take: never more rows locked than
             -- returned. In this order, so an endpoint its consumer's share holds back
             -- does not use up its tenant's.
-            SELECT *, least(own, greatest(0, consumer_left
-                       - (sum(greatest(own, 0)) OVER wc - greatest(own, 0)))) AS own_left
+            SELECT *, least(take, greatest(0, consumer_left
+                       - (sum(take) OVER wc - take))) AS own_left
             FROM quota
             WINDOW wc AS (PARTITION BY tenant, consumer ORDER BY turn_at, endpoint_id
                           ROWS UNBOUNDED PRECEDING)
@@ -269,10 +314,12 @@ pub async fn claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<ClaimedDeliv
 /// Only endpoints with open deliveries have an entry in `hookd.endpoint_queue`, ordered
 /// by when their turn comes (their earliest due row, their circuit's cool-down, or just
 /// after the last claim that served them). The claim reads the entries whose turn has
-/// come, in that order, and for each takes its oldest due rows up to the endpoint's
-/// remaining in-flight quota (one probe per circuit whose cool-down is over, which this
-/// statement marks half-open so only one replica probes) and up to its tenant's
-/// remaining share. So its cost follows the rows it claims, not the number of endpoints;
+/// come, in that order and tenant by tenant (each tenant's scan stops at what its share
+/// can use), and for each takes its oldest due rows up to the endpoint's remaining
+/// in-flight quota (one probe per circuit whose cool-down is over, which this statement
+/// marks half-open so only one replica probes) and up to its consumer's and tenant's
+/// remaining shares, charging each endpoint the rows it actually has due. So its cost
+/// follows the rows it claims and the tenants with work, not the number of endpoints;
 /// rows of paused, disabled or open endpoints are never read, and an open circuit's
 /// backlog is not re-deferred. Due rows include in_progress rows whose lease lapsed: the
 /// lease expiry lives in the same visibility column.
@@ -293,11 +340,19 @@ pub async fn claim_shared(
 }
 
 /// Folds the wake-ups of endpoints that got work (`hookd.endpoint_wakeups`, migration
-/// 0008) into their queue entries, so the claim that follows sees them. Run before every
+/// 0008) and the rechecks of entries that may be early (`hookd.endpoint_rechecks`,
+/// migration 0015) into their queue entries, so the claim that follows sees them. Run before every
 /// claim: a separate statement, because a claim cannot see entries its own statement
 /// writes. Its cost follows the endpoints that got work since the last fold. Commits
 /// asynchronously: lost in a crash, the wake-ups come back with it and are folded again.
 pub async fn fold_wakeups(pool: &PgPool) -> Result<u64, DbError> {
+    // Entries a refresh had to skip, or a claim found early (migration 0015): refreshed
+    // with a snapshot that sees what made them so.
+    sqlx::query(
+        "SELECT set_config('synchronous_commit', 'off', true), hookd.endpoint_queue_recheck(10000)",
+    )
+    .execute(on(pool))
+    .await?;
     let r = sqlx::query(
         r#"
         WITH async AS (SELECT set_config('synchronous_commit', 'off', true)),
@@ -818,6 +873,7 @@ pub async fn replay(
             SELECT id, status = 'in_progress' AND visible_at > now() AS leased
             FROM hookd.deliveries
             WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)
+              AND ($4::uuid IS NULL OR id >= $4)
             FOR UPDATE
         ), upd AS (
             UPDATE hookd.deliveries d
@@ -834,6 +890,7 @@ pub async fn replay(
         .bind(id)
         .bind(audience.tenant)
         .bind(audience.consumer)
+        .bind(audience.since)
         .fetch_optional(on(pool))
         .await?)
     })
@@ -924,11 +981,13 @@ pub async fn get(
         "SELECT id, event_id, endpoint_id, tenant, status, attempts, visible_at, last_status_code,
                 last_error, created_at, updated_at, completed_at
          FROM hookd.deliveries
-         WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)",
+         WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)
+           AND ($4::uuid IS NULL OR id >= $4)",
     )
     .bind(id)
     .bind(audience.tenant)
     .bind(audience.consumer)
+    .bind(audience.since)
     .fetch_optional(on(pool))
     .await?)
 }

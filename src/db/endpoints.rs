@@ -60,10 +60,11 @@ pub async fn upsert(conn: &mut PgConnection, e: &EndpointUpsert) -> Result<Upser
         e.consumer.as_deref(),
     )
     .await?;
-    if let Some(c) = &e.consumer {
-        super::consumers::ensure(&mut tx, &e.tenant, c).await?;
-    }
-    let result = upsert_row(&mut tx, e).await?;
+    let generation = match &e.consumer {
+        Some(c) => Some(super::consumers::ensure(&mut tx, &e.tenant, c).await?),
+        None => None,
+    };
+    let result = upsert_row(&mut tx, e, generation).await?;
     tx.commit().await?;
     Ok(result)
 }
@@ -108,8 +109,9 @@ async fn retire_once(
         WITH ep AS (
             UPDATE hookd.endpoints
             SET k8s_name = k8s_name || '/retired/' || id, state = 'disabled',
-                state_reason = 'retired: the declaration now names tenant ' || $3
-                               || coalesce(' and consumer ' || $4, ' without a consumer'),
+                -- read by the old owner (a consumer token of the old consumer sees this
+                -- row): it must not learn who the declaration names now
+                state_reason = 'retired: the declaration now names another owner',
                 spec_fingerprint = NULL, updated_at = now()
             WHERE k8s_namespace = $1 AND k8s_name = $2
               AND (tenant <> $3 OR consumer IS DISTINCT FROM $4::text)
@@ -133,7 +135,11 @@ async fn retire_once(
     .await?)
 }
 
-async fn upsert_row(conn: &mut PgConnection, e: &EndpointUpsert) -> Result<UpsertResult, DbError> {
+async fn upsert_row(
+    conn: &mut PgConnection,
+    e: &EndpointUpsert,
+    consumer_generation: Option<i64>,
+) -> Result<UpsertResult, DbError> {
     let row: (Uuid, bool, bool, String) = sqlx::query_as(
         r#"
         WITH prev AS (
@@ -143,9 +149,12 @@ async fn upsert_row(conn: &mut PgConnection, e: &EndpointUpsert) -> Result<Upser
             INSERT INTO hookd.endpoints AS t (
                 id, k8s_namespace, k8s_name, k8s_uid, tenant, url, event_types, state, state_reason,
                 timeout_ms, max_attempts, retry_schedule_secs, max_in_flight,
-                headers, secret_grace_secs, spec_fingerprint, consumer)
-            VALUES (hookd.uuid_v7(), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+                headers, secret_grace_secs, spec_fingerprint, consumer, consumer_generation)
+            VALUES (hookd.uuid_v7(), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
             ON CONFLICT (k8s_namespace, k8s_name) DO UPDATE SET
+                -- the declaration is the producer's: it follows the consumer's current
+                -- generation (visible to that consumer's tokens)
+                consumer_generation = EXCLUDED.consumer_generation,
                 k8s_uid = EXCLUDED.k8s_uid,
                 url = EXCLUDED.url,
                 event_types = EXCLUDED.event_types,
@@ -170,6 +179,7 @@ async fn upsert_row(conn: &mut PgConnection, e: &EndpointUpsert) -> Result<Upser
                 updated_at = now()
             WHERE t.spec_fingerprint IS DISTINCT FROM EXCLUDED.spec_fingerprint
                OR t.k8s_uid IS DISTINCT FROM EXCLUDED.k8s_uid
+               OR t.consumer_generation IS DISTINCT FROM EXCLUDED.consumer_generation
             RETURNING t.id, t.state
         )
         SELECT coalesce(up.id, prev.id) AS id,
@@ -197,6 +207,7 @@ async fn upsert_row(conn: &mut PgConnection, e: &EndpointUpsert) -> Result<Upser
     .bind(e.secret_grace_secs)
     .bind(&e.spec_fingerprint)
     .bind(&e.consumer)
+    .bind(consumer_generation)
     .fetch_one(on(conn))
     .await?;
     Ok(UpsertResult {
@@ -275,6 +286,23 @@ async fn remove_declared_once(
     .fetch_optional(on(conn))
     .await?;
     Ok(row)
+}
+
+/// The id of the endpoint declared as namespace/name whose declaration has not been
+/// removed (`hookd delete` answers "not found" for one already removed, as kubectl does).
+pub async fn declared_live(
+    conn: &mut PgConnection,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Uuid>, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM hookd.endpoints
+         WHERE k8s_namespace = $1 AND k8s_name = $2 AND removed_at IS NULL",
+    )
+    .bind(namespace)
+    .bind(name)
+    .fetch_optional(on(conn))
+    .await?)
 }
 
 /// Holds the endpoint declared as namespace/name (paused, with `reason`) without touching
@@ -617,11 +645,13 @@ pub async fn get_visible(
         sqlx::query_as::<_, EndpointView>(sqlx::AssertSqlSafe(format!(
             "SELECT {VIEW_COLUMNS} FROM hookd.endpoints e
          WHERE e.id = $1 AND e.removed_at IS NULL
-           AND ($2::text IS NULL OR e.tenant = $2) AND ($3::text IS NULL OR e.consumer = $3)"
+           AND ($2::text IS NULL OR e.tenant = $2) AND ($3::text IS NULL OR e.consumer = $3)
+           AND ($4::bigint IS NULL OR e.consumer_generation = $4)"
         )))
         .bind(id)
         .bind(audience.tenant)
         .bind(audience.consumer)
+        .bind(audience.consumer_generation)
         .fetch_optional(on(pool))
         .await?,
     )
@@ -643,6 +673,7 @@ pub async fn list(
            AND ($2::text IS NULL OR e.consumer = $2)
            AND ($3::text IS NULL OR e.consumer = $3)
            AND ($4::uuid IS NULL OR e.id > $4)
+           AND ($6::bigint IS NULL OR e.consumer_generation = $6)
          ORDER BY e.id LIMIT $5"
         )))
         .bind(audience.tenant)
@@ -650,6 +681,7 @@ pub async fn list(
         .bind(consumer)
         .bind(after)
         .bind(limit)
+        .bind(audience.consumer_generation)
         .fetch_all(on(pool))
         .await?,
     )
@@ -666,16 +698,19 @@ pub struct NewApiEndpoint {
     pub description: Option<String>,
     pub headers: serde_json::Value,
     pub paused: bool,
+    /// the consumer generation it is made for (held by the caller's transaction)
+    pub consumer_generation: Option<i64>,
 }
 
 pub async fn insert_api(conn: &mut PgConnection, e: &NewApiEndpoint) -> Result<(), DbError> {
     sqlx::query(
         r#"
         INSERT INTO hookd.endpoints (id, tenant, consumer, managed_by, url, event_types,
-                                     description, headers, state, state_reason)
+                                     description, headers, state, state_reason,
+                                     consumer_generation)
         VALUES ($1, $2, $3, 'api', $4, $5, $6, $7,
                 CASE WHEN $8 THEN 'paused' ELSE 'active' END,
-                CASE WHEN $8 THEN 'paused through the API' END)
+                CASE WHEN $8 THEN 'paused through the API' END, $9)
         "#,
     )
     .bind(e.id)
@@ -686,6 +721,7 @@ pub async fn insert_api(conn: &mut PgConnection, e: &NewApiEndpoint) -> Result<(
     .bind(&e.description)
     .bind(&e.headers)
     .bind(e.paused)
+    .bind(e.consumer_generation)
     .execute(on(conn))
     .await?;
     Ok(())
@@ -726,21 +762,23 @@ async fn lock_api_endpoint(
     conn: &mut PgConnection,
     id: Uuid,
     audience: super::Audience<'_>,
-) -> Result<Result<(String, Option<String>), PatchRefused>, DbError> {
-    let managed: Option<(String, String, Option<String>)> = sqlx::query_as(
-        "SELECT managed_by, tenant, consumer FROM hookd.endpoints
+) -> Result<Result<(String, Option<String>, Option<i64>), PatchRefused>, DbError> {
+    let managed: Option<(String, String, Option<String>, Option<i64>)> = sqlx::query_as(
+        "SELECT managed_by, tenant, consumer, consumer_generation FROM hookd.endpoints
          WHERE id = $1 AND removed_at IS NULL
            AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)
+           AND ($4::bigint IS NULL OR consumer_generation = $4)
          FOR UPDATE",
     )
     .bind(id)
     .bind(audience.tenant)
     .bind(audience.consumer)
+    .bind(audience.consumer_generation)
     .fetch_optional(on(&mut *conn))
     .await?;
     Ok(match managed {
         None => Err(PatchRefused::NotFound),
-        Some((m, tenant, consumer)) if m == "api" => Ok((tenant, consumer)),
+        Some((m, tenant, consumer, generation)) if m == "api" => Ok((tenant, consumer, generation)),
         Some(_) => Err(PatchRefused::ManagedByKubernetes),
     })
 }
@@ -754,14 +792,16 @@ pub async fn patch_api(
     audience: super::Audience<'_>,
     patch: &EndpointPatch,
 ) -> Result<Result<EndpointView, PatchRefused>, DbError> {
-    let (tenant, consumer) = match lock_api_endpoint(conn, id, audience).await? {
+    let (tenant, consumer, generation) = match lock_api_endpoint(conn, id, audience).await? {
         Ok(owner) => owner,
         Err(refused) => return Ok(Err(refused)),
     };
-    // an endpoint of a deleted consumer stays disabled until the consumer exists again
-    if patch.state == Some(ApiState::Active)
+    // An endpoint of a deleted consumer stays disabled for good: a later consumer with the
+    // same uid is another customer (another generation), and its events must never reach
+    // the earlier one's URL. Pausing counts too: a paused endpoint is subscribed again.
+    if patch.state.is_some()
         && let Some(c) = &consumer
-        && !super::consumers::hold(conn, &tenant, c).await?
+        && (generation.is_none() || super::consumers::hold(conn, &tenant, c).await? != generation)
     {
         return Ok(Err(PatchRefused::ConsumerDeleted));
     }

@@ -1,7 +1,8 @@
 //! `hookd.events`: the enqueue statement (event rows + fan-out into deliveries) and reads.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgPool};
+use sqlx::postgres::PgArguments;
+use sqlx::{Arguments, PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{Audience, DbError, on};
@@ -313,11 +314,13 @@ pub async fn get(
 ) -> Result<Option<EventRow>, DbError> {
     Ok(sqlx::query_as::<_, EventRow>(
         "SELECT id, tenant, event_type, payload, idempotency_key, consumer, created_at FROM hookd.events
-         WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)",
+         WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)
+           AND ($4::uuid IS NULL OR id >= $4)",
     )
     .bind(id)
     .bind(audience.tenant)
     .bind(audience.consumer)
+    .bind(audience.since)
     .fetch_optional(on(pool))
     .await?)
 }
@@ -355,15 +358,42 @@ pub struct EventQuery<'a> {
 }
 
 /// Messages newest first, one keyset page. With a tenant, each filter combination walks
-/// one of the `events_*_page` indexes backwards from the cursor.
+/// one of the `events_*_page` indexes backwards from the cursor; a status filter walks
+/// `deliveries_status_page` or `deliveries_consumer_status_page` instead (see
+/// [`status_served`]), so a page costs what it returns however few events match.
 pub async fn list(pool: &PgPool, q: &EventQuery<'_>) -> Result<Vec<EventSummary>, DbError> {
-    let lower = q.since.map(uuid_floor);
-    let upper = match (q.before, q.until.map(uuid_floor)) {
-        (Some(b), Some(u)) => Some(b.min(u)),
-        (b, u) => b.or(u),
-    };
-    Ok(sqlx::query_as::<_, EventSummary>(
-        r#"
+    let (sql, args) = list_statement(q)?;
+    Ok(
+        sqlx::query_as_with::<_, EventSummary, _>(sqlx::AssertSqlSafe(sql), args)
+            .fetch_all(on(pool))
+            .await?,
+    )
+}
+
+/// The statement [`list`] runs for `q`, with its arguments: shared with [`explain_list`]
+/// so a test inspects the plan of exactly what a listing runs.
+fn list_statement(q: &EventQuery<'_>) -> Result<(String, PgArguments), DbError> {
+    if let Some(by_status) = ByStatus::of(q) {
+        return Ok((by_status.sql(), by_status.arguments()?));
+    }
+    let (lower, upper) = id_bounds(q);
+    let mut args = PgArguments::default();
+    let encode = |e| DbError::Query(sqlx::Error::Encode(e));
+    args.add(q.audience.tenant).map_err(encode)?;
+    args.add(q.audience.consumer).map_err(encode)?;
+    args.add(q.consumer).map_err(encode)?;
+    args.add(q.event_type).map_err(encode)?;
+    args.add(upper).map_err(encode)?;
+    args.add(lower).map_err(encode)?;
+    args.add(q.status).map_err(encode)?;
+    args.add(q.limit).map_err(encode)?;
+    Ok((LIST_SQL.to_string(), args))
+}
+
+/// A listing without a status filter (or one the API refuses, see [`status_served`]):
+/// with a tenant, each filter combination walks one of the `events_*_page` indexes
+/// backwards from the cursor.
+const LIST_SQL: &str = r#"
         SELECT e.id, e.tenant, e.event_type, e.consumer, e.created_at,
                coalesce(c.total, 0) AS total, coalesce(c.succeeded, 0) AS succeeded,
                coalesce(c.pending, 0) AS pending, coalesce(c.failed, 0) AS failed,
@@ -392,18 +422,134 @@ pub async fn list(pool: &PgPool, q: &EventQuery<'_>) -> Result<Vec<EventSummary>
             FROM hookd.deliveries d WHERE d.event_id = e.id
         ) c ON true
         ORDER BY e.id DESC
-        "#,
-    )
-    .bind(q.audience.tenant)
-    .bind(q.audience.consumer)
-    .bind(q.consumer)
-    .bind(q.event_type)
-    .bind(upper)
-    .bind(lower)
-    .bind(q.status)
-    .bind(q.limit)
-    .fetch_all(on(pool))
-    .await?)
+        "#;
+
+/// The id range of a listing: `[lower, upper)`, from `since`, `until` and the cursor.
+fn id_bounds(q: &EventQuery<'_>) -> (Option<Uuid>, Option<Uuid>) {
+    // a consumer token's floor (an earlier consumer with its uid) bounds the range too
+    let lower = match (q.since.map(uuid_floor), q.audience.since) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    let upper = match (q.before, q.until.map(uuid_floor)) {
+        (Some(b), Some(u)) => Some(b.min(u)),
+        (b, u) => b.or(u),
+    };
+    (lower, upper)
+}
+
+/// Whether a listing with a status filter is served by an index: it needs a tenant and no
+/// event-type filter (deliveries do not carry the event type; the API refuses that
+/// combination, `docs/retention-partitions.md`). Any consumer filter is served.
+pub fn status_served(q: &EventQuery<'_>) -> bool {
+    q.status.is_none() || (q.audience.tenant.is_some() && q.event_type.is_none())
+}
+
+/// A status listing read from the deliveries' status indexes: the newest distinct events
+/// with a delivery in the status, one ordered index range per partition merged, then
+/// the page's events and their counts. Never more index entries than the page's
+/// deliveries in that status.
+struct ByStatus<'a> {
+    tenant: &'a str,
+    /// the audience's consumer or the filter's
+    consumer: Option<&'a str>,
+    status: DeliveryStatus,
+    lower: Uuid,
+    upper: Uuid,
+    limit: i64,
+}
+
+impl<'a> ByStatus<'a> {
+    fn of(q: &EventQuery<'a>) -> Option<Self> {
+        let status = q.status?;
+        let tenant = q.audience.tenant?;
+        if q.event_type.is_some() {
+            return None;
+        }
+        let consumer = match (q.audience.consumer, q.consumer) {
+            (Some(a), Some(f)) if a != f => {
+                // a consumer asking for another's messages sees none; the id range below
+                // is made empty rather than adding a branch to the statement
+                return Some(ByStatus {
+                    tenant,
+                    consumer: Some(a),
+                    status,
+                    lower: Uuid::max(),
+                    upper: Uuid::nil(),
+                    limit: q.limit,
+                });
+            }
+            (a, f) => a.or(f),
+        };
+        let (lower, upper) = id_bounds(q);
+        Some(ByStatus {
+            tenant,
+            consumer,
+            status,
+            lower: lower.unwrap_or(Uuid::nil()),
+            upper: upper.unwrap_or(Uuid::max()),
+            limit: q.limit,
+        })
+    }
+
+    /// One of two constant texts: with or without the consumer, so that each is planned
+    /// on the index whose leading columns it fixes.
+    fn sql(&self) -> String {
+        let consumer = if self.consumer.is_some() {
+            "AND d.consumer = $6"
+        } else {
+            "AND $6::text IS NULL"
+        };
+        format!(
+            r#"
+        WITH page AS (
+            SELECT d.event_id
+            FROM hookd.deliveries d
+            WHERE d.tenant = $1 AND d.status = $2 {consumer}
+              AND d.event_id < $3 AND d.event_id >= $4
+            GROUP BY d.event_id
+            ORDER BY d.event_id DESC
+            LIMIT $5
+        )
+        SELECT e.id, e.tenant, e.event_type, e.consumer, e.created_at,
+               c.total, c.succeeded, c.pending, c.failed, c.dead, c.cancelled
+        FROM page
+        JOIN hookd.events e ON e.id = page.event_id
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS total,
+                   count(*) FILTER (WHERE d.status = 'succeeded') AS succeeded,
+                   count(*) FILTER (WHERE d.status IN ('pending', 'in_progress')) AS pending,
+                   count(*) FILTER (WHERE d.status = 'failed') AS failed,
+                   count(*) FILTER (WHERE d.status = 'dead') AS dead,
+                   count(*) FILTER (WHERE d.status = 'cancelled') AS cancelled
+            FROM hookd.deliveries d WHERE d.event_id = e.id
+        ) c
+        ORDER BY e.id DESC
+        "#
+        )
+    }
+
+    fn arguments(&self) -> Result<PgArguments, DbError> {
+        let mut args = PgArguments::default();
+        let encode = |e| DbError::Query(sqlx::Error::Encode(e));
+        args.add(self.tenant).map_err(encode)?;
+        args.add(self.status).map_err(encode)?;
+        args.add(self.upper).map_err(encode)?;
+        args.add(self.lower).map_err(encode)?;
+        args.add(self.limit).map_err(encode)?;
+        args.add(self.consumer).map_err(encode)?;
+        Ok(args)
+    }
+}
+
+/// `EXPLAIN (ANALYZE, BUFFERS)` of the listing `q` (a read: it is run), one line per plan
+/// line: for tests that prove a filtered listing reads about what it returns.
+pub async fn explain_list(pool: &PgPool, q: &EventQuery<'_>) -> Result<Vec<String>, DbError> {
+    let (sql, args) = list_statement(q)?;
+    let sql = format!("EXPLAIN (ANALYZE, BUFFERS) {sql}");
+    Ok(sqlx::query_scalar_with(sqlx::AssertSqlSafe(sql), args)
+        .fetch_all(on(pool))
+        .await?)
 }
 
 /// The smallest UUIDv7 minted at `t` or later: its 48-bit millisecond prefix, zeros after.

@@ -34,13 +34,20 @@ pub static MIGRATOR: Migrator = sqlx::migrate!();
 pub struct Audience<'a> {
     pub tenant: Option<&'a str>,
     pub consumer: Option<&'a str>,
+    /// A consumer token's consumer generation: endpoints of an earlier consumer with the
+    /// same uid are not its (migration 0017).
+    pub consumer_generation: Option<i64>,
+    /// A consumer token's floor of event and delivery ids (UUIDv7, time-ordered): the
+    /// smallest id minted when its consumer was created. Older rows with the same uid are
+    /// an earlier consumer's.
+    pub since: Option<uuid::Uuid>,
 }
 
 impl<'a> Audience<'a> {
     pub fn tenant(tenant: Option<&'a str>) -> Self {
         Audience {
             tenant,
-            consumer: None,
+            ..Default::default()
         }
     }
 }
@@ -152,9 +159,10 @@ pub fn is_unavailable(e: &sqlx::Error) -> bool {
     }
 }
 
-/// Set at the start of every transaction hookd runs (see [`begin`] and [`on`]), never on
-/// the session: behind a pooler in transaction mode a session setting would stay on the
-/// server connection for the next client of the pool (invariant 12). Every statement
+/// Set on every session hookd opens to Postgres itself; behind a pooler in transaction
+/// mode, at the start of every transaction instead (see [`begin`] and [`on`]): there a
+/// session setting would stay on the server connection for the next client of the pool
+/// (invariant 12). Every statement
 /// hookd runs is designed as index lookups and ordered index range scans, and the
 /// statistics of a queue are always stale: rows arrive and leave by the thousand a
 /// second, and the queue partition (migration 0014) is often nearly empty when autovacuum
@@ -219,6 +227,8 @@ pub fn pooler() -> Pooler {
 
 /// Where a statement runs, made safe for a transaction-mode pooler: every statement
 /// hookd runs goes through here (`.fetch_one(on(pool))`, `.execute(on(&mut *tx))`).
+/// Without a pooler ([`Pooler::None`]) it runs the statement as sqlx would, at no cost:
+/// the session holds the settings and the session is hookd's alone. Behind one:
 ///
 /// - A statement outside a transaction runs in one of its own, opened with
 ///   [`INDEX_PATHS_ONLY`]. sqlx sends Parse (and Describe) with a Sync of their own and
@@ -228,11 +238,10 @@ pub fn pooler() -> Pooler {
 ///   or another client's unnamed statement). Inside a transaction the session is ours
 ///   until COMMIT. The same transaction carries the planner settings, which a session
 ///   `SET` would leak to the pool's other clients.
-/// - Behind a transaction-mode pooler statements are unnamed (`persistent(false)`): a
+/// - Statements are unnamed (`persistent(false)`): a
 ///   named statement stays on the server session after the transaction, where the next
 ///   session of this process that prepares the same name (`sqlx_s_1`) fails with
 ///   "already exists", and sqlx's cache would name statements the next session lacks.
-///   Without a pooler sqlx keeps caching named statements.
 ///
 /// Results of a wrapped statement are collected before its COMMIT, so they are whole or
 /// an error: hookd's statements return bounded row counts.
@@ -244,9 +253,13 @@ pub fn on<E>(executor: E) -> On<E> {
     On(executor)
 }
 
-/// Opens a transaction with [`INDEX_PATHS_ONLY`] set for it (one round trip, like a plain
-/// `BEGIN`). Every transaction hookd runs on the queue starts here.
+/// Opens a transaction with [`INDEX_PATHS_ONLY`] in force (behind a transaction-mode
+/// pooler set for it, in the same round trip as the `BEGIN`). Every transaction hookd
+/// runs starts here.
 pub async fn begin(pool: &PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, DbError> {
+    if pooler() == Pooler::None {
+        return Ok(pool.begin().await?);
+    }
     Ok(pool
         .begin_with(sqlx::AssertSqlSafe(BEGIN_INDEX_PATHS_ONLY))
         .await?)
@@ -258,7 +271,7 @@ pub async fn begin_on(
     conn: &mut sqlx::PgConnection,
 ) -> Result<sqlx::Transaction<'_, sqlx::Postgres>, DbError> {
     use sqlx::Connection;
-    if conn.is_in_transaction() {
+    if conn.is_in_transaction() || pooler() == Pooler::None {
         return Ok(conn.begin().await?);
     }
     Ok(conn
@@ -343,7 +356,7 @@ impl<'c> Executor<'c> for On<&'c mut sqlx::PgConnection> {
     {
         use sqlx::Connection;
         let conn = self.0;
-        if conn.is_in_transaction() {
+        if conn.is_in_transaction() || pooler() == Pooler::None {
             return conn.fetch_many(Statement::new(query));
         }
         stream_of(in_own_transaction(conn, Statement::new(query)))
@@ -359,7 +372,7 @@ impl<'c> Executor<'c> for On<&'c mut sqlx::PgConnection> {
     {
         use sqlx::Connection;
         let conn = self.0;
-        if conn.is_in_transaction() {
+        if conn.is_in_transaction() || pooler() == Pooler::None {
             return conn.fetch_optional(Statement::new(query));
         }
         Box::pin(async move {
@@ -399,6 +412,9 @@ impl<'p> Executor<'p> for On<&'_ PgPool> {
         'p: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
+        if pooler() == Pooler::None {
+            return self.0.fetch_many(query);
+        }
         let pool = self.0.clone();
         stream_of(async move {
             let mut conn = pool.acquire().await?;
@@ -414,6 +430,9 @@ impl<'p> Executor<'p> for On<&'_ PgPool> {
         'p: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
+        if pooler() == Pooler::None {
+            return self.0.fetch_optional(query);
+        }
         let pool = self.0.clone();
         Box::pin(async move {
             let mut conn = pool.acquire().await?;
@@ -471,13 +490,29 @@ pub fn connect_lazy_to(settings: &PoolSettings, database: Option<&str>) -> Resul
     if let Some(db) = database {
         opts = opts.database(db);
     }
-    if pooler() == Pooler::Transaction {
-        // no named statements to cache: see `On`
-        opts = opts.statement_cache_capacity(0);
-    }
-    // No session settings (no `after_connect`): they would outlive the session's use by
-    // hookd behind a pooler. Settings are per transaction (`begin`, `on`).
-    Ok(PgPoolOptions::new()
+    let pool = PgPoolOptions::new();
+    let pool = match pooler() {
+        // No session settings: they would outlive hookd's use of the server session
+        // behind the pooler. Settings are per transaction (`begin`, `on`), and there are
+        // no named statements to cache (see `On`).
+        Pooler::Transaction => {
+            opts = opts.statement_cache_capacity(0);
+            pool
+        }
+        // a SET after connecting rather than a startup option, which poolers in session
+        // mode refuse
+        Pooler::None => pool.after_connect(|conn, _meta| {
+            Box::pin(async move {
+                for (name, value) in INDEX_PATHS_ONLY {
+                    sqlx::query(sqlx::AssertSqlSafe(format!("SET {name} = {value}")))
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                Ok(())
+            })
+        }),
+    };
+    Ok(pool
         .max_connections(settings.max_connections)
         .min_connections(0)
         .acquire_timeout(settings.acquire_timeout)
@@ -692,13 +727,26 @@ pub(crate) async fn lock_open_deliveries(
 
 /// Applies the migrations (idempotent: applied ones are skipped by version and checksum),
 /// then creates the history days from today on that do not exist yet (migration 0014).
+///
+/// On a connection of its own whose slow statements are logged at debug, not warn: a
+/// migration is expected to take seconds, and sqlx's slow-statement warning prints the
+/// whole statement, so the first screen of `hookd migrate` and `hookd dev` was the 11 KB
+/// text of migration 0014.
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
-    MIGRATOR.run(pool).await?;
-    sqlx::query("SELECT hookd.history_days_ensure($1)")
-        .bind(retention::HISTORY_DAYS_AHEAD)
-        .execute(on(pool))
+    use sqlx::Connection;
+    let opts = (*pool.connect_options())
+        .clone()
+        .log_slow_statements(tracing::log::LevelFilter::Debug, Duration::from_millis(500));
+    let mut conn = sqlx::PgConnection::connect_with(&opts)
         .await
         .map_err(sqlx::migrate::MigrateError::Execute)?;
+    MIGRATOR.run(&mut conn).await?;
+    sqlx::query("SELECT hookd.history_days_ensure($1)")
+        .bind(retention::HISTORY_DAYS_AHEAD)
+        .execute(&mut conn)
+        .await
+        .map_err(sqlx::migrate::MigrateError::Execute)?;
+    let _ = conn.close().await;
     Ok(())
 }
 

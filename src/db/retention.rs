@@ -23,9 +23,17 @@ pub fn uuid_v7_floor(t: DateTime<Utc>) -> Uuid {
     Uuid::from_bytes(bytes)
 }
 
-/// History days created ahead of today (UTC), so that no delivery lands in a default
-/// partition while dispatchers are down for a while.
-pub const HISTORY_DAYS_AHEAD: i32 = 3;
+/// History days created ahead of today (UTC). There is no default partition (migration
+/// 0016: attaching a day would lock it), so a delivery can become terminal only inside a
+/// day that exists: a week ahead leaves every hookd process down for a week before that
+/// can fail, and every dispatcher and every `hookd migrate` creates the coming days.
+pub const HISTORY_DAYS_AHEAD: i32 = 7;
+
+/// How long upkeep DDL waits for a lock before it gives up and tries again later. Creating
+/// a day conflicts with no statement of the hot path (it attaches under SHARE UPDATE
+/// EXCLUSIVE), so this bounds waits on other upkeep only; a day drop never waits at all
+/// (see [`drop_history_day`]).
+const UPKEEP_LOCK_TIMEOUT: &str = "100ms";
 
 /// Advisory lock held by the one process pruning at a time.
 pub const PRUNE_LOCK: i64 = 0x686f_6f6b_6470_7275; // "hookdpru"
@@ -316,13 +324,15 @@ pub struct HistoryDay {
 }
 
 /// Creates the history partitions of today (UTC) and of the next `ahead` days that do not
-/// exist yet; returns how many days exist afterwards. Partitions are created ahead so
-/// that no delivery lands in a default partition, from which a day cannot be dropped.
-/// Bounded by `lock_timeout`: a partition is created under a brief exclusive lock of
-/// its parent, and a busy parent is simply tried again at the next call.
+/// exist yet; returns how many days exist afterwards (0 when another process is creating
+/// them right now). A day is a free-standing table attached to its parent under SHARE
+/// UPDATE EXCLUSIVE, which no enqueue, claim or outcome write conflicts with (migration
+/// 0016); a wait on other upkeep is bounded by [`UPKEEP_LOCK_TIMEOUT`] and tried again at
+/// the next call.
 pub async fn ensure_history_days(conn: &mut PgConnection, ahead: i32) -> Result<i32, DbError> {
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    sqlx::query("SET LOCAL lock_timeout = '2s'")
+    sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+        .bind(UPKEEP_LOCK_TIMEOUT)
         .execute(on(&mut *tx))
         .await?;
     let n: i32 = sqlx::query_scalar("SELECT hookd.history_days_ensure($1)")
@@ -360,6 +370,9 @@ pub async fn history_days_below(
     .await?)
 }
 
+/// Attempts at the day drop's NOWAIT lock within one pass.
+const DROP_LOCK_TRIES: u32 = 25;
+
 /// What became of one history day.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DayDrop {
@@ -373,45 +386,13 @@ pub enum DayDrop {
     Busy,
 }
 
-/// Drops one history day (its partitions of deliveries, attempts and dead letters) if
-/// every delivery in it has expired by its tenant's cutoff and none of that day's
-/// deliveries is back in the queue.
-///
-/// The three parents are locked first, in the order readers take them, so that no
-/// replay can move a row of the day into the queue between the check and the drop; the
-/// lock is held for two index probes and the drop, and `lock_timeout` bounds the wait
-/// for it. Completions that finish in that time wait for it.
-pub async fn drop_history_day(
+/// Whether a day must stay: one of its deliveries is back in the queue, or one of its
+/// rows has not expired by its tenant's cutoff.
+async fn day_is_live(
     conn: &mut PgConnection,
     day: &HistoryDay,
     cutoffs: &Cutoffs,
-) -> Result<DayDrop, DbError> {
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    // the day's check wants a bitmap of the block-range index on updated_at, which the
-    // connection's settings price out (`db::INDEX_PATHS_ONLY`)
-    sqlx::query("SET LOCAL lock_timeout = '2s'")
-        .execute(on(&mut *tx))
-        .await?;
-    sqlx::query("SET LOCAL enable_bitmapscan = on")
-        .execute(on(&mut *tx))
-        .await?;
-    let locked = sqlx::query(
-        "LOCK TABLE hookd.delivery_history, hookd.delivery_attempts, hookd.dead_letters \
-         IN ACCESS EXCLUSIVE MODE",
-    )
-    .execute(on(&mut *tx))
-    .await;
-    match locked {
-        Ok(_) => {}
-        Err(e) => {
-            let e = DbError::from(e);
-            // 55P03: lock_timeout
-            if e.sqlstate().as_deref() == Some("55P03") {
-                return Ok(DayDrop::Busy);
-            }
-            return Err(e);
-        }
-    }
+) -> Result<bool, DbError> {
     let history = format!("hookd.\"delivery_history_{}\"", day.suffix);
     let oldest_cutoff = cutoffs
         .tenant_cutoffs
@@ -441,12 +422,76 @@ pub async fn drop_history_day(
         .bind(&cutoffs.tenant_cutoffs)
         .bind(oldest_cutoff)
         .bind(cutoffs.default)
-        .fetch_one(on(&mut *tx))
+        .fetch_one(on(conn))
         .await?;
+    Ok(live)
+}
+
+/// Drops one history day (its partitions of deliveries, attempts and dead letters) if
+/// every delivery in it has expired by its tenant's cutoff and none of that day's
+/// deliveries is back in the queue.
+///
+/// The three parents are locked first, so that no replay can move a row of the day into
+/// the queue between the check and the drop, and held for two index probes and the
+/// drop. The lock is taken with NOWAIT, a few times a short while apart: a drop never
+/// waits in a lock queue, so it neither makes enqueues, claims or outcome batches queue
+/// behind a waiting lock, nor closes a cycle with a statement that takes these tables in
+/// another order (an outcome batch takes the attempts and dead letters when it starts and
+/// the history when a row moves; a replay takes them the other way round). A day that
+/// stays busy is tried again at the next pass.
+pub async fn drop_history_day(
+    conn: &mut PgConnection,
+    day: &HistoryDay,
+    cutoffs: &Cutoffs,
+) -> Result<DayDrop, DbError> {
+    // a day still in use is left alone without locking anything
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    sqlx::query("SET LOCAL enable_bitmapscan = on")
+        .execute(on(&mut *tx))
+        .await?;
+    let live = day_is_live(&mut tx, day, cutoffs).await?;
+    tx.rollback().await?;
+    if live {
+        return Ok(DayDrop::Kept);
+    }
+    let mut tries = 0;
+    let mut tx = loop {
+        tries += 1;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        // the day's check wants a bitmap of the block-range index on updated_at, which the
+        // connection's settings price out (`db::INDEX_PATHS_ONLY`)
+        sqlx::query("SET LOCAL enable_bitmapscan = on")
+            .execute(on(&mut *tx))
+            .await?;
+        let locked = sqlx::query(
+            "LOCK TABLE hookd.delivery_attempts, hookd.dead_letters, hookd.delivery_history \
+             IN ACCESS EXCLUSIVE MODE NOWAIT",
+        )
+        .execute(on(&mut *tx))
+        .await;
+        match locked {
+            Ok(_) => break tx,
+            Err(e) => {
+                let e = DbError::from(e);
+                // 55P03: lock_not_available
+                if e.sqlstate().as_deref() != Some("55P03") {
+                    return Err(e);
+                }
+                tx.rollback().await?;
+                if tries >= DROP_LOCK_TRIES {
+                    return Ok(DayDrop::Busy);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    };
+    // under the lock, the check again: a replay may have moved a row since
+    let live = day_is_live(&mut tx, day, cutoffs).await?;
     if live {
         tx.rollback().await?;
         return Ok(DayDrop::Kept);
     }
+    let history = format!("hookd.\"delivery_history_{}\"", day.suffix);
     // the planner's estimate: counting would read the whole day under the lock
     let estimate = format!(
         "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = '{history}'::regclass"

@@ -242,7 +242,7 @@ pub async fn compact(pool: &PgPool) -> Result<bool, DbError> {
     for attempt in 0..5u32 {
         // simple protocol, outside any transaction: VACUUM refuses to run in one
         sqlx::raw_sql("VACUUM (FULL, SKIP_LOCKED) hookd.endpoint_secrets")
-            .execute(pool)
+            .execute(on(pool))
             .await?;
         let after: i64 = sqlx::query_scalar(FILE).fetch_one(on(pool)).await?;
         if after != before {

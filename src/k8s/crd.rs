@@ -6,8 +6,11 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::{CustomResource, KubeSchema};
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -176,12 +179,18 @@ pub const DISPATCHER_ENV_ALLOWED: &[&str] = &[
     "HOOKD_NOTIFY",
     "HOOKD_SHUTDOWN_GRACE_SECS",
     "HOOKD_RESPONSE_SNIPPET_BYTES",
+    // retention: every dispatcher prunes (one at a time), so these reach them from
+    // ConfigMap hookd-config; listing them here lets one pool differ (e.g. pruning off)
+    "HOOKD_RETENTION_DAYS",
+    "HOOKD_TENANT_RETENTION",
+    "HOOKD_PRUNE_INTERVAL_SECS",
+    "HOOKD_PRUNE_BATCH",
 ];
 
 /// The `env` rule: plain values of allowed settings only (no `valueFrom`, which could read
 /// any Secret of the namespace into a pod). `startsWith`/`in` cost the same whatever the
 /// length of `name`, which k8s-openapi's EnvVar schema leaves unbounded.
-pub const DISPATCHER_ENV_RULE: &str = "self.all(e, !has(e.valueFrom) && e.name in ['HOOKD_LOG', 'HOOKD_LOG_FORMAT', 'HOOKD_DB_MAX_CONNECTIONS', 'HOOKD_DB_ACQUIRE_TIMEOUT_MS', 'HOOKD_CONCURRENCY', 'HOOKD_ENDPOINT_CONCURRENCY', 'HOOKD_LEASE_SECS', 'HOOKD_REQUEST_TIMEOUT_SECS', 'HOOKD_RETRY_SCHEDULE', 'HOOKD_MAX_ATTEMPTS', 'HOOKD_RETRY_JITTER', 'HOOKD_MAX_RETRY_AFTER_SECS', 'HOOKD_CIRCUIT_FAILURES', 'HOOKD_CIRCUIT_COOLDOWN_SECS', 'HOOKD_POLL_MS', 'HOOKD_NOTIFY', 'HOOKD_SHUTDOWN_GRACE_SECS', 'HOOKD_RESPONSE_SNIPPET_BYTES'])";
+pub const DISPATCHER_ENV_RULE: &str = "self.all(e, !has(e.valueFrom) && e.name in ['HOOKD_LOG', 'HOOKD_LOG_FORMAT', 'HOOKD_DB_MAX_CONNECTIONS', 'HOOKD_DB_ACQUIRE_TIMEOUT_MS', 'HOOKD_CONCURRENCY', 'HOOKD_ENDPOINT_CONCURRENCY', 'HOOKD_LEASE_SECS', 'HOOKD_REQUEST_TIMEOUT_SECS', 'HOOKD_RETRY_SCHEDULE', 'HOOKD_MAX_ATTEMPTS', 'HOOKD_RETRY_JITTER', 'HOOKD_MAX_RETRY_AFTER_SECS', 'HOOKD_CIRCUIT_FAILURES', 'HOOKD_CIRCUIT_COOLDOWN_SECS', 'HOOKD_POLL_MS', 'HOOKD_NOTIFY', 'HOOKD_SHUTDOWN_GRACE_SECS', 'HOOKD_RESPONSE_SNIPPET_BYTES', 'HOOKD_RETENTION_DAYS', 'HOOKD_TENANT_RETENTION', 'HOOKD_PRUNE_INTERVAL_SECS', 'HOOKD_PRUNE_BATCH'])";
 
 /// A pool of dispatcher pods (hookd.dev/v1alpha1 WebhookDispatcher). The controller
 /// server-side-applies one owned Deployment running `hookd dispatch` per object and, with
@@ -196,9 +205,13 @@ pub const DISPATCHER_ENV_RULE: &str = "self.all(e, !has(e.valueFrom) && e.name i
     status = "WebhookDispatcherStatus",
     cel,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    // why pods are missing (FailedCreate, CreateContainerConfigError, Unschedulable, …);
+    // the message is in `-o wide`
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".status.replicas"}"#,
     printcolumn = r#"{"name":"Available","type":"integer","jsonPath":".status.readyReplicas"}"#,
     printcolumn = r#"{"name":"Backlog","type":"integer","jsonPath":".status.backlog"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].message","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new(DISPATCHER_NAME_RULE).message("a WebhookDispatcher name must be at most 63 characters: it becomes the app.kubernetes.io/instance label of its Deployment and pods")
 )]
@@ -275,9 +288,35 @@ pub struct WebhookDispatcherSpec {
     /// Extra environment: plain values of `hookd dispatch` tuning settings (e.g.
     /// HOOKD_RETRY_SCHEDULE, HOOKD_CONCURRENCY); no `valueFrom`, no database, key or listen settings.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[x_kube(validation = Rule::new(DISPATCHER_ENV_RULE).message("env entries must be plain values (no valueFrom) of hookd dispatch tuning settings: HOOKD_LOG, HOOKD_LOG_FORMAT, HOOKD_DB_MAX_CONNECTIONS, HOOKD_DB_ACQUIRE_TIMEOUT_MS, HOOKD_CONCURRENCY, HOOKD_ENDPOINT_CONCURRENCY, HOOKD_LEASE_SECS, HOOKD_REQUEST_TIMEOUT_SECS, HOOKD_RETRY_SCHEDULE, HOOKD_MAX_ATTEMPTS, HOOKD_RETRY_JITTER, HOOKD_MAX_RETRY_AFTER_SECS, HOOKD_CIRCUIT_FAILURES, HOOKD_CIRCUIT_COOLDOWN_SECS, HOOKD_POLL_MS, HOOKD_NOTIFY, HOOKD_SHUTDOWN_GRACE_SECS, HOOKD_RESPONSE_SNIPPET_BYTES"))]
+    #[x_kube(validation = Rule::new(DISPATCHER_ENV_RULE).message("env entries must be plain values (no valueFrom) of hookd dispatch tuning settings: HOOKD_LOG, HOOKD_LOG_FORMAT, HOOKD_DB_MAX_CONNECTIONS, HOOKD_DB_ACQUIRE_TIMEOUT_MS, HOOKD_CONCURRENCY, HOOKD_ENDPOINT_CONCURRENCY, HOOKD_LEASE_SECS, HOOKD_REQUEST_TIMEOUT_SECS, HOOKD_RETRY_SCHEDULE, HOOKD_MAX_ATTEMPTS, HOOKD_RETRY_JITTER, HOOKD_MAX_RETRY_AFTER_SECS, HOOKD_CIRCUIT_FAILURES, HOOKD_CIRCUIT_COOLDOWN_SECS, HOOKD_POLL_MS, HOOKD_NOTIFY, HOOKD_SHUTDOWN_GRACE_SECS, HOOKD_RESPONSE_SNIPPET_BYTES, HOOKD_RETENTION_DAYS, HOOKD_TENANT_RETENTION, HOOKD_PRUNE_INTERVAL_SECS, HOOKD_PRUNE_BATCH"))]
     #[schemars(length(max = 64))]
     pub env: Vec<k8s_openapi::api::core::v1::EnvVar>,
+
+    /// Secrets (same namespace) with the credentials to pull `image` from a private
+    /// registry (the pods' imagePullSecrets).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub image_pull_secrets: Vec<k8s_openapi::api::core::v1::LocalObjectReference>,
+
+    /// Node labels the pods must be scheduled on (the pods' nodeSelector).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
+    pub node_selector: BTreeMap<String, String>,
+
+    /// Taints the pods tolerate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
+
+    /// Node affinity, pod affinity and anti-affinity of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<k8s_openapi::api::core::v1::Affinity>,
+
+    /// PriorityClass of the pods. The `system-` classes are the cluster's own and are
+    /// refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub priority_class_name: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
@@ -342,4 +381,108 @@ pub struct WebhookDispatcherStatus {
     /// When the autoscaler last changed `replicas` (scale-down waits for a quiet period).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scale_time: Option<Time>,
+}
+
+/// Every CRD hookd defines, as `hookd crd` prints them and `crds/` holds them: what the
+/// derives generate, with each `format` the API server does not know rewritten.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    let mut crds = vec![WebhookEndpoint::crd(), WebhookDispatcher::crd()];
+    for crd in &mut crds {
+        for version in &mut crd.spec.versions {
+            if let Some(schema) = version
+                .schema
+                .as_mut()
+                .and_then(|s| s.open_api_v3_schema.as_mut())
+            {
+                known_formats_only(schema);
+            }
+        }
+    }
+    crds
+}
+
+/// Formats a Kubernetes API server recognizes in a CRD schema
+/// (k8s.io/apiextensions-apiserver pkg/apiserver/validation/formats.go, compared with the
+/// dashes removed), plus the OpenAPI number formats it accepts without a warning.
+pub const KNOWN_FORMATS: &[&str] = &[
+    "bsonobjectid",
+    "uri",
+    "email",
+    "hostname",
+    "ipv4",
+    "ipv6",
+    "cidr",
+    "mac",
+    "uuid",
+    "uuid3",
+    "uuid4",
+    "uuid5",
+    "isbn",
+    "isbn10",
+    "isbn13",
+    "creditcard",
+    "ssn",
+    "hexcolor",
+    "rgbcolor",
+    "byte",
+    "password",
+    "date",
+    "duration",
+    "datetime",
+    "int32",
+    "int64",
+    "float",
+    "double",
+];
+
+/// Whether the API server recognizes `format` (it compares without dashes: `date-time`).
+pub fn format_is_known(format: &str) -> bool {
+    KNOWN_FORMATS.contains(&format.replace('-', "").as_str())
+}
+
+/// Rewrites the formats schemars emits for Rust's integer types (`uint32`, `uint8`, ...),
+/// which the API server does not know: from 1.34 each one is a warning on every
+/// `kubectl apply` of the CRDs, and it validates nothing. An integer keeps `int32` when
+/// its bounds fit (they are declared beside it), else `int64`; any other unknown format is
+/// dropped. The bounds (`minimum`, `maximum`) stay, so validation is unchanged.
+fn known_formats_only(s: &mut JSONSchemaProps) {
+    if let Some(format) = s.format.as_deref()
+        && !format_is_known(format)
+    {
+        s.format = match s.type_.as_deref() {
+            Some("integer") => {
+                let fits = |v: Option<f64>| {
+                    v.is_some_and(|v| (f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(&v))
+                };
+                Some(if fits(s.minimum) && fits(s.maximum) {
+                    "int32".into()
+                } else {
+                    "int64".into()
+                })
+            }
+            _ => None,
+        };
+    }
+    for p in s.properties.iter_mut().flat_map(|p| p.values_mut()) {
+        known_formats_only(p);
+    }
+    match s.items.as_mut() {
+        Some(JSONSchemaPropsOrArray::Schema(items)) => known_formats_only(items),
+        Some(JSONSchemaPropsOrArray::Schemas(items)) => {
+            items.iter_mut().for_each(known_formats_only)
+        }
+        None => {}
+    }
+    if let Some(JSONSchemaPropsOrBool::Schema(a)) = s.additional_properties.as_mut() {
+        known_formats_only(a);
+    }
+    for list in [&mut s.all_of, &mut s.any_of, &mut s.one_of]
+        .into_iter()
+        .flatten()
+    {
+        list.iter_mut().for_each(known_formats_only);
+    }
+    if let Some(not) = s.not.as_mut() {
+        known_formats_only(not);
+    }
 }

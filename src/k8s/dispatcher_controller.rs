@@ -11,16 +11,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SeccompProfile, SecretKeySelector, SecurityContext, Volume, VolumeMount,
+    Capabilities, ConfigMapEnvSource, Container, ContainerPort, EmptyDirVolumeSource,
+    EnvFromSource, EnvVar, EnvVarSource, HTTPGetAction, Pod, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
+    SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
@@ -49,6 +50,14 @@ pub const DEFAULT_ENCRYPTION_SECRET: (&str, &str) = ("hookd-encryption", "key");
 pub const OLD_KEYS_SECRET_KEY: &str = "old-keys";
 /// uid/gid of the distroless image's `nonroot` user.
 const NONROOT_UID: i64 = 65532;
+/// The install's shared settings (`manifests/base/config.yaml`). Dispatcher pods load it
+/// (optional: a pod starts without it) so that settings every dispatcher must share, such
+/// as retention (HOOKD_RETENTION_DAYS, HOOKD_TENANT_RETENTION), are set in one place; the
+/// container's own `env` wins over it.
+pub const SHARED_CONFIG_MAP: &str = "hookd-config";
+/// Pods read to say why dispatchers are not ready: enough to find a reason, bounded so a
+/// large pool costs one small LIST.
+const PODS_INSPECTED: u32 = 20;
 
 /// The owned Deployment's name.
 pub fn deployment_name(d: &WebhookDispatcher) -> String {
@@ -154,7 +163,14 @@ async fn apply(d: &WebhookDispatcher, ctx: &Context) -> Result<Action, Error> {
         .as_ref()
         .and_then(|s| s.ready_replicas)
         .unwrap_or(0);
-    let status = desired_status(d, &scale, ready, backlog, &to_time(now));
+    // Why pods are missing is only looked for while some are.
+    let problem = if ready < scale.replicas {
+        let pods = dispatcher_pods(d, ctx, &ns).await;
+        not_ready_reason(applied.status.as_ref(), &pods)
+    } else {
+        None
+    };
+    let status = desired_status(d, &scale, ready, problem.as_ref(), backlog, &to_time(now));
     let previous = d.status.as_ref().and_then(|s| s.replicas);
     if d.status.as_ref() != Some(&status) {
         patch_status(ctx, d, &ns, &status).await?;
@@ -179,13 +195,141 @@ async fn apply(d: &WebhookDispatcher, ctx: &Context) -> Result<Action, Error> {
         )
         .await;
     }
-    // Autoscaling samples the backlog often; fixed replicas only need a resync now and then
-    // (the owned-Deployment watch brings every rollout change in between).
-    Ok(Action::requeue(if d.spec.autoscaling.is_some() {
-        ctx.settings.status_interval
-    } else {
-        ctx.settings.resync
-    }))
+    // Autoscaling samples the backlog often, and pods that are not ready are looked at
+    // again soon (their own changes bring no watch event here); otherwise a resync now and
+    // then is enough (the owned-Deployment watch brings every rollout change in between).
+    Ok(Action::requeue(
+        if d.spec.autoscaling.is_some() || ready < scale.replicas {
+            ctx.settings.status_interval
+        } else {
+            ctx.settings.resync
+        },
+    ))
+}
+
+/// The pods of this dispatcher, best effort: without them the status still says how many
+/// are ready, only not why the others are not.
+async fn dispatcher_pods(d: &WebhookDispatcher, ctx: &Context, ns: &str) -> Vec<Pod> {
+    let selector = selector_labels(d)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    match Api::<Pod>::namespaced(ctx.client.clone(), ns)
+        .list(
+            &ListParams::default()
+                .labels(&selector)
+                .limit(PODS_INSPECTED),
+        )
+        .await
+    {
+        Ok(list) => list.items,
+        Err(e) => {
+            tracing::debug!(error = %e, "could not list dispatcher pods");
+            Vec::new()
+        }
+    }
+}
+
+/// Why some dispatcher pods are not ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotReadyReason {
+    /// CamelCase, as Kubernetes spells it: FailedCreate, CreateContainerConfigError, ...
+    pub reason: String,
+    pub message: String,
+}
+
+/// Waiting reasons of a container that will not start by itself.
+const CONTAINER_PROBLEMS: &[&str] = &[
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CrashLoopBackOff",
+    "RunContainerError",
+];
+
+/// Pure: why dispatcher pods are not ready, from the owned Deployment's status and its
+/// pods. In order: pods that cannot be created at all (the Deployment's `ReplicaFailure`,
+/// which the deployment controller copies from the ReplicaSet's: refused by Pod Security
+/// admission, over a ResourceQuota, a missing ServiceAccount), containers that cannot
+/// start (a missing Secret or key, an image that cannot be pulled, a crash loop), pods no
+/// node can take, then a rollout past its progress deadline. None: nothing is known to be
+/// wrong (pods are starting, or not scheduled yet).
+pub fn not_ready_reason(
+    deployment: Option<&DeploymentStatus>,
+    pods: &[Pod],
+) -> Option<NotReadyReason> {
+    let conditions = deployment
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or(&[]);
+    if let Some(c) = conditions
+        .iter()
+        .find(|c| c.type_ == "ReplicaFailure" && c.status == "True")
+    {
+        return Some(NotReadyReason {
+            reason: c.reason.clone().unwrap_or_else(|| "ReplicaFailure".into()),
+            message: c.message.clone().unwrap_or_default(),
+        });
+    }
+    let mut pods: Vec<&Pod> = pods.iter().collect();
+    // the same pod first on every pass, so an unchanged world writes an unchanged status
+    pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    for pod in &pods {
+        let Some(status) = &pod.status else { continue };
+        for c in status
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .chain(status.container_statuses.iter().flatten())
+        {
+            if let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref())
+                && let Some(reason) = w.reason.as_deref()
+                && CONTAINER_PROBLEMS.contains(&reason)
+            {
+                return Some(NotReadyReason {
+                    reason: reason.into(),
+                    message: format!(
+                        "pod {}: container {}: {}",
+                        pod.metadata.name.as_deref().unwrap_or_default(),
+                        c.name,
+                        w.message.as_deref().unwrap_or(reason)
+                    ),
+                });
+            }
+        }
+    }
+    for pod in &pods {
+        if let Some(c) = pod.status.as_ref().and_then(|s| {
+            s.conditions.iter().flatten().find(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            })
+        }) {
+            return Some(NotReadyReason {
+                reason: "Unschedulable".into(),
+                message: format!(
+                    "pod {}: {}",
+                    pod.metadata.name.as_deref().unwrap_or_default(),
+                    c.message.as_deref().unwrap_or("no node can take it")
+                ),
+            });
+        }
+    }
+    conditions
+        .iter()
+        .find(|c| {
+            c.type_ == "Progressing"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+        })
+        .map(|c| NotReadyReason {
+            reason: "ProgressDeadlineExceeded".into(),
+            message: c.message.clone().unwrap_or_default(),
+        })
 }
 
 async fn patch_status(
@@ -277,6 +421,13 @@ pub fn check_privileges(spec: &WebhookDispatcherSpec, settings: &Settings) -> Re
             "serviceAccountName {sa:?} is not allowed: use {DEFAULT_SERVICE_ACCOUNT:?} or one listed in HOOKD_DISPATCHER_SERVICE_ACCOUNTS"
         ));
     }
+    if let Some(class) = &spec.priority_class_name
+        && class.starts_with("system-")
+    {
+        return Err(format!(
+            "priorityClassName {class:?} is not allowed: the system- classes are for the cluster's own components; create a PriorityClass for dispatchers"
+        ));
+    }
     for e in &spec.env {
         if e.value_from.is_some() {
             return Err(format!(
@@ -365,6 +516,7 @@ pub fn desired_status(
     d: &WebhookDispatcher,
     scale: &Scale,
     ready_replicas: i32,
+    problem: Option<&NotReadyReason>,
     backlog: Option<i64>,
     now: &Time,
 ) -> WebhookDispatcherStatus {
@@ -389,15 +541,27 @@ pub fn desired_status(
             now,
         )
     } else {
-        condition(
-            prev,
-            "Ready",
-            "False",
-            "Progressing",
-            format!("{ready_replicas}/{} dispatcher pods ready", scale.replicas),
-            generation,
-            now,
-        )
+        let counted = format!("{ready_replicas}/{} dispatcher pods ready", scale.replicas);
+        match problem {
+            Some(p) => condition(
+                prev,
+                "Ready",
+                "False",
+                &p.reason,
+                format!("{counted}: {}", p.message),
+                generation,
+                now,
+            ),
+            None => condition(
+                prev,
+                "Ready",
+                "False",
+                "Progressing",
+                counted,
+                generation,
+                now,
+            ),
+        }
     };
     let mut conditions = vec![ready];
     if let Some(a) = &d.spec.autoscaling {
@@ -444,6 +608,19 @@ fn labels(d: &WebhookDispatcher) -> BTreeMap<String, String> {
         ("app.kubernetes.io/part-of".into(), "hookd".into()),
         (MANAGED_BY.0.into(), MANAGED_BY.1.into()),
     ])
+}
+
+/// The labels of `labels` that select the Deployment's pods: fixed for the object's life
+/// (a Deployment's selector cannot change).
+fn selector_labels(d: &WebhookDispatcher) -> BTreeMap<String, String> {
+    labels(d)
+        .into_iter()
+        .filter(|(k, _)| {
+            k.as_str() == "app.kubernetes.io/component"
+                || k.as_str() == "app.kubernetes.io/instance"
+                || k.as_str() == "app.kubernetes.io/name"
+        })
+        .collect()
 }
 
 fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
@@ -548,15 +725,7 @@ fn http_probe(path: &str, period: i32) -> Probe {
 pub fn desired_deployment(d: &WebhookDispatcher, default_image: &str, replicas: i32) -> Deployment {
     let spec = &d.spec;
     let labels = labels(d);
-    let selector: BTreeMap<String, String> = labels
-        .iter()
-        .filter(|(k, _)| {
-            k.as_str() == "app.kubernetes.io/component"
-                || k.as_str() == "app.kubernetes.io/instance"
-                || k.as_str() == "app.kubernetes.io/name"
-        })
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let selector = selector_labels(d);
     let timeout = i64::from(
         spec.request_timeout_seconds
             .unwrap_or(DEFAULT_REQUEST_TIMEOUT_SECS),
@@ -569,10 +738,12 @@ pub fn desired_deployment(d: &WebhookDispatcher, default_image: &str, replicas: 
                 ("cpu".into(), Quantity("100m".into())),
                 ("memory".into(), Quantity("64Mi".into())),
             ])),
-            limits: Some(BTreeMap::from([(
-                "memory".into(),
-                Quantity("512Mi".into()),
-            )])),
+            // a CPU limit too, so a pool that spins (a tight retry loop, a TLS storm)
+            // cannot starve its node's other tenants
+            limits: Some(BTreeMap::from([
+                ("cpu".into(), Quantity("1".into())),
+                ("memory".into(), Quantity("512Mi".into())),
+            ])),
             ..Default::default()
         });
     let container = Container {
@@ -584,6 +755,13 @@ pub fn desired_deployment(d: &WebhookDispatcher, default_image: &str, replicas: 
                 .unwrap_or_else(|| "IfNotPresent".into()),
         ),
         args: Some(vec!["dispatch".into()]),
+        env_from: Some(vec![EnvFromSource {
+            config_map_ref: Some(ConfigMapEnvSource {
+                name: SHARED_CONFIG_MAP.into(),
+                optional: Some(true),
+            }),
+            ..Default::default()
+        }]),
         env: Some(environment(spec)),
         ports: Some(vec![ContainerPort {
             name: Some("http".into()),
@@ -657,6 +835,13 @@ pub fn desired_deployment(d: &WebhookDispatcher, default_image: &str, replicas: 
                         ..Default::default()
                     }),
                     containers: vec![container],
+                    image_pull_secrets: (!spec.image_pull_secrets.is_empty())
+                        .then(|| spec.image_pull_secrets.clone()),
+                    node_selector: (!spec.node_selector.is_empty())
+                        .then(|| spec.node_selector.clone()),
+                    tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
+                    affinity: spec.affinity.clone(),
+                    priority_class_name: spec.priority_class_name.clone(),
                     volumes: Some(vec![Volume {
                         name: "tmp".into(),
                         empty_dir: Some(EmptyDirVolumeSource::default()),
@@ -917,7 +1102,7 @@ mod tests {
             replicas: 2,
             last_scale_time: None,
         };
-        let s = desired_status(&d, &scale, 1, Some(12), &now);
+        let s = desired_status(&d, &scale, 1, None, Some(12), &now);
         let ready = &s.conditions[0];
         assert_eq!(
             (
@@ -935,6 +1120,7 @@ mod tests {
             &d2,
             &scale,
             2,
+            None,
             Some(12),
             &Time(Timestamp::from_second(60).unwrap()),
         );
@@ -946,9 +1132,252 @@ mod tests {
             &d3,
             &scale,
             2,
+            None,
             Some(12),
             &Time(Timestamp::from_second(90).unwrap()),
         );
         assert_eq!(s3, s2, "steady state: identical status, no write");
+    }
+
+    /// Retention is set once, in ConfigMap hookd-config, and every dispatcher prunes: the
+    /// pods load the ConfigMap (optional, so a missing one blocks nothing), and their own
+    /// env still wins over it.
+    #[test]
+    fn pods_load_the_shared_config_map() {
+        let d = dispatcher(serde_json::json!({"databaseSecretRef": {"name": "db"}}));
+        let dep = desired_deployment(&d, "hookd:test", 1);
+        let c = &dep.spec.unwrap().template.spec.unwrap().containers[0];
+        let from = c.env_from.as_ref().expect("envFrom");
+        let cm = from[0].config_map_ref.as_ref().expect("a ConfigMap");
+        assert_eq!(
+            (cm.name.as_str(), cm.optional),
+            ("hookd-config", Some(true))
+        );
+        assert!(from[0].prefix.is_none() && from[0].secret_ref.is_none());
+        let names: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
+        assert!(
+            !names.contains(&"HOOKD_RETENTION_DAYS"),
+            "retention is not pinned by the controller: {names:?}"
+        );
+    }
+
+    /// Retention may also be tuned per pool through `env`, which the privilege check admits.
+    #[test]
+    fn retention_settings_are_allowed_in_env() {
+        let d = dispatcher(serde_json::json!({"databaseSecretRef": {"name": "db"},
+            "env": [{"name": "HOOKD_RETENTION_DAYS", "value": "90"},
+                    {"name": "HOOKD_TENANT_RETENTION", "value": "billing=365"},
+                    {"name": "HOOKD_PRUNE_INTERVAL_SECS", "value": "0"}]}));
+        let settings = Settings {
+            status_interval: Duration::from_secs(10),
+            image: "hookd:test".into(),
+            namespace_tenants: Default::default(),
+            concurrency: 1,
+            resync: Duration::from_secs(600),
+            dispatcher_images: vec![],
+            dispatcher_service_accounts: vec![],
+        };
+        assert_eq!(check_privileges(&d.spec, &settings), Ok(()));
+        let dep = desired_deployment(&d, "hookd:test", 1);
+        let c = &dep.spec.unwrap().template.spec.unwrap().containers[0];
+        let env = c.env.as_ref().unwrap();
+        let v = |n: &str| {
+            env.iter()
+                .find(|e| e.name == n)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(v("HOOKD_RETENTION_DAYS").as_deref(), Some("90"));
+        assert_eq!(v("HOOKD_TENANT_RETENTION").as_deref(), Some("billing=365"));
+        // a system- priority class stays the cluster's
+        let mut high = d.clone();
+        high.spec.priority_class_name = Some("system-node-critical".into());
+        assert!(
+            check_privileges(&high.spec, &settings)
+                .unwrap_err()
+                .contains("system-")
+        );
+        high.spec.priority_class_name = Some("hookd-high".into());
+        assert_eq!(check_privileges(&high.spec, &settings), Ok(()));
+    }
+
+    /// Private registries and placement: the spec's pull secrets, node selector,
+    /// tolerations, affinity and priority class reach the pod template as they are.
+    #[test]
+    fn pod_placement_and_pull_secrets_reach_the_pods() {
+        let d = dispatcher(serde_json::json!({
+            "databaseSecretRef": {"name": "db"},
+            "imagePullSecrets": [{"name": "regcred"}],
+            "nodeSelector": {"pool": "egress"},
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "egress", "effect": "NoSchedule"}],
+            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                  "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "default"}}}}]}},
+            "priorityClassName": "hookd-high",
+        }));
+        let dep = desired_deployment(&d, "hookd:test", 2);
+        let pod = dep.spec.unwrap().template.spec.unwrap();
+        let json = serde_json::to_value(&pod).unwrap();
+        assert_eq!(
+            json["imagePullSecrets"],
+            serde_json::json!([{"name": "regcred"}])
+        );
+        assert_eq!(json["nodeSelector"], serde_json::json!({"pool": "egress"}));
+        assert_eq!(json["tolerations"][0]["key"], "dedicated");
+        assert_eq!(json["tolerations"][0]["effect"], "NoSchedule");
+        assert_eq!(
+            json["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+                [0]["weight"],
+            100
+        );
+        assert_eq!(json["priorityClassName"], "hookd-high");
+        // absent in the spec: absent in the pod (no empty lists sent by server-side apply)
+        let plain = dispatcher(serde_json::json!({"databaseSecretRef": {"name": "db"}}));
+        let pod = serde_json::to_value(
+            desired_deployment(&plain, "hookd:test", 1)
+                .spec
+                .unwrap()
+                .template
+                .spec
+                .unwrap(),
+        )
+        .unwrap();
+        for field in [
+            "imagePullSecrets",
+            "nodeSelector",
+            "tolerations",
+            "affinity",
+            "priorityClassName",
+        ] {
+            assert!(pod.get(field).is_none(), "{field}: {pod}");
+        }
+        // the default resources carry a CPU limit as well as a memory one
+        let c = &pod["containers"][0];
+        assert_eq!(c["resources"]["limits"]["cpu"], "1");
+        assert_eq!(c["resources"]["limits"]["memory"], "512Mi");
+    }
+
+    fn deployment_status(conditions: serde_json::Value) -> DeploymentStatus {
+        serde_json::from_value(serde_json::json!({"replicas": 2, "conditions": conditions}))
+            .unwrap()
+    }
+
+    fn pod(name: &str, status: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "hookd-system"},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    /// Pod Security admission refuses the pods: the ReplicaSet's FailedCreate, copied onto
+    /// the Deployment as ReplicaFailure, is what the status says.
+    #[test]
+    fn refused_pods_are_reported_from_the_deployment() {
+        let refused = "pods \"hookd-dispatcher-default-7d9f-x2k\" is forbidden: violates PodSecurity \"restricted:latest\": seccompProfile";
+        let status = deployment_status(serde_json::json!([
+            {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable",
+             "message": "Deployment does not have minimum availability."},
+            {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": refused},
+            {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated", "message": "x"},
+        ]));
+        let why = not_ready_reason(Some(&status), &[]).unwrap();
+        assert_eq!(why.reason, "FailedCreate");
+        assert_eq!(why.message, refused);
+        // over quota: the same condition, another message
+        let quota = deployment_status(serde_json::json!([
+            {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+             "message": "pods \"p\" is forbidden: exceeded quota: compute, requested: cpu=100m, used: cpu=2, limited: cpu=2"},
+        ]));
+        assert!(
+            not_ready_reason(Some(&quota), &[])
+                .unwrap()
+                .message
+                .contains("exceeded quota")
+        );
+        // and it goes into the Ready condition, with the count
+        let d = dispatcher(serde_json::json!({"databaseSecretRef": {"name": "db"}}));
+        let scale = Scale {
+            replicas: 2,
+            last_scale_time: None,
+        };
+        let now = Time(Timestamp::from_second(50).unwrap());
+        let s = desired_status(&d, &scale, 0, Some(&why), None, &now);
+        let ready = &s.conditions[0];
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "FailedCreate")
+        );
+        assert!(
+            ready
+                .message
+                .starts_with("0/2 dispatcher pods ready: pods \"hookd-dispatcher-default-7d9f-x2k\" is forbidden: violates PodSecurity"),
+            "{}",
+            ready.message
+        );
+    }
+
+    /// Pods that exist but cannot start: a missing Secret, an image that cannot be pulled;
+    /// pods no node can take; a rollout past its deadline; and nothing when pods are only
+    /// on their way.
+    #[test]
+    fn pods_that_cannot_start_are_reported() {
+        let waiting = |reason: &str, message: &str| {
+            serde_json::json!({"phase": "Pending", "containerStatuses": [{
+                "name": "dispatcher", "image": "hookd:test", "imageID": "", "ready": false,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": reason, "message": message}}}]})
+        };
+        let missing = pod(
+            "p-b",
+            waiting(
+                "CreateContainerConfigError",
+                "secret \"hookd-database\" not found",
+            ),
+        );
+        let why = not_ready_reason(None, std::slice::from_ref(&missing)).unwrap();
+        assert_eq!(why.reason, "CreateContainerConfigError");
+        assert_eq!(
+            why.message,
+            "pod p-b: container dispatcher: secret \"hookd-database\" not found"
+        );
+        let pull = pod(
+            "p-a",
+            waiting(
+                "ImagePullBackOff",
+                "Back-off pulling image \"registry.example/hookd:1.2\"",
+            ),
+        );
+        // the same answer whatever order the API lists pods in
+        let both = not_ready_reason(None, &[missing.clone(), pull.clone()]).unwrap();
+        assert_eq!(both, not_ready_reason(None, &[pull, missing]).unwrap());
+        assert_eq!(both.reason, "ImagePullBackOff");
+
+        let unschedulable = pod(
+            "p-c",
+            serde_json::json!({"phase": "Pending", "conditions": [{"type": "PodScheduled",
+                "status": "False", "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."}]}),
+        );
+        let why = not_ready_reason(None, &[unschedulable]).unwrap();
+        assert_eq!(why.reason, "Unschedulable");
+        assert!(why.message.contains("didn't match Pod's node affinity"));
+
+        let stuck = deployment_status(serde_json::json!([
+            {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+             "message": "ReplicaSet \"hookd-dispatcher-default-7d9f\" has timed out progressing."},
+        ]));
+        assert_eq!(
+            not_ready_reason(Some(&stuck), &[]).unwrap().reason,
+            "ProgressDeadlineExceeded"
+        );
+
+        // creating, pulling, not scheduled yet: nothing is wrong yet
+        let starting = pod("p-d", waiting("ContainerCreating", ""));
+        let pending = pod("p-e", serde_json::json!({"phase": "Pending"}));
+        let fine = deployment_status(serde_json::json!([
+            {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated", "message": "x"},
+        ]));
+        assert_eq!(not_ready_reason(Some(&fine), &[starting, pending]), None);
+        assert_eq!(not_ready_reason(None, &[]), None);
     }
 }

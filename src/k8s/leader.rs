@@ -21,10 +21,6 @@ use crate::metrics::Metrics;
 /// third of the lease so that renewal always has time to land.
 const LEASE_GRACE_SECS: u64 = 5;
 
-/// Waits for the lease, runs `work` while holding it, and returns when `shutdown` fires
-/// (releasing the lease so a standby takes over at once). If the lease is lost while
-/// working, the work is cancelled and an error returned: the process should exit rather
-/// than carry on as a possibly stale second leader.
 /// Which Lease, and who this replica is.
 #[derive(Debug, Clone)]
 pub struct LeaseConfig {
@@ -145,34 +141,115 @@ pub async fn release_if_held(client: Client, lease: &LeaseConfig) -> anyhow::Res
     }
 }
 
+/// How a leadership term ended.
+enum Term {
+    /// shutdown was requested (or the work ended by itself): stop for good
+    Done,
+    /// leadership was lost or could not be confirmed in time: campaign again
+    Lost,
+}
+
+/// Campaigns for the Lease and runs `work` for each term of leadership until `shutdown`
+/// fires (releasing the Lease so a standby takes over at once). An API server that cannot
+/// be reached — at start, or for longer than the renewal window while leading — never
+/// ends this: the work of a term that could not renew in time is cancelled before another
+/// replica may take the Lease over, and the replica campaigns again, with a new lease
+/// manager, as a restarted process would (without the CrashLoopBackOff).
 pub async fn run_as_leader<F, Fut>(
     client: Client,
     lease: &LeaseConfig,
     renewed: watch::Receiver<Option<Instant>>,
     metrics: &Metrics,
     shutdown: CancellationToken,
-    work: F,
+    mut work: F,
 ) -> anyhow::Result<()>
 where
-    F: FnOnce(CancellationToken) -> Fut,
+    F: FnMut(CancellationToken) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let mut renewed = renewed;
+    let mut failures = 0u32;
+    loop {
+        let term_start = Instant::now();
+        let manager = match build_manager(&client, lease).await {
+            Ok(m) => {
+                failures = 0;
+                m
+            }
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                let delay = super::backoff_delay(
+                    failures,
+                    Duration::from_secs(1),
+                    Duration::from_secs(30),
+                    rand::random::<f64>(),
+                );
+                tracing::warn!(error = %e, retry_in = ?delay, lease = %format!("{}/{}", lease.namespace, lease.name),
+                    "cannot read or create the leader Lease; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => continue,
+                    _ = shutdown.cancelled() => return Ok(()),
+                }
+            }
+        };
+        match term(
+            manager,
+            client.clone(),
+            lease,
+            &mut renewed,
+            term_start,
+            metrics,
+            &shutdown,
+            &mut work,
+        )
+        .await
+        {
+            Term::Done => return Ok(()),
+            Term::Lost => {
+                tracing::warn!(identity = %lease.identity,
+                    "stopped reconciling: leadership lost or not renewed in time; campaigning again");
+            }
+        }
+    }
+}
+
+async fn build_manager(
+    client: &Client,
+    lease: &LeaseConfig,
+) -> Result<kube_lease_manager::LeaseManager, kube_lease_manager::LeaseManagerError> {
+    let duration = lease.duration_secs.max(3);
+    LeaseManagerBuilder::new(client.clone(), &lease.name)
+        .with_namespace(lease.namespace.as_str())
+        .with_identity(lease.identity.as_str())
+        .with_duration(duration)
+        .with_grace(LEASE_GRACE_SECS.min(duration / 3))
+        .build()
+        .await
+}
+
+/// One campaign and, if it is won, one term of leadership.
+#[allow(clippy::too_many_arguments)]
+async fn term<F, Fut>(
+    manager: kube_lease_manager::LeaseManager,
+    client: Client,
+    lease: &LeaseConfig,
+    renewed: &mut watch::Receiver<Option<Instant>>,
+    term_start: Instant,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+    work: &mut F,
+) -> Term
+where
+    F: FnMut(CancellationToken) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let (lease_name, namespace, identity) = (&lease.name, &lease.namespace, &lease.identity);
     let duration = lease.duration_secs.max(3);
     let grace = LEASE_GRACE_SECS.min(duration / 3);
-    let manager = LeaseManagerBuilder::new(client.clone(), lease_name)
-        .with_namespace(namespace.as_str())
-        .with_identity(identity.as_str())
-        .with_duration(duration)
-        .with_grace(grace)
-        .build()
-        .await?;
     // renewals start `grace` before expiry; stop half-way through that window if none
     // has succeeded by then
     let margin = Duration::from_secs_f64(grace as f64 / 2.0);
     let lease_duration = Duration::from_secs(duration);
-    let client_for_release = client.clone();
     let (mut leading, lease_task) = manager.watch().await;
     tracing::info!(lease = %format!("{namespace}/{lease_name}"), %identity, "waiting for the leader lease");
     loop {
@@ -182,23 +259,41 @@ where
         tokio::select! {
             changed = leading.changed() => {
                 if changed.is_err() {
-                    anyhow::bail!("leader election stopped unexpectedly");
+                    tracing::warn!("the lease manager stopped; campaigning again");
+                    lease_task.abort();
+                    return Term::Lost;
                 }
             }
             _ = shutdown.cancelled() => {
                 lease_task.abort();
-                return Ok(());
+                return Term::Done;
             }
         }
     }
     tracing::info!(%identity, "acquired the leader lease");
     metrics.leader.set(1);
+    // The Lease is certainly ours only as long after the last successful write as it lasts:
+    // a new manager that finds this replica still named as holder claims it without
+    // writing, so a write of an earlier term is what counts then. Nothing observed at all:
+    // "just now" (the acquiring write completed before `leading` turned true).
+    let last_write = *renewed.borrow_and_update();
+    let mut deadline = work_deadline(
+        last_write.unwrap_or_else(Instant::now),
+        lease_duration,
+        margin,
+    );
+    if last_write.is_some_and(|t| t < term_start) && deadline <= Instant::now() {
+        tracing::warn!(%identity, "still named holder of a Lease not renewed in time; not leading until a renewal succeeds");
+        metrics.leader.set(0);
+        lease_task.abort();
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(grace.max(1))) => {}
+            _ = shutdown.cancelled() => return Term::Done,
+        }
+        return Term::Lost;
+    }
     let token = shutdown.child_token();
     let mut worker = tokio::spawn(work(token.clone()));
-    // the acquiring write itself; if it was not observed, count from now minus nothing
-    // better known than "just now" (the write completed before `leading` turned true)
-    let acquired = renewed.borrow_and_update().unwrap_or_else(Instant::now);
-    let mut deadline = work_deadline(acquired, lease_duration, margin);
     let (lost, finished) = loop {
         tokio::select! {
             changed = leading.changed() => {
@@ -230,16 +325,16 @@ where
     lease_task.abort();
     drop(leading);
     if lost {
-        anyhow::bail!("lost the leader lease; exiting so that a standby replica takes over");
+        return Term::Lost;
     }
-    match release_if_held(client_for_release, lease).await {
+    match release_if_held(client, lease).await {
         Ok(true) => tracing::info!("released the leader lease"),
         Ok(false) => tracing::info!("the leader lease was no longer ours; nothing to release"),
         Err(e) => {
             tracing::warn!(error = %e, "could not release the leader lease; it expires by itself")
         }
     }
-    Ok(())
+    Term::Done
 }
 
 #[cfg(test)]

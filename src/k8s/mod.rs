@@ -6,6 +6,7 @@
 //! `dispatcher_controller`, each with `reconcile` + `error_policy` and pure functions for
 //! the desired state that tests call without a cluster.
 
+pub mod client;
 pub mod conditions;
 pub mod crd;
 pub mod dispatcher_controller;
@@ -24,9 +25,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PartialObjectMeta;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector;
 use kube::runtime::{Controller, Predicate, WatchStreamExt, predicates, watcher};
-use kube::{Api, Client, CustomResourceExt, Resource};
+use kube::{Api, Client, Resource};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -35,6 +36,7 @@ use crate::crypto::Keyring;
 use crate::db::DbError;
 use crate::domain::NamespaceTenants;
 use crate::metrics::{ControllerLabel, Metrics, ReconcileResult};
+use client::with_user_agent;
 
 pub use crd::{
     WebhookDispatcher, WebhookDispatcherSpec, WebhookDispatcherStatus, WebhookEndpoint,
@@ -43,8 +45,8 @@ pub use crd::{
 
 /// Every CRD hookd defines, as one multi-document YAML stream (`hookd crd`, `crds/`).
 pub fn crds_yaml() -> String {
-    let crds = [crd::WebhookEndpoint::crd(), crd::WebhookDispatcher::crd()];
-    crds.iter()
+    crd::crds()
+        .iter()
         .map(|c| serde_yaml::to_string(c).expect("CRDs serialize to YAML"))
         .collect::<Vec<_>>()
         .join("---\n")
@@ -118,6 +120,14 @@ pub const REQUIRED_ACCESS: &[Access] = &[
         group: "apps",
         resource: "deployments",
         verbs: &["list", "watch", "create", "patch"],
+        cluster_wide: false,
+    },
+    // why dispatcher pods are not ready (container waiting reasons, scheduling), read
+    // only while some are not
+    Access {
+        group: "",
+        resource: "pods",
+        verbs: &["list"],
         cluster_wide: false,
     },
     Access {
@@ -355,29 +365,260 @@ impl Context {
     }
 }
 
-/// Liveness and readiness of this replica.
+/// Where one of the leader's watches stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum WatchState {
+    /// listing (at start, or relisting after an error or a 410)
+    Syncing,
+    Synced,
+    /// the last list or watch request failed; retried with a backoff
+    Failing(String),
+}
+
+/// The watches of a leadership term, by the resource they watch.
+const WATCHES: [&str; 4] = [
+    "webhookendpoints.hookd.dev",
+    "secrets",
+    "webhookdispatchers.hookd.dev",
+    "deployments.apps",
+];
+
+/// Liveness and readiness of this replica: ready while standing by, or while leading with
+/// every watch synced. A watch that fails (its CRD deleted, RBAC withdrawn, the API server
+/// gone) turns readiness false until it has listed again, and says so in `/readyz` and the
+/// log: the watches retry forever, so without this a controller whose CRD is gone would
+/// look healthy while reconciling nothing.
 #[derive(Default)]
 struct Health {
     leading: AtomicBool,
-    synced: AtomicBool,
+    watches: std::sync::Mutex<std::collections::BTreeMap<&'static str, WatchState>>,
+}
+
+impl Health {
+    fn watches(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<&'static str, WatchState>> {
+        self.watches.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A leadership term starts: every watch lists first.
+    fn start_term(&self) {
+        let mut w = self.watches();
+        w.clear();
+        for name in WATCHES {
+            w.insert(name, WatchState::Syncing);
+        }
+        self.leading.store(true, Ordering::SeqCst);
+    }
+
+    fn end_term(&self) {
+        self.leading.store(false, Ordering::SeqCst);
+        self.watches().clear();
+    }
+
+    /// Updates `watch`'s state from one item of its watcher stream, logging changes: a
+    /// failure at warn (once per distinct error, not per retry), the recovery at info.
+    fn observe<K>(&self, watch: &'static str, item: &Result<watcher::Event<K>, watcher::Error>) {
+        let next = match item {
+            Ok(watcher::Event::Init) => WatchState::Syncing,
+            Ok(watcher::Event::InitDone) => WatchState::Synced,
+            Ok(_) => return,
+            Err(e) => WatchState::Failing(watch_error(e)),
+        };
+        let mut w = self.watches();
+        let prev = w.insert(watch, next.clone());
+        if prev.as_ref() == Some(&next) {
+            return;
+        }
+        match (&prev, &next) {
+            (_, WatchState::Failing(reason)) if is_expired(item) => {
+                tracing::info!(watch, reason = %reason, "watch expired (410): relisting");
+            }
+            (_, WatchState::Failing(reason)) => {
+                tracing::warn!(watch, reason = %reason, "watch failing: not ready until it lists again");
+            }
+            (Some(WatchState::Failing(_)), WatchState::Synced) => {
+                tracing::info!(watch, "watch recovered: listed again");
+            }
+            _ => {}
+        }
+        if next == WatchState::Synced && w.values().all(|s| *s == WatchState::Synced) {
+            tracing::info!("watches synced");
+        }
+    }
+
+    /// The API server accepted a watch of `watch`: one that was failing works again (a
+    /// watch starts only from a resourceVersion its store has listed).
+    fn watch_started(&self, watch: &'static str) {
+        let mut w = self.watches();
+        if let Some(state @ WatchState::Failing(_)) = w.get_mut(watch) {
+            *state = WatchState::Synced;
+            tracing::info!(watch, "watch recovered: watching again");
+            if w.values().all(|s| *s == WatchState::Synced) {
+                tracing::info!("watches synced");
+            }
+        }
+    }
+
+    /// `/readyz`: the status and why.
+    fn readiness(&self) -> (StatusCode, String) {
+        if !self.leading.load(Ordering::SeqCst) {
+            return (StatusCode::OK, "standby".into());
+        }
+        let w = self.watches();
+        let failing: Vec<String> = w
+            .iter()
+            .filter_map(|(name, s)| match s {
+                WatchState::Failing(reason) => Some(format!("watch of {name} failing: {reason}")),
+                _ => None,
+            })
+            .collect();
+        if !failing.is_empty() {
+            return (StatusCode::SERVICE_UNAVAILABLE, failing.join("; "));
+        }
+        let syncing: Vec<&str> = w
+            .iter()
+            .filter(|(_, s)| **s == WatchState::Syncing)
+            .map(|(name, _)| *name)
+            .collect();
+        if w.is_empty() || !syncing.is_empty() {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("watches not synced yet: {}", syncing.join(", ")),
+            );
+        }
+        (StatusCode::OK, "ready".into())
+    }
+}
+
+/// Tells `Health` about every watch request the API server accepted (2xx): the watcher
+/// resumes a failed watch from its resourceVersion without listing again, so no stream
+/// event would say it works again.
+#[derive(Clone)]
+struct WatchObserver {
+    health: Arc<Health>,
+}
+
+impl<S> tower::Layer<S> for WatchObserver {
+    type Service = WatchObserved<S>;
+    fn layer(&self, inner: S) -> WatchObserved<S> {
+        WatchObserved {
+            inner,
+            health: self.health.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct WatchObserved<S> {
+    inner: S,
+    health: Arc<Health>,
+}
+
+impl<S, B, RB> tower::Service<http::Request<B>> for WatchObserved<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
+    S::Future: Send + 'static,
+    S::Error: 'static,
+    RB: 'static,
+{
+    type Response = http::Response<RB>;
+    type Error = S::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<http::Response<RB>, S::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let is_watch = req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+        let watch = is_watch.then(|| watch_of_path(req.uri().path())).flatten();
+        let fut = self.inner.call(req);
+        let health = self.health.clone();
+        Box::pin(async move {
+            let res = fut.await;
+            if let (Some(watch), Ok(r)) = (watch, &res)
+                && r.status().is_success()
+            {
+                health.watch_started(watch);
+            }
+            res
+        })
+    }
+}
+
+/// Which of `WATCHES` a collection path belongs to.
+fn watch_of_path(path: &str) -> Option<&'static str> {
+    let last = path.rsplit('/').next()?;
+    match last {
+        "webhookendpoints" => Some(WATCHES[0]),
+        "secrets" => Some(WATCHES[1]),
+        "webhookdispatchers" => Some(WATCHES[2]),
+        "deployments" => Some(WATCHES[3]),
+        _ => None,
+    }
+}
+
+/// A 410 Gone: the resourceVersion a watch resumed from was compacted away; the watcher
+/// relists, which is routine (etcd compacts every few minutes), not a failure to warn about.
+fn is_expired<K>(item: &Result<watcher::Event<K>, watcher::Error>) -> bool {
+    match item {
+        Err(watcher::Error::WatchError(s)) => s.code == 410,
+        Err(watcher::Error::WatchStartFailed(kube::Error::Api(s))) => s.code == 410,
+        _ => false,
+    }
+}
+
+/// A watch error in one line, with what to do about the common ones.
+fn watch_error(e: &watcher::Error) -> String {
+    let status = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s)) => Some(s.code),
+        watcher::Error::WatchError(s) => Some(s.code),
+        _ => None,
+    };
+    let hint = match status {
+        Some(404) => " (is the CRD installed? `kubectl apply -k crds/`)",
+        Some(401) => " (the controller's credentials were refused)",
+        Some(403) => " (RBAC: the controller's ServiceAccount lacks this permission)",
+        _ => "",
+    };
+    format!("{e}{hint}")
 }
 
 /// `hookd controller`: wait for the leader Lease (unless leader election is off), then run
-/// both controllers until shutdown. Losing the Lease ends the process, so that a fresh
-/// replica stands by instead of one that may still hold stale work in memory.
+/// both controllers until shutdown. Losing the Lease (an API server that cannot be reached
+/// for longer than the renewal window) stops both controllers and campaigns again, with
+/// a fresh context when it leads again; the process never exits for an API outage, which
+/// during a control-plane upgrade would turn into CrashLoopBackOff.
 pub async fn run(
     pool: PgPool,
     keys: Keyring,
     settings: ControllerSettings,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let client = Client::try_default().await.map_err(|e| {
+    let metrics = Metrics::new();
+    let health = Arc::new(Health::default());
+    let config = kube::Config::infer().await.map_err(|e| {
         anyhow::anyhow!(
             "cannot reach a Kubernetes cluster (in-cluster service account, KUBECONFIG or ~/.kube/config): {e}"
         )
     })?;
-    let metrics = Metrics::new();
-    let health = Arc::new(Health::default());
+    // Watch requests that start are how a watch that failed is seen to work again: resumed
+    // from its resourceVersion it lists nothing, and a quiet resource sends no event.
+    let client = kube::client::ClientBuilder::try_from(with_user_agent(config.clone()))?
+        .with_layer(&WatchObserver {
+            health: health.clone(),
+        })
+        .build();
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(listen = %settings.listen, "controller health and metrics listening");
     let server = tokio::spawn(crate::ops::serve_on(
@@ -387,22 +628,30 @@ pub async fn run(
     ));
     let install_ns = settings.install_namespace();
     let identity = settings.identity();
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        pool,
-        keys,
-        metrics.clone(),
-        Settings {
-            status_interval: Duration::from_secs(settings.status_interval_secs.max(1)),
-            image: settings.image.clone(),
-            concurrency: settings.reconcile_concurrency.max(1),
-            namespace_tenants: settings.namespace_tenants.clone(),
-            resync: Duration::from_secs(settings.resync_secs.max(1)),
-            dispatcher_images: non_empty(&settings.dispatcher_images),
-            dispatcher_service_accounts: non_empty(&settings.dispatcher_service_accounts),
-        },
-        Some(identity.clone()),
-    ));
+    let reconcile_settings = Settings {
+        status_interval: Duration::from_secs(settings.status_interval_secs.max(1)),
+        image: settings.image.clone(),
+        concurrency: settings.reconcile_concurrency.max(1),
+        namespace_tenants: settings.namespace_tenants.clone(),
+        resync: Duration::from_secs(settings.resync_secs.max(1)),
+        dispatcher_images: non_empty(&settings.dispatcher_images),
+        dispatcher_service_accounts: non_empty(&settings.dispatcher_service_accounts),
+    };
+    // Each leadership term starts from a fresh context (caches, backoffs, stores): what a
+    // replica held in memory before it lost the Lease may be stale by the time it leads again.
+    let new_context = {
+        let (client, metrics, identity) = (client.clone(), metrics.clone(), identity.clone());
+        move || {
+            Arc::new(Context::new(
+                client.clone(),
+                pool.clone(),
+                keys.clone(),
+                metrics.clone(),
+                reconcile_settings.clone(),
+                Some(identity.clone()),
+            ))
+        }
+    };
     let result = if settings.leader_election {
         let lease = leader::LeaseConfig {
             name: settings.lease_name.clone(),
@@ -413,7 +662,7 @@ pub async fn run(
         // The lease manager talks through its own client, whose successful Lease writes
         // tell the watchdog how long leadership is certainly valid.
         let (observer, renewed) = leader::RenewalObserver::new(&lease);
-        let lease_client = kube::client::ClientBuilder::try_from(kube::Config::infer().await?)?
+        let lease_client = kube::client::ClientBuilder::try_from(with_user_agent(config))?
             .with_layer(&observer)
             .build();
         leader::run_as_leader(
@@ -423,9 +672,8 @@ pub async fn run(
             &metrics,
             shutdown.clone(),
             |token| {
-                health.leading.store(true, Ordering::SeqCst);
                 run_controllers(
-                    ctx,
+                    new_context(),
                     settings.watch_namespace.clone(),
                     install_ns.clone(),
                     health.clone(),
@@ -435,10 +683,9 @@ pub async fn run(
         )
         .await
     } else {
-        health.leading.store(true, Ordering::SeqCst);
         metrics.leader.set(1);
         run_controllers(
-            ctx,
+            new_context(),
             settings.watch_namespace.clone(),
             install_ns,
             health.clone(),
@@ -470,39 +717,23 @@ async fn run_controllers(
     token: CancellationToken,
 ) {
     let client = ctx.client.clone();
-    let (endpoints, endpoint_store) = endpoint_controller_stream(
+    health.start_term();
+    let endpoints = endpoint_controller_stream(
         client.clone(),
         watch_namespace.as_deref(),
         ctx.clone(),
+        health.clone(),
         token.clone(),
     );
-    let (dispatchers, dispatcher_store) =
-        dispatcher_controller_stream(client, &install_namespace, ctx, token.clone());
-    // Polled, not awaited: a store's readiness signal wakes only one waiter, and the
-    // Controller's own runner is already waiting on it.
-    let ready_token = token.clone();
-    tokio::spawn(async move {
-        use futures::FutureExt;
-        loop {
-            let synced = endpoint_store.wait_until_ready().now_or_never().is_some()
-                && dispatcher_store.wait_until_ready().now_or_never().is_some();
-            if synced {
-                tracing::info!("watches synced");
-                health.synced.store(true, Ordering::SeqCst);
-                return;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                _ = ready_token.cancelled() => return,
-            }
-        }
-    });
+    let dispatchers =
+        dispatcher_controller_stream(client, &install_namespace, ctx, health.clone(), token);
     tracing::info!(
         namespaces = watch_namespace.as_deref().unwrap_or("(all)"),
         dispatcher_namespace = %install_namespace,
         "controllers running"
     );
     tokio::join!(endpoints, dispatchers);
+    health.end_term();
 }
 
 /// The predicate on each controller's own objects: spec changes (generation), finalizer
@@ -518,11 +749,9 @@ fn endpoint_controller_stream(
     client: Client,
     namespace: Option<&str>,
     ctx: Arc<Context>,
+    health: Arc<Health>,
     token: CancellationToken,
-) -> (
-    impl std::future::Future<Output = ()>,
-    Store<WebhookEndpoint>,
-) {
+) -> impl std::future::Future<Output = ()> {
     // Secrets are watched metadata-only: the controller never holds every Secret of the
     // cluster in memory, only their names and versions; it GETs the ones it needs.
     let (endpoints, secrets): (Api<WebhookEndpoint>, Api<PartialObjectMeta<Secret>>) =
@@ -536,8 +765,10 @@ fn endpoint_controller_stream(
     let (reader, writer) = reflector::store();
     let index = endpoint_controller::SecretIndex::default();
     let index_writer = index.clone();
+    let endpoint_health = health.clone();
     let objects = watcher(endpoints, watcher::Config::default())
         .default_backoff()
+        .inspect(move |item| endpoint_health.observe(WATCHES[0], item))
         .reflect(writer)
         .inspect_ok(move |event| index_writer.apply(event))
         .applied_objects()
@@ -548,11 +779,12 @@ fn endpoint_controller_stream(
     ctx.secrets.set_store(secret_reader);
     let secret_changes = watcher(secrets, watcher::Config::default())
         .default_backoff()
+        .inspect(move |item| health.observe(WATCHES[1], item))
         .reflect(secret_writer)
         .touched_objects()
         .predicate_filter(predicates::resource_version, Default::default());
     let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency);
-    let fut = Controller::for_stream(objects, reader.clone())
+    Controller::for_stream(objects, reader)
         .with_config(config)
         .watches_stream(secret_changes, move |s| index.endpoints_for(&s))
         .graceful_shutdown_on(token.cancelled_owned())
@@ -562,27 +794,28 @@ fn endpoint_controller_stream(
             ctx,
         )
         .for_each(|r| async move {
+            // watch errors are reported by `Health::observe`, reconcile errors by the
+            // reconciler's error policy
             if let Err(e) = r {
                 tracing::debug!(error = %e, "webhookendpoint controller");
             }
-        });
-    (fut, reader)
+        })
 }
 
 fn dispatcher_controller_stream(
     client: Client,
     namespace: &str,
     ctx: Arc<Context>,
+    health: Arc<Health>,
     token: CancellationToken,
-) -> (
-    impl std::future::Future<Output = ()>,
-    Store<WebhookDispatcher>,
-) {
+) -> impl std::future::Future<Output = ()> {
     let dispatchers: Api<WebhookDispatcher> = Api::namespaced(client.clone(), namespace);
     let deployments: Api<PartialObjectMeta<Deployment>> = Api::namespaced(client, namespace);
     let (reader, writer) = reflector::store();
+    let dispatcher_health = health.clone();
     let objects = watcher(dispatchers, watcher::Config::default())
         .default_backoff()
+        .inspect(move |item| dispatcher_health.observe(WATCHES[2], item))
         .reflect(writer)
         .applied_objects()
         .predicate_filter(spec_or_finalizers, Default::default());
@@ -592,10 +825,11 @@ fn dispatcher_controller_stream(
         watcher::Config::default().labels(&format!("{k}={v}")),
     )
     .default_backoff()
+    .inspect(move |item| health.observe(WATCHES[3], item))
     .touched_objects()
     .predicate_filter(predicates::resource_version, Default::default());
     let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency);
-    let fut = Controller::for_stream(objects, reader.clone())
+    Controller::for_stream(objects, reader)
         .with_config(config)
         .owns_stream(owned)
         .graceful_shutdown_on(token.cancelled_owned())
@@ -608,23 +842,100 @@ fn dispatcher_controller_stream(
             if let Err(e) = r {
                 tracing::debug!(error = %e, "webhookdispatcher controller");
             }
-        });
-    (fut, reader)
+        })
 }
 
-/// `/healthz` (the process is up), `/readyz` (the leader's watches have synced; a standby
-/// replica is ready to take over, so it answers ready too) and `/metrics`.
+/// `/healthz` (the process is up), `/readyz` (the leader's watches are synced, or why not;
+/// a standby replica is ready to take over, so it answers ready too) and `/metrics`.
 fn health_router(health: Arc<Health>, metrics: Metrics) -> Router {
-    crate::ops::router_with_readiness(
-        move || {
-            if !health.leading.load(Ordering::SeqCst) {
-                (StatusCode::OK, "standby")
-            } else if health.synced.load(Ordering::SeqCst) {
-                (StatusCode::OK, "ready")
-            } else {
-                (StatusCode::SERVICE_UNAVAILABLE, "watches not synced yet")
-            }
-        },
-        metrics,
-    )
+    crate::ops::router_with_readiness(move || health.readiness(), metrics)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Item = Result<watcher::Event<WebhookDispatcher>, watcher::Error>;
+
+    fn not_found() -> Item {
+        Err(watcher::Error::InitialListFailed(kube::Error::Api(
+            Box::new(kube::core::Status::failure("404 page not found", "NotFound").with_code(404)),
+        )))
+    }
+
+    fn synced(h: &Health) {
+        for name in WATCHES {
+            h.observe::<WebhookDispatcher>(name, &Ok(watcher::Event::Init));
+            h.observe::<WebhookDispatcher>(name, &Ok(watcher::Event::InitDone));
+        }
+    }
+
+    #[test]
+    fn a_standby_is_ready_and_a_leader_only_once_every_watch_has_listed() {
+        let h = Health::default();
+        assert_eq!(h.readiness(), (StatusCode::OK, "standby".into()));
+        h.start_term();
+        let (code, why) = h.readiness();
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(why.contains("webhookendpoints.hookd.dev"), "{why}");
+        synced(&h);
+        assert_eq!(h.readiness(), (StatusCode::OK, "ready".into()));
+        h.end_term();
+        assert_eq!(h.readiness(), (StatusCode::OK, "standby".into()));
+    }
+
+    /// A CRD deleted while running: the watch's relist fails with 404. Before, readiness
+    /// was set once at the first sync and stayed 200.
+    #[test]
+    fn a_failing_watch_turns_readiness_false_and_says_why_until_it_lists_again() {
+        let h = Health::default();
+        h.start_term();
+        synced(&h);
+        h.observe("webhookdispatchers.hookd.dev", &not_found());
+        let (code, why) = h.readiness();
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            why.contains("watch of webhookdispatchers.hookd.dev failing")
+                && why.contains("404")
+                && why.contains("kubectl apply -k crds/"),
+            "{why}"
+        );
+        // retried with a backoff: the same error again changes nothing
+        h.observe("webhookdispatchers.hookd.dev", &not_found());
+        assert_eq!(h.readiness().0, StatusCode::SERVICE_UNAVAILABLE);
+        h.observe::<WebhookDispatcher>("webhookdispatchers.hookd.dev", &Ok(watcher::Event::Init));
+        assert_eq!(h.readiness().0, StatusCode::SERVICE_UNAVAILABLE);
+        h.observe::<WebhookDispatcher>(
+            "webhookdispatchers.hookd.dev",
+            &Ok(watcher::Event::InitDone),
+        );
+        assert_eq!(h.readiness(), (StatusCode::OK, "ready".into()));
+    }
+
+    /// A watch resumed from its resourceVersion lists nothing: the accepted watch request
+    /// is what shows it works again.
+    #[test]
+    fn a_failing_watch_that_resumes_without_a_relist_is_ready_again() {
+        let h = Health::default();
+        h.start_term();
+        synced(&h);
+        h.observe("webhookdispatchers.hookd.dev", &not_found());
+        assert_eq!(h.readiness().0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            watch_of_path("/apis/hookd.dev/v1alpha1/namespaces/hookd-system/webhookdispatchers"),
+            Some("webhookdispatchers.hookd.dev")
+        );
+        h.watch_started("webhookdispatchers.hookd.dev");
+        assert_eq!(h.readiness(), (StatusCode::OK, "ready".into()));
+    }
+
+    #[test]
+    fn a_410_is_a_relist_not_a_failure_to_warn_about() {
+        let expired: Item = Err(watcher::Error::WatchError(Box::new(
+            kube::core::Status::failure("too old resource version: 1 (2)", "Expired")
+                .with_code(410),
+        )));
+        assert!(is_expired(&expired));
+        assert!(!is_expired(&not_found()));
+    }
 }

@@ -105,12 +105,32 @@ pub fn router<S: Clone + Send + Sync + 'static>(
         async move { asset(&csp, &name) }
     };
     Router::new()
+        .route("/", get(root))
         .route("/ui", get(console.clone()))
         .route("/ui/", get(console.clone()))
         .route("/ui/{*page}", get(console))
         .route("/ui/assets/{name}", get(assets))
         .route("/portal", get(portal.clone()))
         .route("/portal/", get(portal))
+}
+
+/// `GET /`: where things are, for whoever opens the API's address in a browser or with
+/// curl (it used to be a JSON 404). JSON rather than a redirect, so a client reading the
+/// API gets a body that says something; the console link is one click away.
+async fn root() -> Response {
+    (
+        [(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))],
+        axum::Json(serde_json::json!({
+            "service": "hookd",
+            "version": env!("CARGO_PKG_VERSION"),
+            "console": "/ui",
+            "portal": "/portal",
+            "openapi": "/openapi.json",
+            "health": "/healthz",
+            "message": "this is the hookd API; the operator console is at /ui (sign in with a token: /ui#token=...), the API is described at /openapi.json",
+        })),
+    )
+        .into_response()
 }
 
 fn asset(csp: &str, name: &str) -> Response {

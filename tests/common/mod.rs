@@ -394,6 +394,24 @@ fn body_tenant(body: &str) -> Option<String> {
     t.as_str().map(str::to_owned)
 }
 
+/// A request to `api` with an explicit bearer token and an optional JSON body.
+pub async fn call(
+    api: &TestApi,
+    token: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (StatusCode, serde_json::Value) {
+    let mut r = api
+        .client
+        .request(method, format!("{}{path}", api.base))
+        .bearer_auth(token);
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    send(r).await
+}
+
 /// Sends and returns (status, body parsed as JSON, or as a JSON string if it is not JSON).
 pub async fn send(req: reqwest::RequestBuilder) -> (StatusCode, serde_json::Value) {
     let r = req.send().await.unwrap();

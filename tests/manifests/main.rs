@@ -22,6 +22,7 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, Namespace, Pod, PodSpec, Secret, Service, ServiceAccount,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -40,22 +41,31 @@ fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
+mod image;
 mod install;
 mod monitoring;
+mod policies;
 mod rbac;
 mod render;
 mod round_trip;
+mod runbook;
 mod workloads;
 
+#[allow(unused_imports)]
+use image::*;
 #[allow(unused_imports)]
 use install::*;
 #[allow(unused_imports)]
 use monitoring::*;
+#[allow(unused_imports)]
+use policies::*;
 #[allow(unused_imports)]
 use rbac::*;
 #[allow(unused_imports)]
 use render::*;
 #[allow(unused_imports)]
 use round_trip::*;
+#[allow(unused_imports)]
+use runbook::*;
 #[allow(unused_imports)]
 use workloads::*;

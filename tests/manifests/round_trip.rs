@@ -59,6 +59,7 @@ pub(crate) struct Install {
     pub(crate) stateful_sets: Vec<StatefulSet>,
     pub(crate) pods: Vec<Pod>,
     pub(crate) pdbs: Vec<PodDisruptionBudget>,
+    pub(crate) network_policies: Vec<NetworkPolicy>,
     pub(crate) roles: Vec<Role>,
     pub(crate) cluster_roles: Vec<ClusterRole>,
     pub(crate) role_bindings: Vec<RoleBinding>,
@@ -66,6 +67,9 @@ pub(crate) struct Install {
     pub(crate) crds: Vec<CustomResourceDefinition>,
     pub(crate) dispatchers: Vec<WebhookDispatcher>,
     pub(crate) endpoints: Vec<WebhookEndpoint>,
+    /// The Deployments the controller makes from `dispatchers` (`desired_deployment`), so
+    /// that their pods are checked like the rendered ones.
+    pub(crate) generated: Vec<Deployment>,
 }
 
 /// Parses every object into its type; panics listing every object that does not fit.
@@ -94,6 +98,7 @@ pub(crate) fn parse_install(objects: &[Value]) -> Install {
             ("apps/v1", "Deployment") => push!(deployments),
             ("apps/v1", "StatefulSet") => push!(stateful_sets),
             ("policy/v1", "PodDisruptionBudget") => push!(pdbs),
+            ("networking.k8s.io/v1", "NetworkPolicy") => push!(network_policies),
             ("rbac.authorization.k8s.io/v1", "Role") => push!(roles),
             ("rbac.authorization.k8s.io/v1", "ClusterRole") => push!(cluster_roles),
             ("rbac.authorization.k8s.io/v1", "RoleBinding") => push!(role_bindings),
@@ -113,5 +118,16 @@ pub(crate) fn parse_install(objects: &[Value]) -> Install {
         "objects that do not round-trip:\n{}",
         errors.join("\n")
     );
+    install.generated = install
+        .dispatchers
+        .iter()
+        .map(|d| {
+            hookd::k8s::dispatcher_controller::desired_deployment(
+                d,
+                "hookd",
+                d.spec.replicas.unwrap_or(1),
+            )
+        })
+        .collect();
     install
 }

@@ -17,9 +17,9 @@ pub(crate) struct Workload<'a> {
 }
 
 impl Install {
-    fn workloads(&self) -> Vec<Workload<'_>> {
+    pub(crate) fn workloads(&self) -> Vec<Workload<'_>> {
         let mut out = Vec::new();
-        for d in &self.deployments {
+        for d in self.deployments.iter().chain(&self.generated) {
             let s = d.spec.as_ref().expect("Deployment spec");
             out.push(Workload {
                 what: format!(
@@ -167,6 +167,7 @@ pub(crate) fn broken_references(install: &Install, external: External<'_>) -> Ve
         stateful_sets,
         pods,
         pdbs,
+        network_policies,
         roles,
         role_bindings,
         dispatchers,

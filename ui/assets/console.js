@@ -679,4 +679,12 @@ function portalButton(uid, cell) {
   );
 }
 
+// A link with a fresh `#token=` opened in this tab, or an embedding page that changes
+// only the fragment, brings a new token without a reload: take it and start over.
+window.addEventListener("hashchange", () => {
+  if (!location.hash.startsWith("#token=")) return;
+  token = takeToken(TOKEN_KEY);
+  start();
+});
+
 start();

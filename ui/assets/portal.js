@@ -70,10 +70,12 @@ function signIn(message) {
   );
 }
 
-/** Comma- or space-separated event types; empty means every type. */
+/** Comma-separated event types (one per line works too); empty means every type. Not
+ *  split on spaces: "order paid" is a mistake the API names (422), where splitting it would
+ *  silently subscribe to two other types, "order" and "paid". */
 function parseTypes(text) {
   return text
-    .split(/[\s,]+/)
+    .split(/[,\n]+/)
     .map((t) => t.trim())
     .filter(Boolean);
 }
@@ -374,5 +376,13 @@ async function deliveryDetail(id, cell, refresh) {
     status,
   );
 }
+
+// A link with a fresh `#token=` opened in this tab, or an embedding page that changes
+// only the fragment, brings a new token without a reload: take it and start over.
+window.addEventListener("hashchange", () => {
+  if (!location.hash.startsWith("#token=")) return;
+  token = takeToken(TOKEN_KEY);
+  start();
+});
 
 start();
