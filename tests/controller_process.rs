@@ -684,12 +684,19 @@ async fn readyz_turns_false_and_says_why_when_a_crd_is_deleted(pool: PgPool) {
         "readyz after the CRD went: {:?}",
         get_text(&format!("{health}/readyz")).await
     );
-    let out = replica.child.output();
+    // the warning is written as readiness turns; the reader of the child's output may be
+    // a moment behind
+    let warned = || {
+        replica.child.output().lines().any(|l| {
+            l.contains("WARN")
+                && l.contains("watch failing")
+                && l.contains("webhookdispatchers.hookd.dev")
+        })
+    };
     assert!(
-        out.lines().any(|l| l.contains("WARN")
-            && l.contains("watch failing")
-            && l.contains("webhookdispatchers.hookd.dev")),
-        "no warning naming the failing watch:\n{out}"
+        wait_until(Duration::from_secs(20), || async { warned() }).await,
+        "no warning naming the failing watch:\n{}",
+        replica.child.output()
     );
     gone.store(false, std::sync::atomic::Ordering::SeqCst);
     assert!(

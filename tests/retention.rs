@@ -491,19 +491,24 @@ async fn dispatcher_prunes_on_its_interval(pool: PgPool) {
         exists(&pool, "deliveries", "id", live).await,
         "a retrying delivery is never pruned"
     );
-    let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    // The rows are gone at the pass's commit; the pass is counted a moment later.
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let metrics = || async {
+        reqwest::get(&url)
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let counted = |m: &str| {
+        m.contains("hookd_retention_deleted_total{table=\"deliveries\"} 1")
+            && m.contains("hookd_retention_passes_total{result=\"done\"}")
+    };
     assert!(
-        metrics.contains("hookd_retention_deleted_total{table=\"deliveries\"} 1"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("hookd_retention_passes_total{result=\"done\"}"),
-        "{metrics}"
+        wait_until(Duration::from_secs(20), || async { counted(&metrics().await) }).await,
+        "{}",
+        metrics().await
     );
     child.kill();
 }
