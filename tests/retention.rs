@@ -493,20 +493,16 @@ async fn dispatcher_prunes_on_its_interval(pool: PgPool) {
     );
     // The rows are gone at the pass's commit; the pass is counted a moment later.
     let url = format!("http://127.0.0.1:{port}/metrics");
-    let metrics = || async {
-        reqwest::get(&url)
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
+    let metrics = || async { reqwest::get(&url).await.unwrap().text().await.unwrap() };
     let counted = |m: &str| {
         m.contains("hookd_retention_deleted_total{table=\"deliveries\"} 1")
             && m.contains("hookd_retention_passes_total{result=\"done\"}")
     };
     assert!(
-        wait_until(Duration::from_secs(20), || async { counted(&metrics().await) }).await,
+        wait_until(Duration::from_secs(20), || async {
+            counted(&metrics().await)
+        })
+        .await,
         "{}",
         metrics().await
     );

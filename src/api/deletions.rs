@@ -15,10 +15,18 @@ use crate::db::consumers::{self, DeleteStep};
 /// making progress), or the database keeps failing (the sweep takes it up again later).
 pub async fn finish(pool: PgPool, id: Uuid, batch: i64) {
     let mut failures = 0;
+    let mut last = None;
     loop {
         match consumers::delete_step(&pool, id, batch).await {
             Ok(DeleteStep::Progress(row)) => {
                 failures = 0;
+                let counts = (row.endpoints_disabled, row.deliveries_cancelled);
+                if last == Some(counts) && row.completed_at.is_none() {
+                    // nothing moved: what is left is locked for the moment (a batch of
+                    // outcomes); give it time rather than spin
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                last = Some(counts);
                 if row.completed_at.is_some() {
                     tracing::info!(
                         deletion = %id, tenant = %row.tenant, consumer = %row.uid,

@@ -421,9 +421,24 @@ pub async fn delete_step(pool: &PgPool, id: Uuid, batch: i64) -> Result<DeleteSt
                 .fetch_one(on(&mut *tx))
                 .await?
             };
+            // A delivery locked right now (an outcome batch, a claim) was skipped, not
+            // cancelled: while one is left open the cursor stays, and the next step takes
+            // it again. Moving on lost it: open for good under a disabled endpoint.
+            let skipped: bool = if eps.is_empty() {
+                false
+            } else {
+                sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM hookd.deliveries
+                     WHERE endpoint_id = ANY($1) AND status IN ('pending', 'in_progress', 'failed'))",
+                )
+                .bind(&eps)
+                .fetch_one(on(&mut *tx))
+                .await?
+            };
+            let cleared = cancelled < batch && !skipped;
             // the last endpoints (fewer than a batch), none of their deliveries left open
-            let done = (eps.len() as i64) < batch && cancelled < batch;
-            let next_cursor = if cancelled < batch {
+            let done = (eps.len() as i64) < batch && cleared;
+            let next_cursor = if cleared {
                 eps.last().copied().or(cursor)
             } else {
                 cursor

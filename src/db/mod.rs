@@ -503,11 +503,14 @@ pub fn connect_lazy_to(settings: &PoolSettings, database: Option<&str>) -> Resul
         // mode refuse
         Pooler::None => pool.after_connect(|conn, _meta| {
             Box::pin(async move {
-                for (name, value) in INDEX_PATHS_ONLY {
-                    sqlx::query(sqlx::AssertSqlSafe(format!("SET {name} = {value}")))
-                        .execute(&mut *conn)
-                        .await?;
-                }
+                let set: Vec<String> = INDEX_PATHS_ONLY
+                    .iter()
+                    .map(|(name, value)| format!("SET {name} = {value}"))
+                    .collect();
+                // simple protocol: both in one round trip, nothing prepared
+                sqlx::raw_sql(sqlx::AssertSqlSafe(set.join("; ")))
+                    .execute(&mut *conn)
+                    .await?;
                 Ok(())
             })
         }),
@@ -743,7 +746,7 @@ pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
     MIGRATOR.run(&mut conn).await?;
     sqlx::query("SELECT hookd.history_days_ensure($1)")
         .bind(retention::HISTORY_DAYS_AHEAD)
-        .execute(&mut conn)
+        .execute(on(&mut conn))
         .await
         .map_err(sqlx::migrate::MigrateError::Execute)?;
     let _ = conn.close().await;
