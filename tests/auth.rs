@@ -1236,14 +1236,10 @@ const CLUSTER_KID: &str = "cluster-key-1";
 /// The cluster's signing key (its public half is in jwks.json) and a forger's, both
 /// 2048-bit RSA made for these tests.
 fn cluster_key() -> jsonwebtoken::EncodingKey {
-    jsonwebtoken::EncodingKey::from_rsa_der(include_bytes!(
-        "fixtures/service-account/cluster.der"
-    ))
+    jsonwebtoken::EncodingKey::from_rsa_der(include_bytes!("fixtures/service-account/cluster.der"))
 }
 fn forger_key() -> jsonwebtoken::EncodingKey {
-    jsonwebtoken::EncodingKey::from_rsa_der(include_bytes!(
-        "fixtures/service-account/forger.der"
-    ))
+    jsonwebtoken::EncodingKey::from_rsa_der(include_bytes!("fixtures/service-account/forger.der"))
 }
 const JWKS: &str = include_str!("fixtures/service-account/jwks.json");
 
@@ -1335,10 +1331,9 @@ async fn stand_in_cluster(
                 }
                 "/apis/authentication.k8s.io/v1/tokenreviews" => {
                     seen.reviews.fetch_add(1, SeqCst);
-                    let mut body: Value = serde_json::from_slice(
-                        &request.into_body().collect_bytes().await.unwrap(),
-                    )
-                    .unwrap();
+                    let mut body: Value =
+                        serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap())
+                            .unwrap();
                     let token = body["spec"]["token"].as_str().unwrap().to_string();
                     let mut validation =
                         jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::RS256);
@@ -1424,7 +1419,11 @@ async fn forged_serviceaccount_tokens_never_reach_a_tokenreview(pool: PgPool) {
             assert_eq!(s, StatusCode::UNAUTHORIZED, "{what}: {v}");
         }
     }
-    assert_eq!(asked.reviews.load(SeqCst), 0, "a forged token reached a TokenReview");
+    assert_eq!(
+        asked.reviews.load(SeqCst),
+        0,
+        "a forged token reached a TokenReview"
+    );
     assert!(
         asked.key_reads.load(SeqCst) <= 2,
         "{} key reads",
@@ -1468,18 +1467,26 @@ async fn a_flood_of_forged_tokens_does_not_starve_real_serviceaccounts(pool: PgP
                 format!("made-up-{i}")
             };
             let token = signed_jwt(rs256, Some(&kid), &forger_key());
-            flood.push(tokio::spawn(async move { post_message(&api, &token, None).await.0 }));
+            flood.push(tokio::spawn(async move {
+                post_message(&api, &token, None).await.0
+            }));
         }
         // fresh genuine tokens while the flood runs: fewer than the reserved share's burst
         let mut genuine = Vec::new();
         for _ in 0..10 {
             let api = api.clone();
             let token = signed_jwt(rs256, Some(CLUSTER_KID), &cluster_key());
-            genuine.push(tokio::spawn(async move { post_message(&api, &token, None).await }));
+            genuine.push(tokio::spawn(async move {
+                post_message(&api, &token, None).await
+            }));
         }
         for g in genuine {
             let (s, _, v) = g.await.unwrap();
-            assert_eq!(s, StatusCode::CREATED, "published={published}: a genuine token got {v}");
+            assert_eq!(
+                s,
+                StatusCode::CREATED,
+                "published={published}: a genuine token got {v}"
+            );
         }
         let mut outcomes = std::collections::BTreeMap::new();
         for f in flood {
@@ -1487,11 +1494,18 @@ async fn a_flood_of_forged_tokens_does_not_starve_real_serviceaccounts(pool: PgP
         }
         if published {
             assert_eq!(outcomes, [(401, 300)].into(), "every forged token is 401");
-            assert_eq!(asked.reviews.load(SeqCst), 11, "only the genuine tokens were reviewed");
+            assert_eq!(
+                asked.reviews.load(SeqCst),
+                11,
+                "only the genuine tokens were reviewed"
+            );
         } else {
             // unverifiable: reviewed within the small unmatched share, the rest 503
-            assert!(outcomes.keys().all(|s| *s == 401 || *s == 503), "{outcomes:?}");
-            assert!(outcomes.get(&503).is_some(), "{outcomes:?}");
+            assert!(
+                outcomes.keys().all(|s| *s == 401 || *s == 503),
+                "{outcomes:?}"
+            );
+            assert!(outcomes.contains_key(&503), "{outcomes:?}");
         }
     }
 }

@@ -425,10 +425,7 @@ async fn customer_adds_an_endpoint_and_tests_it_in_the_portal(pool: PgPool) {
         link.starts_with(&format!("{}/portal#code=", hookd.base)),
         "{link}"
     );
-    assert!(
-        !link.contains(portal["token"].as_str().unwrap()),
-        "{link}"
-    );
+    assert!(!link.contains(portal["token"].as_str().unwrap()), "{link}");
 
     b.goto(&link).await;
     b.wait_for_text("#whoami", "cust_42").await;

@@ -824,7 +824,12 @@ async fn portal_codes_work_once_and_sessions_die_with_their_token(pool: PgPool) 
         Some(json!({})),
     )
     .await;
-    let late_code = late["url"].as_str().unwrap().split_once("#code=").unwrap().1;
+    let late_code = late["url"]
+        .as_str()
+        .unwrap()
+        .split_once("#code=")
+        .unwrap()
+        .1;
     sqlx::query("UPDATE hookd.sign_in_codes SET expires_at = now() - interval '1 second'")
         .execute(&pool)
         .await
@@ -834,13 +839,12 @@ async fn portal_codes_work_once_and_sessions_die_with_their_token(pool: PgPool) 
     assert_eq!(e["error"]["code"], "sign_in_code_invalid");
 
     // revoking the consumer token kills its session within the verification cache's 5 s
-    let listed = sqlx::query_scalar::<_, Uuid>(
-        "SELECT id FROM hookd.api_tokens WHERE token_hash = $1",
-    )
-    .bind(hookd::auth::tokens::hash(consumer_token).to_vec())
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let listed =
+        sqlx::query_scalar::<_, Uuid>("SELECT id FROM hookd.api_tokens WHERE token_hash = $1")
+            .bind(hookd::auth::tokens::hash(consumer_token).to_vec())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     let (s, _) = call(
         &api,
         &token,
@@ -852,7 +856,9 @@ async fn portal_codes_work_once_and_sessions_die_with_their_token(pool: PgPool) 
     assert!(s.is_success(), "{s}");
     assert!(
         wait_until(Duration::from_secs(15), || async {
-            call(&api, session_token, Method::GET, "/v1/whoami", None).await.0
+            call(&api, session_token, Method::GET, "/v1/whoami", None)
+                .await
+                .0
                 == StatusCode::UNAUTHORIZED
         })
         .await,

@@ -19,8 +19,8 @@ use super::caller::Caller;
 use super::error::ApiError;
 use super::listing::{page_limit, query};
 use super::openapi::responses;
-use crate::auth::{Scope, sessions};
 use crate::auth::tokens::{self, TokenRequest};
+use crate::auth::{Scope, sessions};
 use crate::db;
 use crate::domain;
 

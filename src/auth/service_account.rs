@@ -188,7 +188,10 @@ impl ServiceAccounts {
         }
         let matching = match self.keys.check(token).await {
             Check::Forged(why) => {
-                tracing::debug!(reason = why, "ServiceAccount token refused by the cluster's keys; no TokenReview");
+                tracing::debug!(
+                    reason = why,
+                    "ServiceAccount token refused by the cluster's keys; no TokenReview"
+                );
                 return Err(AuthError::Invalid);
             }
             Check::Verified => true,

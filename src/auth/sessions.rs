@@ -108,12 +108,12 @@ pub async fn redeem(pool: &sqlx::PgPool, code: &str) -> Result<Option<Session>, 
         return Ok(None);
     }
     let mut tx = db::sign_in::begin(pool).await?;
-    let Some(parent) = db::sign_in::take_code(&mut *tx, &tokens::hash(code)).await? else {
+    let Some(parent) = db::sign_in::take_code(&mut tx, &tokens::hash(code)).await? else {
         // commit anyway: an expired code's row is gone for good
         tx.commit().await?;
         return Ok(None);
     };
-    let session = create_in(&mut *tx, parent).await?;
+    let session = create_in(&mut tx, parent).await?;
     tx.commit().await?;
     Ok(session)
 }
