@@ -242,7 +242,12 @@ impl ClusterKeys {
 
     async fn get(&self, path: &str) -> Result<String, String> {
         let request = http::Request::get(path)
-            .header(http::header::ACCEPT, "application/json")
+            // the API server serves the key set as application/jwk-set+json and answers 406
+            // to a request that accepts only application/json
+            .header(
+                http::header::ACCEPT,
+                "application/json, application/jwk-set+json",
+            )
             .body(Vec::new())
             .map_err(|e| format!("{path}: {e}"))?;
         match tokio::time::timeout(REVIEW_TIMEOUT, self.client.request_text(request)).await {
