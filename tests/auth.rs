@@ -1323,7 +1323,18 @@ async fn stand_in_cluster(
                 }
                 "/openid/v1/jwks" => {
                     seen.key_reads.fetch_add(1, SeqCst);
-                    send.send_response(if published {
+                    // as kube-apiserver does: the set is application/jwk-set+json, and a
+                    // request that does not accept it is 406
+                    let accepts = request
+                        .headers()
+                        .get(http::header::ACCEPT)
+                        .and_then(|v| v.to_str().ok())
+                        .is_none_or(|v| {
+                            v.contains("application/jwk-set+json") || v.contains("*/*")
+                        });
+                    send.send_response(if !accepts {
+                        json_response(406, b"{}".to_vec())
+                    } else if published {
                         json_response(200, JWKS.as_bytes().to_vec())
                     } else {
                         unavailable()
