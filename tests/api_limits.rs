@@ -368,7 +368,7 @@ async fn connection_cap_queues_further_clients(pool: PgPool) {
 // ---- OpenAPI ----
 
 /// Every route the router serves, as (method, OpenAPI path).
-const ROUTES: [(&str, &str); 36] = [
+const ROUTES: [(&str, &str); 37] = [
     ("post", "/v1/messages"),
     ("get", "/v1/messages"),
     ("post", "/v1/messages/batch"),
@@ -399,6 +399,7 @@ const ROUTES: [(&str, &str); 36] = [
     ("get", "/v1/tokens"),
     ("delete", "/v1/tokens/{id}"),
     ("post", "/v1/sessions"),
+    ("delete", "/v1/sessions"),
     ("post", "/v1/sessions/from-code"),
     ("get", "/v1/whoami"),
     ("get", "/healthz"),

@@ -874,6 +874,20 @@ async fn portal_codes_work_once_and_sessions_die_with_their_token(pool: PgPool) 
     let (s, who) = call(&api, console_session, Method::GET, "/v1/whoami", None).await;
     assert_eq!(s, StatusCode::OK, "{who}");
     assert_eq!(who["tenant"], TENANT);
+    // sign out: the session ends itself; a token is never revoked by presenting it
+    let (s, e) = call(&api, &token, Method::DELETE, "/v1/sessions", None).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+    assert_eq!(e["error"]["code"], "not_a_session");
+    let (s, _) = call(&api, console_session, Method::DELETE, "/v1/sessions", None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _) = call(&api, console_session, Method::GET, "/v1/whoami", None).await;
+    assert_eq!(
+        s,
+        StatusCode::UNAUTHORIZED,
+        "a signed-out session still works"
+    );
+    let (s, _) = call(&api, &token, Method::GET, "/v1/whoami", None).await;
+    assert_eq!(s, StatusCode::OK, "signing out ended the parent token");
     // no credential: 401, and no session
     let r = api
         .client

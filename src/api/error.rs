@@ -76,6 +76,14 @@ impl ApiError {
             "a browser session is made from a hookd_ API token; this request carries none",
         )
     }
+    /// Sign-out with a credential that is not a browser session: a token is revoked with
+    /// `DELETE /v1/tokens/{id}`, never by presenting it.
+    pub fn not_a_session() -> Self {
+        Self::unprocessable(
+            "not_a_session",
+            "this credential is not a browser session; revoke a token with DELETE /v1/tokens/{id}",
+        )
+    }
     pub fn not_found(what: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,

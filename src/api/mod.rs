@@ -216,7 +216,7 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(consumers::get_deletion))
         .routes(routes!(tokens::list))
         .routes(routes!(tokens::revoke))
-        .routes(routes!(sessions::create))
+        .routes(routes!(sessions::create, sessions::end))
         .routes(routes!(sessions::from_code))
         .routes(routes!(whoami))
         .routes(routes!(deliveries::get))

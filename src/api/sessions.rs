@@ -137,3 +137,43 @@ pub async fn from_code(
     tracing::info!(tenant = %session.tenant, consumer = ?session.consumer, "sign-in code exchanged for a browser session");
     Ok(created(session))
 }
+
+/// DELETE /v1/sessions
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions",
+    tag = "tokens",
+    operation_id = "endSession",
+    summary = "Sign out: revoke the presented browser session (any scope)",
+    description = "Revokes the bearer credential if it is a session (made by POST /v1/sessions \
+        or from a sign-in code): 204. Any other credential is left alone: 422 `not_a_session`.",
+    responses(
+        (status = 204, description = "The session is revoked"),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 422, response = responses::Unprocessable),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn end(caller: Caller, State(state): State<AppState>) -> Result<Response, ApiError> {
+    let id = match &caller {
+        Caller::Authenticated(p) => match p.subject {
+            Subject::Token { id } => Some(id),
+            Subject::ServiceAccount { .. } => None,
+        },
+        Caller::Anonymous => None,
+    };
+    let ended = match id {
+        Some(id) => db::sign_in::end_session(&state.pool, id).await?,
+        None => false,
+    };
+    if !ended {
+        return Err(ApiError::not_a_session());
+    }
+    if let Some(id) = id {
+        state.auth.forget_tokens(&[id]);
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

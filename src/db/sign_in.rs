@@ -100,3 +100,17 @@ pub async fn insert_session(
 pub async fn begin(pool: &PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, DbError> {
     Ok(pool.begin().await?)
 }
+
+/// Revokes the token `id` if it is a session (has a parent); whether it was one and live.
+/// A session ends itself this way (sign out); any other token is left alone.
+pub async fn end_session(pool: &PgPool, id: Uuid) -> Result<bool, DbError> {
+    Ok(sqlx::query(
+        "UPDATE hookd.api_tokens SET revoked_at = now()
+         WHERE id = $1 AND parent_id IS NOT NULL AND revoked_at IS NULL",
+    )
+    .bind(id)
+    .execute(pool)
+    .await?
+    .rows_affected()
+        == 1)
+}

@@ -169,7 +169,13 @@ function chrome() {
         type: "button",
         class: "link",
         on: {
-          click: () => {
+          click: async () => {
+            // the session ends on the server too: a copy the browser left on disk is dead
+            try {
+              await api("DELETE", "/v1/sessions");
+            } catch {
+              // not a session (a ServiceAccount token), or hookd is unreachable: sign out here anyway
+            }
             sessionStorage.removeItem(TOKEN_KEY);
             location.assign("/ui");
           },
