@@ -305,7 +305,7 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
                 args.listen
             );
             println!(
-                "hookd dev: or open the web console: http://{}/ui#token={token}",
+                "hookd dev: or open the web console at http://{}/ui and sign in with that token (it is sent once, never put in the address)",
                 args.listen
             );
         }

@@ -368,7 +368,7 @@ async fn connection_cap_queues_further_clients(pool: PgPool) {
 // ---- OpenAPI ----
 
 /// Every route the router serves, as (method, OpenAPI path).
-const ROUTES: [(&str, &str); 34] = [
+const ROUTES: [(&str, &str); 37] = [
     ("post", "/v1/messages"),
     ("get", "/v1/messages"),
     ("post", "/v1/messages/batch"),
@@ -398,6 +398,9 @@ const ROUTES: [(&str, &str); 34] = [
     ("get", "/v1/consumer-deletions/{id}"),
     ("get", "/v1/tokens"),
     ("delete", "/v1/tokens/{id}"),
+    ("post", "/v1/sessions"),
+    ("delete", "/v1/sessions"),
+    ("post", "/v1/sessions/from-code"),
     ("get", "/v1/whoami"),
     ("get", "/healthz"),
     ("get", "/readyz"),
@@ -449,7 +452,11 @@ async fn openapi_document_is_3_1_and_lists_exactly_the_routes(pool: PgPool) {
         for (m, op) in item.as_object().unwrap() {
             documented.insert((m.clone(), path.clone()));
             let responses = op["responses"].as_object().unwrap();
-            if path.starts_with("/v1/") {
+            if path == "/v1/sessions/from-code" {
+                // the one /v1 route without a credential: its one-time code is the credential
+                assert_eq!(op["security"], json!([{}]), "{m} {path}");
+                assert!(responses.contains_key("401"), "{m} {path} lacks 401");
+            } else if path.starts_with("/v1/") {
                 assert_eq!(op["security"], json!([{"bearer": []}]), "{m} {path}");
                 for status in ["401", "403", "503"] {
                     assert!(responses.contains_key(status), "{m} {path} lacks {status}");

@@ -672,12 +672,36 @@ enum Review {
     Unreachable,
 }
 
-/// Answers the next request, asserting it is a TokenReview of `token` for audience hookd.
+/// A 404 `Status` from the mock API server.
+fn not_found() -> http::Response<kube::client::Body> {
+    http::Response::builder()
+        .status(404)
+        .body(kube::client::Body::from(
+            serde_json::to_vec(&json!({
+                "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": "the server could not find the requested resource", "reason": "NotFound", "code": 404
+            }))
+            .unwrap(),
+        ))
+        .unwrap()
+}
+
+/// Answers the next TokenReview, asserting it is one of `token` for audience hookd. This
+/// mock API server publishes no signing keys: its issuer discovery (read once, before the
+/// first review) answers 404, so tokens are reviewed unverified, as in a cluster that does
+/// not serve discovery.
 async fn answer_review(handle: &mut std::pin::Pin<&mut MockHandle>, token: &str, review: Review) {
-    let (request, send) = tokio::time::timeout(Duration::from_secs(10), handle.next_request())
-        .await
-        .expect("a TokenReview within 10 s")
-        .expect("the service was called");
+    let (request, send) = loop {
+        let (request, send) = tokio::time::timeout(Duration::from_secs(10), handle.next_request())
+            .await
+            .expect("a TokenReview within 10 s")
+            .expect("the service was called");
+        if request.method() == http::Method::GET {
+            send.send_response(not_found());
+            continue;
+        }
+        break (request, send);
+    };
     assert_eq!(request.method(), http::Method::POST);
     assert_eq!(
         request.uri().path(),
@@ -1202,4 +1226,297 @@ async fn tokenreviews_are_only_for_plausible_tokens_and_bounded(pool: PgPool) {
     assert_eq!(refused, sent, "each review answered one request");
     assert_eq!(refused + unavailable, 300);
     assert!(unavailable > 0, "the budget was never reached");
+}
+
+// ---- ServiceAccount tokens verified against the cluster's keys (issue 29 item 7) ----
+
+const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+const CLUSTER_KID: &str = "cluster-key-1";
+
+/// The cluster's signing key (its public half is in jwks.json) and a forger's, both
+/// 2048-bit RSA made for these tests.
+fn cluster_key() -> jsonwebtoken::EncodingKey {
+    jsonwebtoken::EncodingKey::from_rsa_der(include_bytes!("fixtures/service-account/cluster.der"))
+}
+fn forger_key() -> jsonwebtoken::EncodingKey {
+    jsonwebtoken::EncodingKey::from_rsa_der(include_bytes!("fixtures/service-account/forger.der"))
+}
+const JWKS: &str = include_str!("fixtures/service-account/jwks.json");
+
+/// A ServiceAccount token for team-a, signed as `alg` with `key`, naming `kid`.
+fn signed_jwt(
+    alg: jsonwebtoken::Algorithm,
+    kid: Option<&str>,
+    key: &jsonwebtoken::EncodingKey,
+) -> String {
+    let mut header = jsonwebtoken::Header::new(alg);
+    header.kid = kid.map(str::to_string);
+    let claims = json!({
+        "iss": ISSUER,
+        "aud": ["hookd"],
+        "exp": chrono::Utc::now().timestamp() + 3600,
+        "sub": "system:serviceaccount:team-a:producer",
+        "n": Uuid::now_v7().to_string(),
+    });
+    jsonwebtoken::encode(&header, &claims, key).unwrap()
+}
+
+/// What the stand-in API server has been asked.
+#[derive(Default)]
+struct Asked {
+    reviews: std::sync::atomic::AtomicUsize,
+    discoveries: std::sync::atomic::AtomicUsize,
+    key_reads: std::sync::atomic::AtomicUsize,
+}
+
+/// A stand-in API server: issuer discovery and the key set (or 503 for both when
+/// `published` is false), and TokenReviews that authenticate exactly the tokens the
+/// cluster key signed (as a real API server would); every request counted.
+async fn stand_in_cluster(
+    pool: &PgPool,
+    published: bool,
+) -> (std::sync::Arc<TestApi>, std::sync::Arc<Asked>) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (service, handle) = tower_test::mock::pair::<
+        http::Request<kube::client::Body>,
+        http::Response<kube::client::Body>,
+    >();
+    let asked = std::sync::Arc::new(Asked::default());
+    let seen = asked.clone();
+    tokio::spawn(async move {
+        let mut handle = Box::pin(handle);
+        let json_response = |status: u16, body: Vec<u8>| {
+            http::Response::builder()
+                .status(status)
+                .header("content-type", "application/json")
+                .body(kube::client::Body::from(body))
+                .unwrap()
+        };
+        while let Some((request, send)) = handle.as_mut().next_request().await {
+            let path = request.uri().path().to_string();
+            let unavailable = || {
+                json_response(
+                    503,
+                    serde_json::to_vec(&json!({"kind": "Status", "apiVersion": "v1",
+                        "status": "Failure", "message": "unavailable", "code": 503}))
+                    .unwrap(),
+                )
+            };
+            match path.as_str() {
+                "/.well-known/openid-configuration" => {
+                    seen.discoveries.fetch_add(1, SeqCst);
+                    send.send_response(if published {
+                        json_response(
+                            200,
+                            serde_json::to_vec(&json!({
+                                "issuer": ISSUER,
+                                "jwks_uri": format!("{ISSUER}:6443/openid/v1/jwks"),
+                                "response_types_supported": ["id_token"],
+                                "subject_types_supported": ["public"],
+                                "id_token_signing_alg_values_supported": ["RS256"],
+                            }))
+                            .unwrap(),
+                        )
+                    } else {
+                        unavailable()
+                    });
+                }
+                "/openid/v1/jwks" => {
+                    seen.key_reads.fetch_add(1, SeqCst);
+                    // as kube-apiserver does: the set is application/jwk-set+json, and a
+                    // request that does not accept it is 406
+                    let accepts = request
+                        .headers()
+                        .get(http::header::ACCEPT)
+                        .and_then(|v| v.to_str().ok())
+                        .is_none_or(|v| {
+                            v.contains("application/jwk-set+json") || v.contains("*/*")
+                        });
+                    send.send_response(if !accepts {
+                        json_response(406, b"{}".to_vec())
+                    } else if published {
+                        json_response(200, JWKS.as_bytes().to_vec())
+                    } else {
+                        unavailable()
+                    });
+                }
+                "/apis/authentication.k8s.io/v1/tokenreviews" => {
+                    seen.reviews.fetch_add(1, SeqCst);
+                    let mut body: Value =
+                        serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap())
+                            .unwrap();
+                    let token = body["spec"]["token"].as_str().unwrap().to_string();
+                    let mut validation =
+                        jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::RS256);
+                    validation.set_audience(&["hookd"]);
+                    let jwks: jsonwebtoken::jwk::JwkSet = serde_json::from_str(JWKS).unwrap();
+                    let genuine = jsonwebtoken::decode::<Value>(
+                        &token,
+                        &jsonwebtoken::DecodingKey::from_jwk(&jwks.keys[0]).unwrap(),
+                        &validation,
+                    )
+                    .is_ok();
+                    body["status"] = if genuine {
+                        json!({"authenticated": true, "audiences": ["hookd"],
+                               "user": {"username": "system:serviceaccount:team-a:producer"}})
+                    } else {
+                        json!({"authenticated": false, "error": "invalid bearer token"})
+                    };
+                    send.send_response(json_response(201, serde_json::to_vec(&body).unwrap()));
+                }
+                _ => send.send_response(not_found()),
+            }
+        }
+    });
+    let client = kube::Client::new(service, "default");
+    let api = TestApi::start_with_kube(pool, api_settings(), Some(client)).await;
+    (std::sync::Arc::new(api), asked)
+}
+
+/// Forged tokens (another key under the cluster's key id, a key id the cluster does not
+/// publish, no key id, `alg: none`, HS256 keyed with the cluster's public key) are 401
+/// without a TokenReview; a genuine one is reviewed (once) and accepted. Made-up key ids
+/// cost at most one extra read of the keys per 30 s.
+#[sqlx::test]
+async fn forged_serviceaccount_tokens_never_reach_a_tokenreview(pool: PgPool) {
+    use std::sync::atomic::Ordering::SeqCst;
+    endpoint(&pool, EndpointOpts::default()).await;
+    let (api, asked) = stand_in_cluster(&pool, true).await;
+    let rs256 = jsonwebtoken::Algorithm::RS256;
+    let public_n = serde_json::from_str::<Value>(JWKS).unwrap()["keys"][0]["n"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let alg_none = {
+        let genuine = signed_jwt(rs256, Some(CLUSTER_KID), &cluster_key());
+        let mut parts = genuine.split('.');
+        let (_, claims) = (parts.next(), parts.next().unwrap());
+        format!(
+            "{}.{claims}.",
+            URL_SAFE_NO_PAD.encode(format!(r#"{{"alg":"none","kid":"{CLUSTER_KID}"}}"#))
+        )
+    };
+    let mut forged = vec![
+        (
+            "another key under the cluster's key id".to_string(),
+            signed_jwt(rs256, Some(CLUSTER_KID), &forger_key()),
+        ),
+        (
+            "a key id the cluster does not publish".to_string(),
+            signed_jwt(rs256, Some("forged-kid"), &forger_key()),
+        ),
+        (
+            "no key id".to_string(),
+            signed_jwt(rs256, None, &cluster_key()),
+        ),
+        ("alg none".to_string(), alg_none),
+    ];
+    for (what, secret) in [
+        ("the JWK's n", public_n.as_bytes().to_vec()),
+        ("the JWK set", JWKS.as_bytes().to_vec()),
+    ] {
+        forged.push((
+            format!("HS256 keyed with {what}"),
+            signed_jwt(
+                jsonwebtoken::Algorithm::HS256,
+                Some(CLUSTER_KID),
+                &jsonwebtoken::EncodingKey::from_secret(&secret),
+            ),
+        ));
+    }
+    for (what, token) in &forged {
+        for _ in 0..3 {
+            let (s, _, v) = post_message(&api, token, None).await;
+            assert_eq!(s, StatusCode::UNAUTHORIZED, "{what}: {v}");
+        }
+    }
+    assert_eq!(
+        asked.reviews.load(SeqCst),
+        0,
+        "a forged token reached a TokenReview"
+    );
+    assert!(
+        asked.key_reads.load(SeqCst) <= 2,
+        "{} key reads",
+        asked.key_reads.load(SeqCst)
+    );
+
+    // the genuine article: verified here, then reviewed, once (then cached)
+    let genuine = signed_jwt(rs256, Some(CLUSTER_KID), &cluster_key());
+    for _ in 0..3 {
+        let (s, _, v) = post_message(&api, &genuine, None).await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+    }
+    assert_eq!(asked.reviews.load(SeqCst), 1);
+}
+
+/// The issue's flood, repeated: hundreds of forged tokens at once do not make fresh,
+/// genuine ServiceAccount tokens 503 (they spend none of the review budget); and with the
+/// keys unpublished (discovery unavailable), tokens of the issuer and key id a review
+/// confirmed keep the reserved share against a flood of made-up ones.
+#[sqlx::test]
+async fn a_flood_of_forged_tokens_does_not_starve_real_serviceaccounts(pool: PgPool) {
+    use std::sync::atomic::Ordering::SeqCst;
+    endpoint(&pool, EndpointOpts::default()).await;
+    let rs256 = jsonwebtoken::Algorithm::RS256;
+    for published in [true, false] {
+        let (api, asked) = stand_in_cluster(&pool, published).await;
+        // without published keys, a first genuine token confirms the issuer and key id
+        let first = signed_jwt(rs256, Some(CLUSTER_KID), &cluster_key());
+        let (s, _, v) = post_message(&api, &first, None).await;
+        assert_eq!(s, StatusCode::CREATED, "published={published}: {v}");
+
+        let mut flood = Vec::new();
+        for i in 0..300 {
+            let api = api.clone();
+            // forged: another key under the cluster's key id or a made-up one; with no keys
+            // published a token naming the confirmed issuer and key id cannot be told from
+            // a genuine one, so that flood uses made-up key ids only (see the docs)
+            let kid = if published && i % 2 == 0 {
+                CLUSTER_KID.to_string()
+            } else {
+                format!("made-up-{i}")
+            };
+            let token = signed_jwt(rs256, Some(&kid), &forger_key());
+            flood.push(tokio::spawn(async move {
+                post_message(&api, &token, None).await.0
+            }));
+        }
+        // fresh genuine tokens while the flood runs: fewer than the reserved share's burst
+        let mut genuine = Vec::new();
+        for _ in 0..10 {
+            let api = api.clone();
+            let token = signed_jwt(rs256, Some(CLUSTER_KID), &cluster_key());
+            genuine.push(tokio::spawn(async move {
+                post_message(&api, &token, None).await
+            }));
+        }
+        for g in genuine {
+            let (s, _, v) = g.await.unwrap();
+            assert_eq!(
+                s,
+                StatusCode::CREATED,
+                "published={published}: a genuine token got {v}"
+            );
+        }
+        let mut outcomes = std::collections::BTreeMap::new();
+        for f in flood {
+            *outcomes.entry(f.await.unwrap().as_u16()).or_insert(0) += 1;
+        }
+        if published {
+            assert_eq!(outcomes, [(401, 300)].into(), "every forged token is 401");
+            assert_eq!(
+                asked.reviews.load(SeqCst),
+                11,
+                "only the genuine tokens were reviewed"
+            );
+        } else {
+            // unverifiable: reviewed within the small unmatched share, the rest 503
+            assert!(
+                outcomes.keys().all(|s| *s == 401 || *s == 503),
+                "{outcomes:?}"
+            );
+            assert!(outcomes.contains_key(&503), "{outcomes:?}");
+        }
+    }
 }

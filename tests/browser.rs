@@ -71,7 +71,8 @@ async fn operator_finds_an_event_by_type_and_replays_its_failed_delivery(pool: P
         hookd.log()
     );
 
-    // sign in through the fragment; the page removes it from the address bar
+    // sign in through the fragment of an older link; the page removes it from the address
+    // bar and trades the token for a session
     b.goto(&format!("{}/ui#token={operator}", hookd.base)).await;
     b.wait_for("a.event-link").await;
     let url = b.client.current_url().await.unwrap();
@@ -81,10 +82,13 @@ async fn operator_finds_an_event_by_type_and_replays_its_failed_delivery(pool: P
         "the token stays in the address bar: {url}"
     );
     assert_eq!(url.path(), "/ui");
-    assert_eq!(
-        b.js("return sessionStorage.getItem('hookd.console.token')")
-            .await,
-        serde_json::Value::String(operator.clone())
+    let kept = b
+        .js("return sessionStorage.getItem('hookd.console.token')")
+        .await;
+    let kept = kept.as_str().unwrap();
+    assert!(
+        kept.starts_with("hookd_") && kept != operator,
+        "the tab keeps the token itself, not a session"
     );
     let whoami = b.wait_for_text("#whoami", "team-a").await;
     assert!(
@@ -416,10 +420,12 @@ async fn customer_adds_an_endpoint_and_tests_it_in_the_portal(pool: PgPool) {
     } else {
         link.to_string()
     };
+    // a one-time code, not the token, is all the link carries
     assert!(
-        link.starts_with(&format!("{}/portal#token=hookd_", hookd.base)),
+        link.starts_with(&format!("{}/portal#code=", hookd.base)),
         "{link}"
     );
+    assert!(!link.contains(portal["token"].as_str().unwrap()), "{link}");
 
     b.goto(&link).await;
     b.wait_for_text("#whoami", "cust_42").await;
@@ -581,4 +587,166 @@ async fn portal_is_framable_only_by_the_allowed_origins(pool: PgPool) {
         false,
         "the console can be framed"
     );
+}
+
+/// `POST /v1/consumers/{uid}/portal` as an operator's server calls it: (absolute link,
+/// the consumer token the link's code stands for).
+async fn portal_link(hookd: &Hookd, admin: &str, uid: &str) -> (String, String) {
+    let (status, portal) = hookd
+        .call(
+            admin,
+            Method::POST,
+            &format!("/v1/consumers/{uid}/portal"),
+            Some(serde_json::json!({})),
+        )
+        .await;
+    assert_eq!(status, 201, "{portal}");
+    let link = portal["url"].as_str().unwrap();
+    let link = if link.starts_with('/') {
+        format!("{}{link}", hookd.base)
+    } else {
+        link.to_string()
+    };
+    (link, portal["token"].as_str().unwrap().to_string())
+}
+
+/// Every file under `dir` (recursively) whose bytes contain `needle`, as ASCII/UTF-8 or as
+/// UTF-16LE (how Chromium keeps some strings, sessionStorage values among them).
+fn files_containing(dir: &std::path::Path, needle: &str) -> Vec<String> {
+    let ascii = needle.as_bytes().to_vec();
+    let utf16: Vec<u8> = needle.encode_utf16().flat_map(u16::to_le_bytes).collect();
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let Ok(meta) = std::fs::symlink_metadata(&p) else {
+                continue;
+            };
+            if meta.is_dir() {
+                stack.push(p);
+            } else if meta.is_file()
+                && let Ok(bytes) = std::fs::read(&p)
+                && [&ascii, &utf16]
+                    .iter()
+                    .any(|n| bytes.windows(n.len()).any(|w| w == n.as_slice()))
+            {
+                found.push(p.display().to_string());
+            }
+        }
+    }
+    found
+}
+
+/// Issue 29 item 5: neither the portal link nor the console's sign-in puts a token in
+/// the browser. A fresh profile opens a portal link and uses the portal, signs in to the
+/// console with the operator's token and moves between its pages; after Chromium quits
+/// (its History and session files written), no file of the profile holds either token.
+#[sqlx::test]
+async fn no_token_is_left_in_the_browser_profile(pool: PgPool) {
+    let Some(b) = Browser::start().await else {
+        return;
+    };
+    let rx = RecordingReceiver::start(200).await;
+    let hookd = Hookd::start(&pool, &[]).await;
+    let admin = mint_token(&pool, "team-a", &[Scope::Read, Scope::Manage]).await;
+    let operator = mint_token(&pool, "team-a", &[Scope::Read, Scope::Operate]).await;
+    let producer = mint_token(&pool, "team-a", &[Scope::Produce]).await;
+    let (link, consumer_token) = portal_link(&hookd, &admin, "cust_9").await;
+
+    // the portal, from its link: add an endpoint, then reload (the tab's session survives)
+    b.goto(&link).await;
+    b.wait_for_text("#whoami", "cust_9").await;
+    b.type_into("#new-url", &rx.url("/cust_9")).await;
+    b.click("#add-endpoint button[type=submit]").await;
+    b.wait_for_text("#secret-value", "whsec_").await;
+    b.client.refresh().await.unwrap();
+    b.wait_for_text("#endpoints .endpoint .url", &rx.url("/cust_9"))
+        .await;
+
+    // the console, signed in through its form, then a few full page loads
+    hookd.send(&producer, "order.paid", r#"{"n":1}"#).await;
+    b.goto(&format!("{}/ui", hookd.base)).await;
+    b.type_into("input#token", &operator).await;
+    b.click("main form button[type=submit]").await;
+    b.wait_for_text("#whoami", "team-a").await;
+    b.wait_for("a.event-link").await;
+    let event_page = b
+        .js("return document.querySelector('a.event-link').href")
+        .await;
+    b.goto(&format!("{}/ui/dead-letters", hookd.base)).await;
+    b.wait_for_text("#whoami", "team-a").await;
+    b.goto(event_page.as_str().unwrap()).await;
+    b.wait_for_text("#event-type", "order.paid").await;
+    let url = b.client.current_url().await.unwrap();
+    assert!(!url.as_str().contains(&operator), "{url}");
+
+    let profile = b.profile().to_path_buf();
+    b.quit().await;
+    // the check means something only if the browser wrote its history: the pages are in it
+    assert!(
+        !files_containing(&profile, "/ui/messages/").is_empty(),
+        "Chromium wrote no history to {}; the check below would prove nothing",
+        profile.display()
+    );
+    assert!(!files_containing(&profile, "/portal").is_empty());
+    for (what, token) in [
+        ("the consumer token", &consumer_token),
+        ("the operator's token", &operator),
+    ] {
+        let found = files_containing(&profile, token);
+        assert!(found.is_empty(), "{what} is in the profile: {found:#?}");
+    }
+}
+
+/// Issue 31 item 5: a fresh link opened in the same tab (only the fragment changes, so the
+/// page is not reloaded) signs in with the new credential; a used code gets a page that
+/// says so. The console does the same with an older `#token=` link.
+#[sqlx::test]
+async fn a_fresh_link_in_the_same_tab_signs_in_again(pool: PgPool) {
+    let Some(b) = Browser::start().await else {
+        return;
+    };
+    let hookd = Hookd::start(&pool, &[]).await;
+    let admin = mint_token(&pool, "team-a", &[Scope::Read, Scope::Manage]).await;
+    let (first, _) = portal_link(&hookd, &admin, "cust_a").await;
+    let (second, _) = portal_link(&hookd, &admin, "cust_b").await;
+
+    b.goto(&first).await;
+    b.wait_for_text("#whoami", "cust_a").await;
+    b.js("window.__samePage = 1; return null").await;
+    b.goto(&second).await;
+    b.wait_for_text("#whoami", "cust_b").await;
+    assert_eq!(
+        b.js("return window.__samePage === 1").await,
+        true,
+        "the page was reloaded: this is not the hashchange path"
+    );
+    assert_eq!(b.client.current_url().await.unwrap().fragment(), None);
+
+    // the first link again: its code was used
+    b.goto(&first).await;
+    let dead = b.wait_for_text("#link-dead", "used already").await;
+    assert!(dead.contains("expired"), "{dead}");
+    assert_eq!(b.js("return window.__samePage === 1").await, true);
+    assert_eq!(
+        b.js("return sessionStorage.getItem('hookd.portal.token')")
+            .await,
+        serde_json::Value::Null,
+        "a dead link signs the tab out"
+    );
+
+    // the console: one tenant's token, then another's, in the same tab
+    let team_a = mint_token(&pool, "team-a", &[Scope::Read]).await;
+    let team_b = mint_token(&pool, "team-b", &[Scope::Read]).await;
+    b.goto(&format!("{}/ui#token={team_a}", hookd.base)).await;
+    b.wait_for_text("#whoami", "tenant team-a").await;
+    b.js("window.__samePage = 2; return null").await;
+    b.goto(&format!("{}/ui#token={team_b}", hookd.base)).await;
+    b.wait_for_text("#whoami", "tenant team-b").await;
+    assert_eq!(b.js("return window.__samePage === 2").await, true);
+    assert_eq!(b.client.current_url().await.unwrap().fragment(), None);
 }

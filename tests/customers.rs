@@ -746,3 +746,155 @@ async fn test_events_are_marked_and_consumers_do_not_read_the_producers_notes(po
     assert_eq!(s, StatusCode::CONFLICT, "{v}");
     assert_eq!(v["error"]["code"], "managed_by_kubernetes");
 }
+
+// ---- F: portal links carry a one-time code; browsers hold sessions (item 5) ----
+
+/// `POST /v1/sessions/from-code` with `code`, no credential; (status, body).
+async fn redeem(api: &TestApi, code: &str) -> (StatusCode, Value) {
+    let r = api
+        .client
+        .post(format!("{}/v1/sessions/from-code", api.base))
+        .json(&json!({ "code": code }))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or_default())
+}
+
+/// A portal link's code, not its token: stored as its SHA-256, exchanged once for a
+/// session with the consumer token's tenant, consumer and scopes; a replayed, expired or
+/// unknown code is 401 `sign_in_code_invalid`; a session dies with the token it came from;
+/// the console's `POST /v1/sessions` makes one from the bearer token.
+#[sqlx::test]
+async fn portal_codes_work_once_and_sessions_die_with_their_token(pool: PgPool) {
+    let api = TestApi::start(&pool).await;
+    let token = api.token_for(TENANT).await;
+    let (s, portal) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/consumers/cust_s/portal",
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{portal}");
+    let url = portal["url"].as_str().unwrap();
+    let consumer_token = portal["token"].as_str().unwrap();
+    let code = url.split_once("/portal#code=").expect("a #code= link").1;
+    assert!(!url.contains(consumer_token), "{url}");
+    assert_eq!(code.len(), 43, "{url}");
+
+    // stored hashed, and nowhere as text
+    let hashes: Vec<Vec<u8>> = sqlx::query_scalar("SELECT code_hash FROM hookd.sign_in_codes")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        hashes,
+        vec![hookd::auth::tokens::hash(code).to_vec()],
+        "one code, as its SHA-256"
+    );
+
+    let (s, session) = redeem(&api, code).await;
+    assert_eq!(s, StatusCode::CREATED, "{session}");
+    let session_token = session["token"].as_str().unwrap();
+    assert!(session_token.starts_with("hookd_") && session_token != consumer_token);
+    assert_eq!(session["consumer"], "cust_s");
+    assert_eq!(session["tenant"], TENANT);
+    let (s, who) = call(&api, session_token, Method::GET, "/v1/whoami", None).await;
+    assert_eq!(s, StatusCode::OK, "{who}");
+    assert_eq!(who["consumer"], "cust_s");
+
+    // once only
+    let (s, again) = redeem(&api, code).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{again}");
+    assert_eq!(again["error"]["code"], "sign_in_code_invalid");
+    for bad in ["", "nope", &"A".repeat(43)] {
+        let (s, e) = redeem(&api, bad).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{bad}: {e}");
+    }
+
+    // an expired code (5 minutes) is refused, and so is one whose token was revoked
+    let (_, late) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/consumers/cust_s/portal",
+        Some(json!({})),
+    )
+    .await;
+    let late_code = late["url"]
+        .as_str()
+        .unwrap()
+        .split_once("#code=")
+        .unwrap()
+        .1;
+    sqlx::query("UPDATE hookd.sign_in_codes SET expires_at = now() - interval '1 second'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (s, e) = redeem(&api, late_code).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{e}");
+    assert_eq!(e["error"]["code"], "sign_in_code_invalid");
+
+    // revoking the consumer token kills its session within the verification cache's 5 s
+    let listed =
+        sqlx::query_scalar::<_, Uuid>("SELECT id FROM hookd.api_tokens WHERE token_hash = $1")
+            .bind(hookd::auth::tokens::hash(consumer_token).to_vec())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let (s, _) = call(
+        &api,
+        &token,
+        Method::DELETE,
+        &format!("/v1/tokens/{listed}"),
+        None,
+    )
+    .await;
+    assert!(s.is_success(), "{s}");
+    assert!(
+        wait_until(Duration::from_secs(15), || async {
+            call(&api, session_token, Method::GET, "/v1/whoami", None)
+                .await
+                .0
+                == StatusCode::UNAUTHORIZED
+        })
+        .await,
+        "the session outlived its token"
+    );
+
+    // the console's sign-in: a session of the bearer token, never the token again
+    let (s, console) = call(&api, &token, Method::POST, "/v1/sessions", Some(json!({}))).await;
+    assert_eq!(s, StatusCode::CREATED, "{console}");
+    let console_session = console["token"].as_str().unwrap();
+    assert_ne!(console_session, token);
+    assert_eq!(console["consumer"], Value::Null);
+    let (s, who) = call(&api, console_session, Method::GET, "/v1/whoami", None).await;
+    assert_eq!(s, StatusCode::OK, "{who}");
+    assert_eq!(who["tenant"], TENANT);
+    // sign out: the session ends itself; a token is never revoked by presenting it
+    let (s, e) = call(&api, &token, Method::DELETE, "/v1/sessions", None).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+    assert_eq!(e["error"]["code"], "not_a_session");
+    let (s, _) = call(&api, console_session, Method::DELETE, "/v1/sessions", None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _) = call(&api, console_session, Method::GET, "/v1/whoami", None).await;
+    assert_eq!(
+        s,
+        StatusCode::UNAUTHORIZED,
+        "a signed-out session still works"
+    );
+    let (s, _) = call(&api, &token, Method::GET, "/v1/whoami", None).await;
+    assert_eq!(s, StatusCode::OK, "signing out ended the parent token");
+    // no credential: 401, and no session
+    let r = api
+        .client
+        .post(format!("{}/v1/sessions", api.base))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+}

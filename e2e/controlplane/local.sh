@@ -540,6 +540,16 @@ if [[ "$code" == 401 ]]; then
 else
   fail "a token for the API server's own audience is refused" "HTTP $code"
 fi
+# the producer's claims under another token's signature: the API checks signatures against
+# the keys the API server publishes (issuer discovery, read with hookd-api's credentials)
+FORGED_TOKEN="${PRODUCER_TOKEN%.*}.${WRONG_TOKEN##*.}"
+code=$(post_event "$FORGED_TOKEN" forged)
+if [[ "$code" == 401 ]] && grep -q "read the cluster's ServiceAccount signing keys" "$WORK/api.log"; then
+  ok "a forged signature is refused against the cluster's published keys (401, keys read through issuer discovery)"
+else
+  fail "a forged signature is refused against the cluster's published keys" \
+    "HTTP $code; $(grep -m1 "ServiceAccount signing keys" "$WORK/api.log" || echo 'no key read in the API log')"
+fi
 
 verified() {
   curl -s --max-time 5 "http://127.0.0.1:$RECEIVER_PORT/received" >"$WORK/received.json" &&

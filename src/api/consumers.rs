@@ -19,8 +19,8 @@ use super::caller::Caller;
 use super::error::ApiError;
 use super::listing::{page_limit, query};
 use super::openapi::responses;
-use crate::auth::Scope;
 use crate::auth::tokens::{self, TokenRequest};
+use crate::auth::{Scope, sessions};
 use crate::db;
 use crate::domain;
 
@@ -473,9 +473,12 @@ pub struct ConsumerTokenOut {
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PortalOut {
-    /// the customer portal, signed in with a fresh consumer token in the URL fragment
-    /// (which browsers never send to a server)
+    /// the customer portal, with a one-time sign-in code in the URL fragment (which
+    /// browsers never send to a server): it works once, within 5 minutes, and the page
+    /// trades it for a browser session, so the token is never in the browser's history
     url: String,
+    /// the consumer token the code stands for, for a server that calls the API for the
+    /// customer itself; never put it in a URL
     token: String,
     expires_at: DateTime<Utc>,
 }
@@ -487,6 +490,7 @@ async fn mint(
     uid: Result<Path<String>, PathRejection>,
     headers: &HeaderMap,
     body: Body,
+    sign_in_code: Option<&[u8; 32]>,
 ) -> Result<(String, DateTime<Utc>), ApiError> {
     caller.require(Scope::Manage)?;
     caller.require_tenant_wide()?;
@@ -529,6 +533,10 @@ async fn mint(
         tokens::CreateTokenError::Invalid(m) => ApiError::unprocessable("invalid_field", m),
         tokens::CreateTokenError::Db(e) => e.into(),
     })?;
+    if let Some(code_hash) = sign_in_code {
+        let ttl = chrono::Duration::from_std(sessions::CODE_TTL).expect("a small duration");
+        db::sign_in::insert_code(&mut tx, code_hash, created.id, Utc::now() + ttl).await?;
+    }
     tx.commit().await.map_err(db::DbError::from)?;
     tracing::info!(tenant = %tenant, consumer = %uid, token = %created.id, ttl_seconds = ttl, "consumer token minted");
     Ok((created.token, expires_at))
@@ -566,7 +574,7 @@ pub async fn create_token(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (token, expires_at) = mint(&caller, &state, uid, &headers, body).await?;
+    let (token, expires_at) = mint(&caller, &state, uid, &headers, body, None).await?;
     Ok((
         StatusCode::CREATED,
         Json(ConsumerTokenOut { token, expires_at }),
@@ -581,8 +589,10 @@ pub async fn create_token(
     tag = "consumers",
     operation_id = "createPortalLink",
     summary = "A customer portal link for one consumer (scope: manage)",
-    description = "The URL carries a fresh consumer token in its fragment. It is relative to \
-        the API unless HOOKD_PUBLIC_URL is set.",
+    description = "The URL carries a one-time sign-in code (not the token) in its fragment: \
+        the portal exchanges it, once and within 5 minutes, for a browser session. Open or \
+        embed the link right away; mint one per page view. It is relative to the API unless \
+        HOOKD_PUBLIC_URL is set.",
     params(("uid" = String, Path, description = "The consumer's uid")),
     request_body(content = Option<ConsumerTokenIn>, content_type = "application/json"),
     responses(
@@ -606,7 +616,8 @@ pub async fn create_portal(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (token, expires_at) = mint(&caller, &state, uid, &headers, body).await?;
+    let (code, code_hash) = sessions::generate_code();
+    let (token, expires_at) = mint(&caller, &state, uid, &headers, body, Some(&code_hash)).await?;
     let base = state
         .manage
         .public_url
@@ -616,7 +627,7 @@ pub async fn create_portal(
     Ok((
         StatusCode::CREATED,
         Json(PortalOut {
-            url: format!("{base}/portal#token={token}"),
+            url: format!("{base}/portal#code={code}"),
             token,
             expires_at,
         }),

@@ -59,6 +59,31 @@ impl ApiError {
     pub fn unprocessable(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, code, message)
     }
+    /// A sign-in code that is unknown, used already, expired, or whose token was revoked:
+    /// one answer for all four, so a guesser learns nothing.
+    pub fn sign_in_code_invalid() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "sign_in_code_invalid",
+            "this sign-in link was used already or has expired; ask for a new one",
+        )
+    }
+    /// A session is made from a `hookd_` token only (a ServiceAccount token is for
+    /// workloads, and with authentication off there is no credential to make it of).
+    pub fn session_needs_token() -> Self {
+        Self::unprocessable(
+            "session_needs_token",
+            "a browser session is made from a hookd_ API token; this request carries none",
+        )
+    }
+    /// Sign-out with a credential that is not a browser session: a token is revoked with
+    /// `DELETE /v1/tokens/{id}`, never by presenting it.
+    pub fn not_a_session() -> Self {
+        Self::unprocessable(
+            "not_a_session",
+            "this credential is not a browser session; revoke a token with DELETE /v1/tokens/{id}",
+        )
+    }
     pub fn not_found(what: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,

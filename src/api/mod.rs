@@ -12,6 +12,7 @@ mod listing;
 mod messages;
 pub mod openapi;
 pub mod server;
+mod sessions;
 mod settings;
 mod tokens;
 
@@ -215,6 +216,8 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(consumers::get_deletion))
         .routes(routes!(tokens::list))
         .routes(routes!(tokens::revoke))
+        .routes(routes!(sessions::create, sessions::end))
+        .routes(routes!(sessions::from_code))
         .routes(routes!(whoami))
         .routes(routes!(deliveries::get))
         .routes(routes!(deliveries::replay))

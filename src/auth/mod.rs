@@ -12,7 +12,9 @@
 //! name ever appear.
 
 mod cache;
+pub mod cluster_keys;
 pub mod service_account;
+pub mod sessions;
 pub mod tokens;
 
 use std::sync::Arc;

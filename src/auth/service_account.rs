@@ -1,6 +1,7 @@
 //! Kubernetes ServiceAccount tokens: a pod presents its projected token (audience
-//! `hookd`); the API asks the Kubernetes API server about it with a TokenReview and maps
-//! the ServiceAccount to a tenant.
+//! `hookd`); the API checks its signature against the cluster's published keys
+//! ([`super::cluster_keys`]), then asks the Kubernetes API server about it with a
+//! TokenReview and maps the ServiceAccount to a tenant.
 //!
 //! Tenant mapping: the ServiceAccount's namespace, unless the operator's
 //! `HOOKD_AUTH_NAMESPACE_TENANTS` (`namespace=tenant,…`) says otherwise. The mapping lives
@@ -17,6 +18,7 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::PostParams;
 
 use super::cache::TtlCache;
+use super::cluster_keys::{Check, ClusterKeys};
 use super::{AuthError, Principal, Scope, Subject};
 
 /// The audience a token must be issued for (`serviceAccountToken.audience` in the pod's
@@ -45,6 +47,12 @@ pub const STALE_POSITIVE_TTL: Duration = Duration::from_secs(120);
 /// unauthenticated flood of distinct tokens therefore gets 503s from hookd instead of
 /// turning into a flood of reviews that would get every tenant's callers throttled.
 pub const MAX_REVIEWS_PER_SEC: f64 = 20.0;
+/// The part of `MAX_REVIEWS_PER_SEC` that tokens not known to be the cluster's may use:
+/// tokens that could not be verified (no published keys) and whose issuer and key id are
+/// not ones earlier reviews confirmed. The rest is reserved for verified (or matching)
+/// tokens, which may also use this part when theirs is spent; a flood of made-up tokens
+/// therefore never takes more than this from real ServiceAccounts.
+pub const UNMATCHED_REVIEWS_PER_SEC: f64 = 5.0;
 /// A TokenReview slower than this is treated as the API server being unreachable (503).
 pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 const CACHE_MAX_ENTRIES: usize = 10_000;
@@ -91,15 +99,37 @@ struct Verdict {
     fresh_until: Instant,
 }
 
-/// A token bucket of TokenReviews, `MAX_REVIEWS_PER_SEC` per second.
+/// The TokenReviews one process may send: `MAX_REVIEWS_PER_SEC` in all, of which
+/// tokens not known to be the cluster's get `UNMATCHED_REVIEWS_PER_SEC` at most.
 struct ReviewBudget {
+    reserved: Bucket,
+    shared: Bucket,
+}
+
+impl ReviewBudget {
+    fn new() -> Self {
+        ReviewBudget {
+            reserved: Bucket::new(MAX_REVIEWS_PER_SEC - UNMATCHED_REVIEWS_PER_SEC),
+            shared: Bucket::new(UNMATCHED_REVIEWS_PER_SEC),
+        }
+    }
+
+    /// One review for a token; `matching`: verified against the cluster's keys, or (with
+    /// no keys) of an issuer and key id that reviews confirmed.
+    fn take(&self, matching: bool, now: Instant) -> bool {
+        (matching && self.reserved.take(now)) || self.shared.take(now)
+    }
+}
+
+/// A token bucket, `rate` per second and as many in a burst.
+struct Bucket {
     rate: f64,
     state: Mutex<(f64, Instant)>,
 }
 
-impl ReviewBudget {
+impl Bucket {
     fn new(rate: f64) -> Self {
-        ReviewBudget {
+        Bucket {
             rate,
             state: Mutex::new((rate, Instant::now())),
         }
@@ -124,22 +154,25 @@ pub struct ServiceAccounts {
     policy: ServiceAccountPolicy,
     cache: TtlCache<Verdict>,
     budget: ReviewBudget,
+    keys: ClusterKeys,
 }
 
 impl ServiceAccounts {
     pub fn new(client: kube::Client, policy: ServiceAccountPolicy) -> Self {
         ServiceAccounts {
+            keys: ClusterKeys::new(client.clone()),
             client,
             policy,
             cache: TtlCache::new(CACHE_MAX_ENTRIES),
-            budget: ReviewBudget::new(MAX_REVIEWS_PER_SEC),
+            budget: ReviewBudget::new(),
         }
     }
 
-    /// Only a token that could be a live ServiceAccount token for us (a JWT whose unverified
-    /// claims name audience `hookd` and an `exp` in the future) is ever sent to the API
-    /// server; anything else is refused here, at no cost to anyone. A forger can of course
-    /// write such claims, which is what the review budget bounds.
+    /// Only a token that could be a live ServiceAccount token for us (a JWT whose claims
+    /// name audience `hookd` and an `exp` in the future) and that the cluster's published
+    /// keys do not refute is ever sent to the API server; anything else is refused here, at
+    /// no cost to anyone. Without published keys a forger can write such a token, which is
+    /// what the review budget and its reserved share bound.
     pub async fn verify(&self, token: &str) -> Result<Principal, AuthError> {
         let Some(left) = plausible_token(token) else {
             tracing::debug!("not a JWT for audience hookd with a future exp; no TokenReview");
@@ -153,7 +186,18 @@ impl ServiceAccounts {
         {
             return v.principal.clone().ok_or(AuthError::Invalid);
         }
-        if !self.budget.take(now) {
+        let matching = match self.keys.check(token).await {
+            Check::Forged(why) => {
+                tracing::debug!(
+                    reason = why,
+                    "ServiceAccount token refused by the cluster's keys; no TokenReview"
+                );
+                return Err(AuthError::Invalid);
+            }
+            Check::Verified => true,
+            Check::Unverifiable { matching } => matching,
+        };
+        if !self.budget.take(matching, now) {
             if let Some(Verdict {
                 principal: Some(p), ..
             }) = cached
@@ -187,6 +231,9 @@ impl ServiceAccounts {
                 Ok(Ok(r)) => r,
             };
         let principal = self.judge(&reviewed);
+        if principal.is_some() {
+            self.keys.confirm(token);
+        }
         let (fresh_until, until) = if principal.is_some() {
             (
                 now + POSITIVE_TTL.min(left),
@@ -377,8 +424,21 @@ mod tests {
     }
 
     #[test]
+    fn the_review_budget_keeps_a_share_for_matching_tokens() {
+        let b = ReviewBudget::new();
+        let t0 = Instant::now();
+        let unmatched = (0..100).filter(|_| !b.take(false, t0)).count();
+        assert_eq!(100 - unmatched, UNMATCHED_REVIEWS_PER_SEC as usize);
+        let reserved = (0..100).filter(|_| b.take(true, t0)).count();
+        assert_eq!(
+            reserved,
+            (MAX_REVIEWS_PER_SEC - UNMATCHED_REVIEWS_PER_SEC) as usize
+        );
+    }
+
+    #[test]
     fn the_review_budget_refills_at_its_rate() {
-        let b = ReviewBudget::new(2.0);
+        let b = Bucket::new(2.0);
         let t0 = Instant::now();
         assert!(b.take(t0) && b.take(t0));
         assert!(!b.take(t0));

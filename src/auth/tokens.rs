@@ -25,7 +25,7 @@ const SECRET_LEN: usize = 43;
 /// Characters of a token kept in the table and shown by `hookd token list`: the prefix
 /// and 8 characters (48 bits) of the secret — enough to tell tokens apart, far too few
 /// to guess the other 208 bits.
-const DISPLAY_LEN: usize = TOKEN_PREFIX.len() + 8;
+pub(crate) const DISPLAY_LEN: usize = TOKEN_PREFIX.len() + 8;
 
 /// How long a verification result is reused. This bounds how long a revoked token keeps
 /// working (the README promises "within 5 seconds") while sparing Postgres one lookup

@@ -9,6 +9,7 @@ pub mod endpoints;
 pub mod events;
 pub mod retention;
 pub mod secrets;
+pub mod sign_in;
 pub mod tokens;
 
 use std::time::Duration;

@@ -127,7 +127,7 @@ async fn root() -> Response {
             "portal": "/portal",
             "openapi": "/openapi.json",
             "health": "/healthz",
-            "message": "this is the hookd API; the operator console is at /ui (sign in with a token: /ui#token=...), the API is described at /openapi.json",
+            "message": "this is the hookd API; the operator console is at /ui (sign in there with an API token), the API is described at /openapi.json",
         })),
     )
         .into_response()

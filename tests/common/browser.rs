@@ -116,7 +116,7 @@ impl Hookd {
 pub struct Browser {
     pub client: Client,
     _driver: DriverProcess,
-    _profile: TempDir,
+    profile_dir: TempDir,
 }
 
 /// chromedriver, in a process group of its own that holds the Chromium it launches: on
@@ -226,8 +226,19 @@ impl Browser {
         Some(Browser {
             client,
             _driver: driver,
-            _profile: profile,
+            profile_dir: profile,
         })
+    }
+
+    /// The `--user-data-dir` of this Chromium (a fresh directory per browser).
+    pub fn profile(&self) -> &Path {
+        self.profile_dir.path()
+    }
+
+    /// Ends the WebDriver session: chromedriver closes Chromium the way a user quitting it
+    /// would, so the profile (History, session restore files, storage) is written out.
+    pub async fn quit(&self) {
+        self.client.clone().close().await.unwrap();
     }
 
     pub async fn goto(&self, url: &str) {

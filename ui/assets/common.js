@@ -38,17 +38,34 @@ export function put(el, ...children) {
   return el;
 }
 
-/** The token of this tab: from the `#token=` fragment if there is one (then removed from
- *  the address bar and history, so it is not bookmarked, shared or shown over a shoulder;
- *  a fragment never reaches a server log), else the one this tab signed in with.
- *  sessionStorage, not localStorage: a token lives as long as its tab. */
-export function takeToken(key) {
-  const m = location.hash.match(/^#token=([^&]+)/);
-  if (m) {
-    sessionStorage.setItem(key, decodeURIComponent(m[1]));
-    history.replaceState(null, "", location.pathname + location.search);
-  }
-  return sessionStorage.getItem(key);
+/** What a link brought in its fragment: `#code=` (a portal link's one-time code) or, from
+ *  older links, `#token=`. The fragment is removed from the address bar at once, before
+ *  anything else happens (a fragment never reaches a server log, but it does reach the
+ *  browser's history: that is why links carry a short-lived, single-use code). */
+export function takeCredential() {
+  const m = location.hash.match(/^#(code|token)=([^&]+)/);
+  if (!m) return null;
+  history.replaceState(null, "", location.pathname + location.search);
+  return { [m[1]]: decodeURIComponent(m[2]) };
+}
+
+/** Whether the fragment carries a credential (see takeCredential). */
+export function fragmentHasCredential() {
+  return /^#(code|token)=/.test(location.hash);
+}
+
+/** Trades a credential for a browser session and keeps only the session, in this tab's
+ *  sessionStorage (a tab's life, and never the token or the code itself): a code with
+ *  POST /v1/sessions/from-code, a token with POST /v1/sessions. Resolves to the session
+ *  token; rejects with an ApiError (401 `sign_in_code_invalid` for a used or expired code). */
+export async function openSession(key, credential) {
+  sessionStorage.removeItem(key);
+  const api = client(() => credential.token);
+  const s = credential.code
+    ? await api("POST", "/v1/sessions/from-code", { code: credential.code }, { anonymous: true })
+    : await api("POST", "/v1/sessions", {});
+  sessionStorage.setItem(key, s.token);
+  return s.token;
 }
 
 export class ApiError extends Error {
@@ -63,7 +80,7 @@ export class ApiError extends Error {
  *  `{raw: true}`, `{json, text}`), rejects with an ApiError carrying the API's code. */
 export function client(getToken) {
   return async function api(method, path, body, opts = {}) {
-    const headers = { authorization: "Bearer " + getToken() };
+    const headers = opts.anonymous ? {} : { authorization: "Bearer " + getToken() };
     const init = { method, headers, cache: "no-store", credentials: "omit" };
     if (body !== undefined) {
       headers["content-type"] = "application/json";

@@ -1,10 +1,13 @@
 // The operator console. One page for every /ui/... address: the path picks the view and
 // links are ordinary links (full page loads keep back, reload and "open in new tab"
-// working; the token stays in this tab's sessionStorage).
+// working). Signing in trades the operator's token for a browser session (POST
+// /v1/sessions); only that session stays in this tab's sessionStorage, never the token.
 import {
   h,
   put,
-  takeToken,
+  takeCredential,
+  fragmentHasCredential,
+  openSession,
   client,
   errorBox,
   rawMember,
@@ -23,7 +26,7 @@ import {
 } from "./common.js";
 
 const TOKEN_KEY = "hookd.console.token";
-let token = takeToken(TOKEN_KEY);
+let token = null;
 const api = client(() => token);
 const main = document.getElementById("main");
 const PAGE = 50;
@@ -37,6 +40,41 @@ const enc = encodeURIComponent;
 
 function show(...children) {
   put(main, ...children);
+}
+
+/** Trades a token (typed, or from an older `#token=` link) for a session. A credential
+ *  that cannot make one (a ServiceAccount token, or any text while authentication is off)
+ *  is kept as it is: a ServiceAccount token is short-lived already. */
+async function signInWith(credential) {
+  try {
+    token = await openSession(TOKEN_KEY, credential);
+  } catch (e) {
+    if (e.status !== 422 || !credential.token) throw e;
+    token = credential.token;
+    sessionStorage.setItem(TOKEN_KEY, token);
+  }
+}
+
+/** Signs in with what the address brought, else with this tab's session; then the page. */
+async function boot() {
+  const credential = takeCredential();
+  if (credential) {
+    try {
+      await signInWith(credential);
+    } catch (e) {
+      token = null;
+      return signIn(
+        e.status === 401
+          ? credential.code
+            ? "That sign-in link was used already or has expired (401)."
+            : "That token was refused (401): it is unknown, revoked or expired."
+          : `Could not sign in: ${e.message}`,
+      );
+    }
+  } else {
+    token = sessionStorage.getItem(TOKEN_KEY);
+  }
+  await start();
 }
 
 async function start() {
@@ -67,10 +105,21 @@ function signIn(message) {
     {
       class: "card narrow",
       on: {
-        submit: (ev) => {
+        submit: async (ev) => {
           ev.preventDefault();
-          token = input.value.trim();
-          sessionStorage.setItem(TOKEN_KEY, token);
+          // the typed token is sent once and never kept: the tab holds a session
+          const typed = input.value.trim();
+          input.value = "";
+          try {
+            await signInWith({ token: typed });
+          } catch (e) {
+            token = null;
+            return signIn(
+              e.status === 401
+                ? "That token was refused (401): it is unknown, revoked or expired."
+                : `Could not sign in: ${e.message}`,
+            );
+          }
           start();
         },
       },
@@ -81,7 +130,7 @@ function signIn(message) {
     h(
       "p",
       { class: "muted" },
-      "A hookd_… token from `hookd token create`, with scope read (operate to replay, manage to change endpoints). It is kept in this browser tab only.",
+      "A hookd_… token from `hookd token create`, with scope read (operate to replay, manage to change endpoints). It is sent once and not kept: this tab keeps a session that ends within 12 hours, or when the token is revoked.",
     ),
     h("button", { type: "submit" }, "Sign in"),
   );
@@ -120,7 +169,13 @@ function chrome() {
         type: "button",
         class: "link",
         on: {
-          click: () => {
+          click: async () => {
+            // the session ends on the server too: a copy the browser left on disk is dead
+            try {
+              await api("DELETE", "/v1/sessions");
+            } catch {
+              // not a session (a ServiceAccount token), or hookd is unreachable: sign out here anyway
+            }
             sessionStorage.removeItem(TOKEN_KEY);
             location.assign("/ui");
           },
@@ -679,12 +734,10 @@ function portalButton(uid, cell) {
   );
 }
 
-// A link with a fresh `#token=` opened in this tab, or an embedding page that changes
+// A link with a fresh `#code=` or `#token=` opened in this tab, or an embedding page that changes
 // only the fragment, brings a new token without a reload: take it and start over.
 window.addEventListener("hashchange", () => {
-  if (!location.hash.startsWith("#token=")) return;
-  token = takeToken(TOKEN_KEY);
-  start();
+  if (fragmentHasCredential()) boot();
 });
 
-start();
+boot();

@@ -1,11 +1,14 @@
-// The customer portal: one consumer's endpoints, test events and deliveries, with a
-// consumer token (opened as /portal#token=…, minted by POST /v1/consumers/{uid}/portal).
-// The token confines every call to the consumer, so the page needs no checks of its own
-// about whose data it shows: the API answers 404 for anything else.
+// The customer portal: one consumer's endpoints, test events and deliveries. Opened as
+// /portal#code=… (a link from POST /v1/consumers/{uid}/portal): the one-time code is
+// traded for a browser session of the consumer's token, and only that session is kept.
+// It confines every call to the consumer, so the page needs no checks of its own about
+// whose data it shows: the API answers 404 for anything else.
 import {
   h,
   put,
-  takeToken,
+  takeCredential,
+  fragmentHasCredential,
+  openSession,
   client,
   errorBox,
   fmtTime,
@@ -18,12 +21,50 @@ import {
 } from "./common.js";
 
 const TOKEN_KEY = "hookd.portal.token";
-let token = takeToken(TOKEN_KEY);
+let token = null;
 const api = client(() => token);
 const app = document.getElementById("app");
 const enc = encodeURIComponent;
 let who = { consumer: null, scopes: [] };
 const can = (scope) => who.scopes.includes(scope);
+
+/** Signs in with what the address brought (a code, or a token from an older link), else
+ *  with this tab's session, then shows the page. */
+async function boot() {
+  const credential = takeCredential();
+  if (credential) {
+    try {
+      token = await openSession(TOKEN_KEY, credential);
+    } catch (e) {
+      token = null;
+      if (e.status === 401) return linkDead(credential.code !== undefined);
+      return put(app, errorBox(e, "Could not sign in"));
+    }
+  } else {
+    token = sessionStorage.getItem(TOKEN_KEY);
+  }
+  await start();
+}
+
+/** A link that cannot sign in any more: what happened and what to do, in words. */
+function linkDead(wasCode) {
+  put(document.getElementById("who"));
+  put(
+    app,
+    h(
+      "div",
+      { class: "card narrow", id: "link-dead" },
+      h("h1", {}, "This link has expired"),
+      h(
+        "p",
+        { role: "alert" },
+        wasCode
+          ? "A sign-in link works once, within a few minutes of being made, and this one was used already or is too old. Open the page again from where you found the link to get a fresh one."
+          : "The access token in this link is unknown, expired or revoked. Open the page again from where you found the link to get a fresh one.",
+      ),
+    ),
+  );
+}
 
 async function start() {
   if (!token) return signIn("Open this page from the link you were given; it signs you in.");
@@ -54,10 +95,17 @@ function signIn(message) {
       {
         class: "card narrow",
         on: {
-          submit: (ev) => {
+          submit: async (ev) => {
             ev.preventDefault();
-            token = input.value.trim();
-            sessionStorage.setItem(TOKEN_KEY, token);
+            // the typed token is sent once and never kept: the tab holds a session
+            const typed = input.value.trim();
+            input.value = "";
+            try {
+              token = await openSession(TOKEN_KEY, { token: typed });
+            } catch (e) {
+              token = null;
+              return signIn(e.status === 401 ? "That token was refused: it is unknown, expired or revoked." : e.message);
+            }
             start();
           },
         },
@@ -377,12 +425,10 @@ async function deliveryDetail(id, cell, refresh) {
   );
 }
 
-// A link with a fresh `#token=` opened in this tab, or an embedding page that changes
+// A link with a fresh `#code=` (or `#token=`) opened in this tab, or an embedding page that changes
 // only the fragment, brings a new token without a reload: take it and start over.
 window.addEventListener("hashchange", () => {
-  if (!location.hash.startsWith("#token=")) return;
-  token = takeToken(TOKEN_KEY);
-  start();
+  if (fragmentHasCredential()) boot();
 });
 
-start();
+boot();
