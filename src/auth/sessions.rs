@@ -107,7 +107,7 @@ pub async fn redeem(pool: &sqlx::PgPool, code: &str) -> Result<Option<Session>, 
     if !well_formed_code(code) {
         return Ok(None);
     }
-    let mut tx = db::sign_in::begin(pool).await?;
+    let mut tx = db::begin(pool).await?;
     let Some(parent) = db::sign_in::take_code(&mut tx, &tokens::hash(code)).await? else {
         // commit anyway: an expired code's row is gone for good
         tx.commit().await?;

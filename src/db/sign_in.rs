@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::DbError;
+use super::{DbError, on};
 
 /// A session token row to insert; everything else is copied from its parent.
 #[derive(Debug, Clone)]
@@ -38,7 +38,7 @@ pub async fn insert_code(
     expires_at: DateTime<Utc>,
 ) -> Result<(), DbError> {
     sqlx::query("DELETE FROM hookd.sign_in_codes WHERE expires_at < now()")
-        .execute(&mut *conn)
+        .execute(on(&mut *conn))
         .await?;
     sqlx::query(
         "INSERT INTO hookd.sign_in_codes (code_hash, token_id, expires_at) VALUES ($1, $2, $3)",
@@ -46,7 +46,7 @@ pub async fn insert_code(
     .bind(code_hash)
     .bind(token_id)
     .bind(expires_at)
-    .execute(&mut *conn)
+    .execute(on(&mut *conn))
     .await?;
     Ok(())
 }
@@ -60,7 +60,7 @@ pub async fn take_code(conn: &mut PgConnection, code_hash: &[u8]) -> Result<Opti
          RETURNING token_id, expires_at > now()",
     )
     .bind(code_hash)
-    .fetch_optional(&mut *conn)
+    .fetch_optional(on(&mut *conn))
     .await?;
     Ok(row.and_then(|(id, fresh)| fresh.then_some(id)))
 }
@@ -92,14 +92,10 @@ pub async fn insert_session(
     .bind(&s.token_hash)
     .bind(&s.prefix)
     .bind(s.expires_at)
-    .fetch_optional(&mut *conn)
+    .fetch_optional(on(&mut *conn))
     .await?)
 }
 
-/// A fresh transaction for a code exchange (take the code, make the session).
-pub async fn begin(pool: &PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, DbError> {
-    Ok(pool.begin().await?)
-}
 
 /// Revokes the token `id` if it is a session (has a parent); whether it was one and live.
 /// A session ends itself this way (sign out); any other token is left alone.
@@ -109,7 +105,7 @@ pub async fn end_session(pool: &PgPool, id: Uuid) -> Result<bool, DbError> {
          WHERE id = $1 AND parent_id IS NOT NULL AND revoked_at IS NULL",
     )
     .bind(id)
-    .execute(pool)
+    .execute(on(pool))
     .await?
     .rows_affected()
         == 1)
