@@ -12,7 +12,7 @@
 //! # async fn run(token: &str) -> Result<(), Box<dyn std::error::Error>> {
 //! let hookd = hookd_client::Client::with_token("http://127.0.0.1:8080", token)?;
 //! let me = hookd.whoami().send().await?;
-//! println!("tenant {}", me.tenant);
+//! println!("tenant {:?}, scopes {:?}", me.tenant, me.scopes);
 //! # Ok(()) }
 //! ```
 //!
