@@ -159,11 +159,10 @@ fn schema_3_0(o: &mut Map<String, Value>) {
     if let Some(c) = o.remove("const") {
         o.insert("enum".into(), Value::Array(vec![c]));
     }
-    if o.get("examples").is_some_and(Value::is_array) {
-        if let Some(Value::Array(mut examples)) = o.remove("examples") {
-            if !examples.is_empty() {
-                o.insert("example".into(), examples.swap_remove(0));
-            }
-        }
+    if o.get("examples").is_some_and(Value::is_array)
+        && let Some(Value::Array(mut examples)) = o.remove("examples")
+        && !examples.is_empty()
+    {
+        o.insert("example".into(), examples.swap_remove(0));
     }
 }
