@@ -12,10 +12,11 @@ WORKDIR /src
 
 # Dependencies in their own layer: rebuilt only when Cargo.toml or Cargo.lock change.
 # Stub targets let cargo build every dependency without the sources. The workspace's
-# other member, the benchmark, is not built: cargo only needs its manifest to load the
-# workspace (and check Cargo.lock).
+# other members, the benchmark and the Rust client (a dev-dependency of hookd's tests), are
+# not built: cargo only needs their manifests to load the workspace (and check Cargo.lock).
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY bench/Cargo.toml ./bench/
+COPY clients/rust/Cargo.toml ./clients/rust/
 RUN mkdir src \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs \

@@ -2,7 +2,8 @@
 # The project's one test command: fmt, clippy and nextest over the workspace (hookd and
 # the bench crate), the install path against a real Kubernetes control plane
 # (e2e/run.sh --control-plane local) and a bounded schemathesis run
-# (scripts/schemathesis.sh) against a Postgres.
+# (scripts/schemathesis.sh), and the TypeScript client's tests (scripts/clients.sh) against
+# a Postgres.
 #
 # If DATABASE_URL is set it is used as is. Otherwise a throwaway cluster is
 # created in a fresh temp dir on a free 127.0.0.1 port and destroyed on exit
@@ -15,6 +16,7 @@
 #   HOOKD_TEST_SKIP_LINT=1  skip cargo fmt/clippy (quick local loops)
 #   HOOKD_TEST_SKIP_SCHEMATHESIS=1  skip the schemathesis run (quick local loops)
 #   HOOKD_TEST_SKIP_CONTROLPLANE=1  skip the control-plane e2e (quick local loops)
+#   HOOKD_TEST_SKIP_CLIENTS=1  skip the TypeScript client run (quick local loops)
 # Extra arguments are passed to `cargo nextest run`.
 set -euo pipefail
 
@@ -226,4 +228,11 @@ if [[ "${HOOKD_TEST_SKIP_SCHEMATHESIS:-0}" != 1 ]]; then
   bash scripts/schemathesis.sh
 else
   log "HOOKD_TEST_SKIP_SCHEMATHESIS=1: skipping the schemathesis run"
+fi
+
+if [[ "${HOOKD_TEST_SKIP_CLIENTS:-0}" != 1 ]]; then
+  log "the TypeScript client against a live hookd api"
+  bash scripts/clients.sh
+else
+  log "HOOKD_TEST_SKIP_CLIENTS=1: skipping the TypeScript client run"
 fi

@@ -258,3 +258,26 @@ pub mod responses {
     #[response(headers(("Retry-After" = u64, description = "seconds to wait")))]
     pub struct Unavailable(ErrorBody);
 }
+
+#[cfg(test)]
+mod tests {
+    /// clients/openapi.json is the document the API serves; the producer clients in
+    /// clients/ are generated from that file, so a route or field changed without it
+    /// fails here (and the clients follow once it is rewritten).
+    #[test]
+    fn clients_openapi_json_is_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/openapi.json");
+        // The served bytes, indented so that a change reads as a diff.
+        let rendered = super::document().to_pretty_json().unwrap() + "\n";
+        if std::env::var_os("HOOKD_UPDATE_DOCS").is_some() {
+            std::fs::write(path, &rendered).unwrap();
+        }
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == rendered,
+            "clients/openapi.json differs from the document the API serves; rerun with \
+             HOOKD_UPDATE_DOCS=1 cargo test --lib clients_openapi_json and regenerate the \
+             TypeScript types (cd clients/typescript && npm run generate)"
+        );
+    }
+}

@@ -316,6 +316,50 @@ pub(crate) fn dev_overlay_is_self_contained() {
     );
 }
 
+/// The endpoints API checks each endpoint URL against the outbound policy when it is
+/// created, so on kind the API must admit what the dev dispatcher admits, or the endpoints
+/// API and the portal would refuse every in-cluster receiver the dispatcher can reach.
+#[test]
+pub(crate) fn dev_overlay_gives_the_api_the_dispatchers_allowed_destinations() {
+    let objects = render("manifests/overlays/dev");
+    let (install, _) = check_install(&objects, &[]);
+    let dispatcher = install
+        .dispatchers
+        .iter()
+        .find(|d| d.name_any() == "default")
+        .unwrap();
+    let api = container(install.deployment("hookd-api"), "api");
+    // The value the API process sees: its own env, else what envFrom brings in.
+    let from_config_maps = || {
+        api.env_from.iter().flatten().find_map(|source| {
+            let name = &source.config_map_ref.as_ref()?.name;
+            install
+                .config_maps
+                .iter()
+                .find(|c| &c.name_any() == name)?
+                .data
+                .as_ref()?
+                .get("HOOKD_ALLOWED_DESTINATIONS")
+                .cloned()
+        })
+    };
+    let value = env(api, "HOOKD_ALLOWED_DESTINATIONS")
+        .and_then(|e| e.value.clone())
+        .or_else(from_config_maps)
+        .expect("the dev overlay gives hookd api HOOKD_ALLOWED_DESTINATIONS");
+    let api_cidrs: BTreeSet<&str> = value.split(',').map(str::trim).collect();
+    let dispatcher_cidrs: BTreeSet<&str> = dispatcher
+        .spec
+        .allowed_destinations
+        .iter()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        api_cidrs, dispatcher_cidrs,
+        "the API admits exactly what the dev dispatcher admits"
+    );
+}
+
 /// The e2e applies the dev overlay retagged to `hookd:e2e` plus its own objects; one
 /// `images:` entry must retag every hookd container and HOOKD_IMAGE, two levels down.
 #[test]
