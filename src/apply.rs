@@ -281,9 +281,10 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
                 if ep.metadata.namespace.is_none() {
                     ep.metadata.namespace = Some("default".into());
                 }
-                // Header values first: the same refusal as the CRD's CEL rule, but naming
-                // the header.
-                header_values(&ep).map_err(|e| invalid(object.clone(), e))?;
+                // Headers first: the rules of every door (the CRD's CEL rule says the
+                // same), naming the header.
+                crate::endpoints::validate_headers(&ep.spec.headers)
+                    .map_err(|e| invalid(object.clone(), format!("spec.{e}")))?;
                 // The CRD's CEL rules, evaluated locally: the same refusals kubectl would give.
                 ep.validate_cel()
                     .map_err(|e| invalid(object.clone(), e.to_string()))?;
@@ -388,25 +389,6 @@ fn known_fields(object: &serde_json::Value) -> Result<(), String> {
         Ok(())
     } else {
         Err(errs.join("; "))
-    }
-}
-
-/// A header value with CR or LF cannot be sent (the HTTP client drops it, silently): refuse
-/// it where it is declared instead.
-fn header_values(ep: &WebhookEndpoint) -> Result<(), String> {
-    let bad: Vec<String> = ep
-        .spec
-        .headers
-        .iter()
-        .filter(|(_, v)| v.contains(['\r', '\n']) || http::HeaderValue::from_str(v).is_err())
-        .map(|(k, _)| {
-            format!("spec.headers.{k}: header values must be one line of visible text (no CR, LF or other control characters)")
-        })
-        .collect();
-    if bad.is_empty() {
-        Ok(())
-    } else {
-        Err(bad.join("; "))
     }
 }
 

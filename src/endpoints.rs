@@ -24,8 +24,12 @@ pub const MAX_EVENT_TYPES: usize = 64;
 pub const MAX_HEADERS: usize = 32;
 
 /// Headers hookd sets itself, and the hop-by-hop and body-framing ones that would change
-/// how a delivery is sent or read; an endpoint cannot set them.
-const RESERVED_HEADERS: [&str; 15] = [
+/// how a delivery is sent or read (a `content-encoding: gzip` on a plain body makes every
+/// delivery unreadable to a standard receiver); an endpoint cannot set them, whichever
+/// door it comes in by. The API and `hookd apply` check them here, a WebhookEndpoint's CRD
+/// by [`HEADER_NAME_CEL`] (which lists the same names: a test ties the two), and the
+/// controller holds an object stored before its CRD refused the name.
+pub const RESERVED_HEADERS: [&str; 15] = [
     "content-type",
     "content-length",
     "host",
@@ -42,6 +46,24 @@ const RESERVED_HEADERS: [&str; 15] = [
     "proxy-connection",
     "proxy-authorization",
 ];
+
+/// The CRD's rule for `spec.headers` keys: [`RESERVED_HEADERS`] in CEL.
+pub const HEADER_NAME_CEL: &str = "self.all(k, k.matches('^[A-Za-z0-9-]{1,64}$') && !k.lowerAscii().startsWith('webhook-') && !(k.lowerAscii() in ['content-type', 'content-length', 'host', 'idempotency-key', 'user-agent', 'transfer-encoding', 'connection', 'content-encoding', 'expect', 'upgrade', 'te', 'trailer', 'keep-alive', 'proxy-connection', 'proxy-authorization']))";
+
+/// True for a name no endpoint may set (`webhook-*` and [`RESERVED_HEADERS`], any case).
+/// The dispatcher also skips these when it sends, for rows stored before a door refused
+/// them (`hookd apply` let `content-encoding` through).
+pub fn is_reserved_header(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower.starts_with("webhook-") || RESERVED_HEADERS.contains(&lower.as_str())
+}
+
+/// The one refusal of a header name, word for word in every door (the CRD's message).
+pub const HEADER_NAME_RULE: &str = "headers keys must be header names (letters, digits, '-'; at most 64) and must not set webhook-* or a header hookd sets or that changes how a delivery is framed: content-type, content-length, host, idempotency-key, user-agent, transfer-encoding, connection, content-encoding, expect, upgrade, te, trailer, keep-alive, proxy-connection, proxy-authorization";
+
+/// The one refusal of a header value, in every door (the CRD's message).
+pub const HEADER_VALUE_RULE: &str =
+    "headers values must be one line of visible text (no CR, LF or other control characters)";
 
 /// A syntactically valid http(s) URL without credentials, and not a literal private,
 /// loopback, link-local or metadata address unless `allow` admits it.
@@ -116,21 +138,18 @@ pub fn validate_headers(headers: &BTreeMap<String, String>) -> Result<(), String
         ));
     }
     for (k, v) in headers {
-        let lower = k.to_ascii_lowercase();
         if k.is_empty()
             || k.len() > 64
             || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            || lower.starts_with("webhook-")
-            || RESERVED_HEADERS.contains(&lower.as_str())
+            || is_reserved_header(k)
         {
-            return Err(format!(
-                "headers key {k:?} must be a header name (letters, digits, '-') and must not be webhook-* or one of {RESERVED_HEADERS:?}"
-            ));
+            return Err(format!("headers key {k:?}: {HEADER_NAME_RULE}"));
         }
-        if v.len() > 4096 || v.contains(['\r', '\n']) || http::HeaderValue::from_str(v).is_err() {
-            return Err(format!(
-                "headers.{k}: values must be one line of visible text, at most 4096 bytes"
-            ));
+        if v.contains(['\r', '\n']) || http::HeaderValue::from_str(v).is_err() {
+            return Err(format!("headers.{k}: {HEADER_VALUE_RULE}"));
+        }
+        if v.len() > 4096 {
+            return Err(format!("headers.{k}: values are at most 4096 bytes"));
         }
     }
     Ok(())
@@ -210,6 +229,22 @@ pub async fn store_secret(
 
 #[cfg(test)]
 mod tests {
+
+    /// The CRD's CEL rule lists exactly the names the API and `hookd apply` refuse.
+    #[test]
+    fn the_crd_rule_lists_the_reserved_headers() {
+        let list = HEADER_NAME_CEL.split(" in [").nth(1).unwrap();
+        let list = list.split(']').next().unwrap();
+        let names: Vec<&str> = list
+            .split(',')
+            .map(|n| n.trim().trim_matches('\''))
+            .collect();
+        assert_eq!(names, RESERVED_HEADERS);
+        for name in RESERVED_HEADERS {
+            assert!(HEADER_NAME_RULE.contains(name), "{name}");
+        }
+    }
+
     use super::*;
 
     #[test]

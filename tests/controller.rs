@@ -1466,6 +1466,77 @@ async fn foreign_tenant_is_refused_and_nothing_subscribes(pool: PgPool) {
     assert_eq!(n, 0, "billing's event reached no endpoint of team-a");
 }
 
+/// One header rule for every door (issue 30): `Content-Encoding: gzip` on an endpoint
+/// would make every delivery unreadable to a standard receiver. The API, `hookd apply` and
+/// the CRD's CEL rule refuse it with one message; before, the API refused it and the CRD
+/// and `hookd apply` (7 reserved names against 15) stored it.
+#[sqlx::test]
+async fn content_encoding_is_refused_by_every_door_with_one_message(pool: PgPool) {
+    let rule = hookd::endpoints::HEADER_NAME_RULE;
+    // the API
+    let api = common::TestApi::start(&pool).await;
+    let (status, body) = common::send(
+        api.request_as(common::DEFAULT_TENANT, reqwest::Method::POST, "/v1/endpoints")
+            .await
+            .json(&json!({"url": "https://example.com/hook", "headers": {"Content-Encoding": "gzip"}})),
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains(rule), "{body}");
+    // `hookd apply`
+    let yaml = r#"
+apiVersion: hookd.dev/v1alpha1
+kind: WebhookEndpoint
+metadata: {name: gz, namespace: team-a}
+spec:
+  url: https://example.com/hook
+  eventTypes: ["*"]
+  secretRef: {name: s}
+  headers: {Content-Encoding: gzip}
+"#;
+    let err = hookd::apply::parse_documents(std::path::Path::new("gz.yaml"), yaml)
+        .err()
+        .expect("hookd apply refuses it")
+        .to_string();
+    assert!(err.contains(rule), "{err}");
+    // the CRD's CEL rule, evaluated as the API server would
+    let ep = endpoint_object("gz", true, json!({"headers": {"Content-Encoding": "gzip"}}));
+    let err = ep.validate_cel().expect_err("the CRD refuses it").to_string();
+    assert!(err.contains(rule), "{err}");
+}
+
+/// An object stored before its CRD refused a header (an older hookd's CRD; the API server
+/// does not check stored objects again) is held: `Ready=False/InvalidSpec`, nothing synced.
+#[sqlx::test]
+async fn a_stored_spec_the_rules_refuse_is_held(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let ep = endpoint_object("gz", true, json!({"headers": {"Content-Encoding": "gzip"}}));
+    let run = tokio::spawn(endpoint_controller::reconcile(Arc::new(ep.clone()), ctx));
+    let patch = api
+        .expect(
+            "PATCH",
+            &format!("{}/status", ep_path("gz")),
+            with_status(&ep),
+        )
+        .await;
+    let ready = condition(&patch.body["status"], "Ready");
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("False"), Some("InvalidSpec"))
+    );
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap()
+            .contains(hookd::endpoints::HEADER_NAME_RULE)
+    );
+    let event = api.expect("POST", EVENTS_PATH, echo(201)).await;
+    assert_eq!(event.body["reason"].as_str(), Some("InvalidSpec"));
+    run.await.unwrap().unwrap();
+    api.expect_no_more().await;
+    assert!(endpoint_row(&pool, "gz").await.is_none());
+}
+
 /// An endpoint that was accepted and then asks for a foreign tenant keeps its last
 /// accepted row (its own tenant) but is held: its deliveries wait, nothing of the other
 /// tenant reaches it.

@@ -418,6 +418,24 @@ else
   fail "invalid spec refused with the CEL message" "$(head -c 300 "$WORK/invalid.err")"
 fi
 
+# One header rule in every door (src/endpoints.rs): the API server's CEL gives the API's
+# and `hookd apply`'s message for a framing header.
+if kubectl apply -f - >/dev/null 2>"$WORK/gzip.err" <<'EOF'; then
+apiVersion: hookd.dev/v1alpha1
+kind: WebhookEndpoint
+metadata: {name: gzip, namespace: team-a}
+spec:
+  url: https://receiver.example.com/hooks
+  secretRef: {name: orders-signing}
+  headers: {Content-Encoding: gzip}
+EOF
+  fail "a Content-Encoding header refused with the endpoint rules' message" "the API server accepted it"
+elif grep -q "must not set webhook-\\* or a header hookd sets" "$WORK/gzip.err"; then
+  ok "a Content-Encoding header refused with the endpoint rules' message"
+else
+  fail "a Content-Encoding header refused with the endpoint rules' message" "$(head -c 300 "$WORK/gzip.err")"
+fi
+
 live_secrets() {
   sql "SELECT count(*) FROM hookd.endpoint_secrets s JOIN hookd.endpoints e ON e.id = s.endpoint_id
        WHERE e.k8s_namespace = '$1' AND e.k8s_name = '$2' AND (s.not_after IS NULL OR s.not_after > now())"

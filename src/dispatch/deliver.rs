@@ -137,9 +137,10 @@ fn signed_headers(d: &ClaimedDelivery, secrets: &[SigningSecret]) -> HeaderMap {
     let signature = signing::signature_header(secrets, &id, ts, d.payload.as_bytes());
 
     let mut headers = HeaderMap::with_capacity(12);
-    // Static endpoint headers first, so the protocol headers below always win.
+    // Static endpoint headers first, so the protocol headers below always win; never a
+    // reserved one, whatever an older door stored.
     if let Some(map) = d.headers.0.as_object() {
-        for (k, v) in map {
+        for (k, v) in map.iter().filter(|(k, _)| !crate::endpoints::is_reserved_header(k)) {
             if let (Ok(name), Some(Ok(value))) = (
                 HeaderName::from_bytes(k.as_bytes()),
                 v.as_str().map(HeaderValue::from_str),
@@ -214,4 +215,46 @@ fn error_chain(e: &reqwest::Error) -> String {
         s.truncate(cut);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row stored before every door refused framing headers (an older `hookd apply`
+    /// stored `content-encoding`) never sends one: a receiver would read the plain body as
+    /// gzip and every delivery would fail.
+    #[test]
+    fn reserved_headers_stored_by_an_older_door_are_not_sent() {
+        let now = Utc::now();
+        let d = ClaimedDelivery {
+            id: uuid::Uuid::now_v7(),
+            event_id: uuid::Uuid::now_v7(),
+            endpoint_id: uuid::Uuid::now_v7(),
+            tenant: "t".into(),
+            consumer: None,
+            attempts: 1,
+            claim_token: uuid::Uuid::now_v7(),
+            attempt_seq: 1,
+            config_version: 1,
+            lease_until: now,
+            event_type: "a.b".into(),
+            payload: "{}".into(),
+            event_created_at: now,
+            url: "https://example.com".into(),
+            headers: sqlx::types::Json(serde_json::json!({
+                "Content-Encoding": "gzip", "Webhook-Id": "forged", "X-Team": "billing"
+            })),
+            timeout_ms: None,
+            max_attempts: None,
+            retry_schedule_secs: None,
+            secret_ids: vec![],
+            secret_key_ids: vec![],
+            secret_ciphertexts: vec![],
+        };
+        let h = signed_headers(&d, &[]);
+        assert!(h.get("content-encoding").is_none());
+        assert_eq!(h["webhook-id"], d.id.to_string().as_str());
+        assert_eq!(h["x-team"], "billing");
+    }
 }

@@ -95,12 +95,13 @@ pub struct WebhookEndpointSpec {
     #[schemars(range(min = 1, max = 10000))]
     pub max_in_flight: Option<u32>,
 
-    /// Extra headers sent with every delivery (cannot override webhook-* or content headers).
+    /// Extra headers sent with every delivery (cannot set webhook-*, content or framing headers).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     // a value with CR, LF or another control character cannot be sent (the HTTP client
     // drops it): refused at `kubectl apply` as `hookd apply` refuses it
-    #[x_kube(validation = Rule::new(r"self.all(k, !self[k].matches('[\\x00-\\x08\\x0a-\\x1f\\x7f]'))").message("headers values must be one line of visible text (no CR, LF or other control characters)"))]
-    #[x_kube(validation = Rule::new(r"self.all(k, k.matches('^[A-Za-z0-9-]{1,64}$') && !k.lowerAscii().startsWith('webhook-') && !(k.lowerAscii() in ['content-type', 'content-length', 'host', 'idempotency-key', 'user-agent', 'transfer-encoding', 'connection']))").message("headers keys must be header names (letters, digits, '-') and must not set webhook-*, content-type, content-length, host, idempotency-key, user-agent, transfer-encoding or connection"))]
+    #[x_kube(validation = Rule::new(r"self.all(k, !self[k].matches('[\\x00-\\x08\\x0a-\\x1f\\x7f]'))").message(crate::endpoints::HEADER_VALUE_RULE))]
+    // the names the API and `hookd apply` refuse, with their message (crate::endpoints)
+    #[x_kube(validation = Rule::new(crate::endpoints::HEADER_NAME_CEL).message(crate::endpoints::HEADER_NAME_RULE))]
     // A map without maxProperties is assumed to hold 393,215 entries by the CEL cost
     // estimate (this rule: ~12 M, over the 10 M limit).
     #[schemars(extend("maxProperties" = 32, "additionalProperties" = {"type": "string", "maxLength": 4096}))]

@@ -104,6 +104,9 @@ async fn apply(ep: &WebhookEndpoint, ctx: &Context) -> Result<Action, Error> {
             &effective
         }
     };
+    if let Err(problem) = crate::endpoints::validate_headers(&ep.spec.headers) {
+        return refuse_spec(ep, ctx, &problem).await;
+    }
     let key = cache_key(&ns, &ep.name_any());
     let secret_version = ctx.secrets.version(&ns, &ep.spec.secret_ref.name);
     if let Some(synced) =
@@ -369,8 +372,22 @@ async fn refuse_tenant(
     let message = format!(
         "spec.tenant {requested:?} is not the tenant of namespace {ns:?} ({own:?}); an operator maps namespaces to tenants with HOOKD_AUTH_NAMESPACE_TENANTS. Deliveries are held"
     );
+    hold(ep, ctx, "TenantNotAllowed", &message).await
+}
+
+/// A spec the endpoint rules refuse (`crate::endpoints`), stored before the CRD refused
+/// it (a CRD of an older hookd; the API server does not check stored objects again when
+/// their rules tighten): held like an unreadable Secret, never delivered with it.
+async fn refuse_spec(ep: &WebhookEndpoint, ctx: &Context, problem: &str) -> Result<Action, Error> {
+    let message = format!("spec.{problem}. Deliveries are held");
+    hold(ep, ctx, "InvalidSpec", &message).await
+}
+
+/// Holds the object's endpoint row (deliveries kept, none sent) and says why on the object.
+async fn hold(ep: &WebhookEndpoint, ctx: &Context, reason: &str, message: &str) -> Result<Action, Error> {
+    let ns = ep.namespace().unwrap_or_default();
     let mut conn = ctx.pool.acquire().await.map_err(db::DbError::from)?;
-    let held = db::endpoints::hold_declared(&mut conn, &ns, &ep.name_any(), &message).await?;
+    let held = db::endpoints::hold_declared(&mut conn, &ns, &ep.name_any(), message).await?;
     drop(conn);
     let stats = match held {
         Some(id) => db::endpoints::stats(&ctx.pool, id, STATS_CAP).await?,
@@ -378,8 +395,8 @@ async fn refuse_tenant(
     };
     let status = refused_status(
         ep,
-        "TenantNotAllowed",
-        &message,
+        reason,
+        message,
         stats.as_ref(),
         &to_time(Utc::now()),
     );
