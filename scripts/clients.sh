@@ -59,20 +59,36 @@ trap 'exit 143' TERM
 # The checked-in types are what the generator makes of the checked-in document.
 # `npm run generate` is the one command line that makes them; the committed file is put
 # back afterwards, so a run never edits the checkout.
-log "src/schema.d.ts is generated from clients/openapi.json"
-cp "$TS/src/schema.d.ts" "$WORK/committed.d.ts"
+log "src/schema.ts is generated from clients/openapi.json"
+cp "$TS/src/schema.ts" "$WORK/committed.ts"
 stale=0
 if ! (cd "$TS" && npm run -s generate >/dev/null 2>&1); then
-  cp "$WORK/committed.d.ts" "$TS/src/schema.d.ts"
+  cp "$WORK/committed.ts" "$TS/src/schema.ts"
   die "openapi-typescript failed on clients/openapi.json"
 fi
-diff -u "$WORK/committed.d.ts" "$TS/src/schema.d.ts" >&2 || stale=1
-cp "$WORK/committed.d.ts" "$TS/src/schema.d.ts"
+diff -u "$WORK/committed.ts" "$TS/src/schema.ts" >&2 || stale=1
+cp "$WORK/committed.ts" "$TS/src/schema.ts"
 ((stale == 0)) ||
-  die "clients/typescript/src/schema.d.ts is stale: cd clients/typescript && npm run generate"
+  die "clients/typescript/src/schema.ts is stale: cd clients/typescript && npm run generate"
 
 log "tsc"
 (cd "$TS" && npx --no-install tsc)
+
+# What a project that installs the package sees is dist/, not src/: its declarations must
+# resolve on their own (a types-only .d.ts source is not copied to dist by tsc).
+log "a consumer type-checks against dist/ alone"
+cat >"$WORK/consumer.mts" <<TS
+import { createClient, type ErrorBody } from "$TS/dist/src/index.js";
+const hookd = createClient({ baseUrl: "http://127.0.0.1:1", token: "hookd_x" });
+export async function send(): Promise<string | ErrorBody> {
+  const { data, error } = await hookd.POST("/v1/messages", {
+    body: { eventType: "invoice.paid", payload: { n: 1 } },
+  });
+  return error ?? data.eventId;
+}
+TS
+(cd "$TS" && npx --no-install tsc --noEmit --strict --skipLibCheck false --target es2022 \
+  --module nodenext --moduleResolution nodenext "$WORK/consumer.mts")
 
 # --- hookd ---------------------------------------------------------------------
 

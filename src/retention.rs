@@ -158,11 +158,18 @@ pub struct PruneCounts {
     pub days_dropped: i64,
     /// deliveries those days held (the planner's estimate)
     pub days_deliveries: i64,
+    /// browser sessions that ended more than a day ago
+    pub sessions: i64,
 }
 
 impl PruneCounts {
     pub fn total(&self) -> i64 {
-        self.deliveries + self.attempts + self.dead_letters + self.events + self.days_dropped
+        self.deliveries
+            + self.attempts
+            + self.dead_letters
+            + self.events
+            + self.days_dropped
+            + self.sessions
     }
 }
 
@@ -287,6 +294,16 @@ pub async fn prune_once(
             }
             tokio::task::yield_now().await;
         }
+    }
+    // Browser sessions that ended a day ago, and expired sign-in codes: one per sign-in.
+    loop {
+        let n = crate::db::sign_in::delete_ended_sessions(&mut conn, policy.batch).await?;
+        counts.sessions += n as i64;
+        record("api_tokens", n as i64);
+        if (n as i64) < policy.batch {
+            break;
+        }
+        tokio::task::yield_now().await;
     }
     drop(conn);
     lock.rollback().await?;

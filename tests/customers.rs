@@ -898,3 +898,50 @@ async fn portal_codes_work_once_and_sessions_die_with_their_token(pool: PgPool) 
         .unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
 }
+
+/// A session made while its parent's revoke is in flight dies with the parent: the revoke
+/// holds the parent's row (its trigger has already revoked the sessions it could see), and
+/// the sign-in must wait for it and see the revoke, not store a live session under a
+/// revoked token (before: 201, and the session worked for its 12 hours).
+#[sqlx::test]
+async fn a_session_made_during_its_parents_revoke_dies_with_it(pool: PgPool) {
+    let api = TestApi::start(&pool).await;
+    let token = api.token_for(TENANT).await;
+    let (s, _) = call(&api, &token, Method::GET, "/v1/whoami", None).await;
+    assert_eq!(s, StatusCode::OK, "verified and cached before the revoke");
+    let mut revoke = pool.begin().await.unwrap();
+    sqlx::query("UPDATE hookd.api_tokens SET revoked_at = now() WHERE token_hash = $1")
+        .bind(hookd::auth::tokens::hash(&token).to_vec())
+        .execute(&mut *revoke)
+        .await
+        .unwrap();
+    let sign_in = {
+        let (base, client, token) = (api.base.clone(), api.client.clone(), token.clone());
+        tokio::spawn(async move {
+            let r = client
+                .post(format!("{base}/v1/sessions"))
+                .bearer_auth(token)
+                .json(&json!({}))
+                .send()
+                .await
+                .unwrap();
+            (r.status(), r.json::<Value>().await.unwrap_or(Value::Null))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    revoke.commit().await.unwrap();
+    let (s, body) = sign_in.await.unwrap();
+    if s == StatusCode::CREATED {
+        let session = body["token"].as_str().unwrap().to_string();
+        let live: bool = sqlx::query_scalar(
+            "SELECT revoked_at IS NULL FROM hookd.api_tokens WHERE token_hash = $1",
+        )
+        .bind(hookd::auth::tokens::hash(&session).to_vec())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert!(!live, "a live session under a revoked token: {body}");
+    } else {
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{body}");
+    }
+}

@@ -847,3 +847,48 @@ async fn a_replay_that_waited_for_a_row_moved_meanwhile_runs_again(pool: PgPool)
     assert_eq!(outcome, deliveries::ReplayOutcome::Replayed);
     assert_eq!(partition_of(&pool, d).await, "hookd.delivery_queue");
 }
+
+/// Browser sessions are made on every sign-in: the pruner deletes those that ended
+/// (expired or revoked) more than a day ago, never a token that is not a session.
+#[sqlx::test]
+async fn ended_browser_sessions_are_deleted_a_day_later(pool: PgPool) {
+    let token = |id: Uuid, parent: Option<Uuid>, expires: &str, revoked: &str| {
+        let pool = pool.clone();
+        let sql = format!(
+            "INSERT INTO hookd.api_tokens (id, token_hash, prefix, tenant, scopes, expires_at, revoked_at, parent_id)
+             VALUES ($1, sha256($1::text::bytea), 'hookd_x', 'ret', ARRAY['read'], {expires}, {revoked}, $2)"
+        );
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(id)
+                .bind(parent)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    let parent = Uuid::now_v7();
+    token(parent, None, "now() - interval '3 days'", "NULL").await;
+    let (old_expiry, old_revoke, live, recent) = (
+        Uuid::now_v7(),
+        Uuid::now_v7(),
+        Uuid::now_v7(),
+        Uuid::now_v7(),
+    );
+    token(old_expiry, Some(parent), "now() - interval '2 days'", "NULL").await;
+    token(old_revoke, Some(parent), "now() + interval '1 hour'", "now() - interval '2 days'").await;
+    token(live, Some(parent), "now() + interval '5 hours'", "NULL").await;
+    token(recent, Some(parent), "now() - interval '1 hour'", "NULL").await;
+
+    let c = prune(&pool, &policy(30, "", 1), &Metrics::new()).await;
+    assert_eq!(c.sessions, 2, "{c:?}");
+    for (id, kept) in [
+        (parent, true),
+        (old_expiry, false),
+        (old_revoke, false),
+        (live, true),
+        (recent, true),
+    ] {
+        assert_eq!(exists(&pool, "api_tokens", "id", id).await, kept, "{id}");
+    }
+}

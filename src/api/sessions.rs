@@ -93,6 +93,9 @@ pub async fn create(caller: Caller, State(state): State<AppState>) -> Result<Res
         },
         Caller::Anonymous => return Err(ApiError::session_needs_token()),
     };
+    // every session is a row: a customer looping sign-ins spends its own rate, not the
+    // database everyone shares
+    state.admit_work(&caller, 1)?;
     let mut conn = state.pool.acquire().await.map_err(db::DbError::from)?;
     let session = sessions::create_in(&mut conn, parent)
         .await?

@@ -10,11 +10,16 @@
 //!
 //! What a check decides (see [`Check`]): a token signed by a published key is *verified*
 //! and reviewed from the budget's reserved share; a token that no published key signed
-//! (wrong key, unknown key id, `alg` not the key's, HMAC keyed with the public key) is
-//! refused here, at no cost to the API server. When no keys could be read (discovery
-//! unreachable, forbidden, or not served), nothing can be verified: tokens are reviewed
-//! from the budget as before, the reserved share only for those whose issuer and key id
-//! match what earlier reviews confirmed, so a flood of made-up tokens cannot starve them.
+//! (wrong key, `alg` not the key's, HMAC keyed with the public key, or a key id missing
+//! from a set read after the token was issued) is refused here, at no cost to the API
+//! server. A key id missing from a set that may predate it (the last read failed, or the
+//! token is newer than the set and a re-read is not due) is left to the API server, from
+//! the shared budget: a genuine token of a rotated-in key is never refused here. When no
+//! keys could be read (discovery unreachable, forbidden, not served, or no usable key),
+//! nothing can be verified: tokens are reviewed from the budget as before, the reserved
+//! share only for those whose issuer and key id match what earlier reviews confirmed. Both
+//! are public, so that share stops tokens made up at random, not a flood that copies them
+//! (docs/control-plane.md).
 //!
 //! The TokenReview still follows every local verification: only the API server knows
 //! whether the ServiceAccount, its pod or its secret still exist.
@@ -67,6 +72,8 @@ struct State {
     /// when the keys were last read successfully, and when a read was last tried
     read_at: Option<Instant>,
     tried_at: Option<Instant>,
+    /// the wall-clock time of the last successful read (compared with a token's `iat`)
+    read_wall: Option<std::time::SystemTime>,
     /// (issuer, key id) of tokens a TokenReview authenticated
     known: HashSet<(String, String)>,
 }
@@ -84,17 +91,22 @@ struct Discovery {
     jwks_uri: String,
 }
 
-/// The unverified `iss` claim and `kid` header of a JWT, for the matching share.
-fn issuer_and_kid(token: &str) -> Option<(String, String)> {
-    let header = jsonwebtoken::decode_header(token).ok()?;
+/// The unverified claims of a JWT.
+fn unverified_claims(token: &str) -> Option<serde_json::Value> {
     let claims = token.split('.').nth(1)?;
     use base64::Engine;
-    let claims: serde_json::Value = serde_json::from_slice(
+    serde_json::from_slice(
         &base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(claims)
             .ok()?,
     )
-    .ok()?;
+    .ok()
+}
+
+/// The unverified `iss` claim and `kid` header of a JWT, for the matching share.
+fn issuer_and_kid(token: &str) -> Option<(String, String)> {
+    let header = jsonwebtoken::decode_header(token).ok()?;
+    let claims = unverified_claims(token)?;
     Some((claims.get("iss")?.as_str()?.to_string(), header.kid?))
 }
 
@@ -136,7 +148,13 @@ impl ClusterKeys {
             return Check::Forged("no key id");
         };
         let Some(key) = keys.iter().find(|k| k.kid == kid) else {
-            return Check::Forged("a key id the cluster does not publish");
+            if self.set_is_current_for(token) {
+                return Check::Forged("a key id the cluster does not publish");
+            }
+            // the set may predate the key (the last read failed, or the token is newer
+            // than the set and a re-read is not due yet): the API server decides, from the
+            // shared budget, rather than a genuine token being refused with a 401
+            return Check::Unverifiable { matching: false };
         };
         // the key decides the algorithm, never the token: an HS256 token "signed" with the
         // public key, or any other algorithm, is refused before any verification
@@ -150,6 +168,26 @@ impl ClusterKeys {
             Ok(_) => Check::Verified,
             Err(_) => Check::Forged("signature or claims do not verify"),
         }
+    }
+
+    /// Whether the key set in hand says what the cluster published when `token` was
+    /// issued: the last read succeeded, and after the token's `iat` (a token without one
+    /// is judged by the set in hand). A key is published before anything is signed with it.
+    fn set_is_current_for(&self, token: &str) -> bool {
+        let s = self.state.lock().expect("cluster keys lock");
+        let succeeded = match (s.read_at, s.tried_at) {
+            (Some(read), Some(tried)) => read >= tried,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        let iat = unverified_claims(token)
+            .and_then(|c| c.get("iat").and_then(serde_json::Value::as_u64))
+            .map(|secs| std::time::UNIX_EPOCH + Duration::from_secs(secs));
+        succeeded
+            && match (iat, s.read_wall) {
+                (Some(iat), Some(read)) => iat <= read,
+                _ => true,
+            }
     }
 
     /// Remembers the issuer and key id of a token the API server authenticated, for the
@@ -198,6 +236,12 @@ impl ClusterKeys {
         let read = self.read().await;
         let mut s = self.state.lock().expect("cluster keys lock");
         match read {
+            // a set with no key hookd can use verifies nothing: as if none were published
+            Ok(keys) if keys.is_empty() => {
+                tracing::warn!(
+                    "the cluster publishes no ServiceAccount signing key hookd can use; tokens are reviewed unverified, within the TokenReview budget"
+                );
+            }
             Ok(keys) => {
                 tracing::info!(
                     keys = keys.len(),
@@ -205,6 +249,7 @@ impl ClusterKeys {
                 );
                 s.keys = Some(Arc::new(keys));
                 s.read_at = Some(Instant::now());
+                s.read_wall = Some(std::time::SystemTime::now());
             }
             Err(e) => match &s.keys {
                 Some(_) => {
@@ -266,10 +311,16 @@ fn usable_keys(set: &JwkSet) -> Vec<Key> {
         .iter()
         .filter_map(|jwk: &Jwk| {
             let kid = jwk.common.key_id.clone()?;
-            let named = jwk
-                .common
-                .key_algorithm
-                .and_then(|a| a.to_string().parse::<Algorithm>().ok());
+            // an encryption key signs nothing
+            if jwk.common.public_key_use == Some(jsonwebtoken::jwk::PublicKeyUse::Encryption) {
+                return None;
+            }
+            // a named algorithm that is not a signature one (RSA-OAEP) rules the key out;
+            // only an unnamed one defaults to its type's usual algorithm
+            let named = match jwk.common.key_algorithm {
+                Some(a) => Some(a.to_string().parse::<Algorithm>().ok()?),
+                None => None,
+            };
             let alg = match &jwk.algorithm {
                 AlgorithmParameters::RSA(_) => match named {
                     Some(
@@ -302,11 +353,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_asymmetric_keys_with_an_id_are_used() {
+    fn only_asymmetric_signing_keys_with_an_id_are_used() {
         let set: JwkSet = serde_json::from_value(serde_json::json!({"keys": [
             {"kty": "RSA", "kid": "r", "n": "sXch", "e": "AQAB"},
             {"kty": "RSA", "n": "sXch", "e": "AQAB"},
             {"kty": "oct", "kid": "h", "k": "c2VjcmV0"},
+            {"kty": "RSA", "kid": "o", "alg": "RSA-OAEP", "n": "sXch", "e": "AQAB"},
+            {"kty": "RSA", "kid": "u", "use": "enc", "n": "sXch", "e": "AQAB"},
             {"kty": "EC", "kid": "e", "crv": "P-256",
              "x": "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU",
              "y": "x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"},

@@ -85,6 +85,9 @@ pub async fn insert_session(
          WHERE t.id = $1 AND t.revoked_at IS NULL
            AND (t.expires_at IS NULL OR t.expires_at > now())
            AND (t.consumer IS NULL OR c.generation = t.consumer_generation)
+         -- a revoke of the parent that commits meanwhile is seen (the row is re-read), or
+         -- waits for this insert, and its trigger then revokes the new session too
+         FOR SHARE OF t
          RETURNING tenant, consumer, scopes, expires_at",
     )
     .bind(s.parent_id)
@@ -109,4 +112,24 @@ pub async fn end_session(pool: &PgPool, id: Uuid) -> Result<bool, DbError> {
     .await?
     .rows_affected()
         == 1)
+}
+
+/// Deletes up to `limit` sessions that ended (expired or revoked) more than a day ago, and
+/// expired sign-in codes; the number of sessions deleted. Sessions are made on every
+/// sign-in, so without this the table grows by every page a customer ever opened.
+pub async fn delete_ended_sessions(conn: &mut PgConnection, limit: i64) -> Result<u64, DbError> {
+    sqlx::query("DELETE FROM hookd.sign_in_codes WHERE expires_at < now()")
+        .execute(on(&mut *conn))
+        .await?;
+    Ok(sqlx::query(
+        "DELETE FROM hookd.api_tokens WHERE id IN (
+             SELECT id FROM hookd.api_tokens
+             WHERE parent_id IS NOT NULL
+               AND least(expires_at, revoked_at) < now() - interval '1 day'
+             LIMIT $1)",
+    )
+    .bind(limit)
+    .execute(on(&mut *conn))
+    .await?
+    .rows_affected())
 }

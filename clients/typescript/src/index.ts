@@ -1,5 +1,5 @@
 // The typed hookd client: openapi-fetch over the types openapi-typescript generates from
-// ../openapi.json (src/schema.d.ts; `npm run generate` rewrites it, and
+// ../openapi.json (src/schema.ts; `npm run generate` rewrites it, and
 // scripts/clients.sh fails when it differs from the document).
 import createFetchClient, { type Client } from "openapi-fetch";
 
