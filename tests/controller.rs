@@ -1476,13 +1476,20 @@ async fn content_encoding_is_refused_by_every_door_with_one_message(pool: PgPool
     // the API
     let api = common::TestApi::start(&pool).await;
     let (status, body) = common::send(
-        api.request_as(common::DEFAULT_TENANT, reqwest::Method::POST, "/v1/endpoints")
-            .await
-            .json(&json!({"url": "https://example.com/hook", "headers": {"Content-Encoding": "gzip"}})),
+        api.request_as(
+            common::DEFAULT_TENANT,
+            reqwest::Method::POST,
+            "/v1/endpoints",
+        )
+        .await
+        .json(&json!({"url": "https://example.com/hook", "headers": {"Content-Encoding": "gzip"}})),
     )
     .await;
     assert_eq!(status, 422, "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains(rule), "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains(rule),
+        "{body}"
+    );
     // `hookd apply`
     let yaml = r#"
 apiVersion: hookd.dev/v1alpha1
@@ -1501,7 +1508,10 @@ spec:
     assert!(err.contains(rule), "{err}");
     // the CRD's CEL rule, evaluated as the API server would
     let ep = endpoint_object("gz", true, json!({"headers": {"Content-Encoding": "gzip"}}));
-    let err = ep.validate_cel().expect_err("the CRD refuses it").to_string();
+    let err = ep
+        .validate_cel()
+        .expect_err("the CRD refuses it")
+        .to_string();
     assert!(err.contains(rule), "{err}");
 }
 

@@ -875,8 +875,20 @@ async fn ended_browser_sessions_are_deleted_a_day_later(pool: PgPool) {
         Uuid::now_v7(),
         Uuid::now_v7(),
     );
-    token(old_expiry, Some(parent), "now() - interval '2 days'", "NULL").await;
-    token(old_revoke, Some(parent), "now() + interval '1 hour'", "now() - interval '2 days'").await;
+    token(
+        old_expiry,
+        Some(parent),
+        "now() - interval '2 days'",
+        "NULL",
+    )
+    .await;
+    token(
+        old_revoke,
+        Some(parent),
+        "now() + interval '1 hour'",
+        "now() - interval '2 days'",
+    )
+    .await;
     token(live, Some(parent), "now() + interval '5 hours'", "NULL").await;
     token(recent, Some(parent), "now() - interval '1 hour'", "NULL").await;
 

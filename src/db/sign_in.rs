@@ -99,7 +99,6 @@ pub async fn insert_session(
     .await?)
 }
 
-
 /// Revokes the token `id` if it is a session (has a parent); whether it was one and live.
 /// A session ends itself this way (sign out); any other token is left alone.
 pub async fn end_session(pool: &PgPool, id: Uuid) -> Result<bool, DbError> {

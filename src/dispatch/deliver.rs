@@ -140,7 +140,10 @@ fn signed_headers(d: &ClaimedDelivery, secrets: &[SigningSecret]) -> HeaderMap {
     // Static endpoint headers first, so the protocol headers below always win; never a
     // reserved one, whatever an older door stored.
     if let Some(map) = d.headers.0.as_object() {
-        for (k, v) in map.iter().filter(|(k, _)| !crate::endpoints::is_reserved_header(k)) {
+        for (k, v) in map
+            .iter()
+            .filter(|(k, _)| !crate::endpoints::is_reserved_header(k))
+        {
             if let (Ok(name), Some(Ok(value))) = (
                 HeaderName::from_bytes(k.as_bytes()),
                 v.as_str().map(HeaderValue::from_str),

@@ -384,7 +384,12 @@ async fn refuse_spec(ep: &WebhookEndpoint, ctx: &Context, problem: &str) -> Resu
 }
 
 /// Holds the object's endpoint row (deliveries kept, none sent) and says why on the object.
-async fn hold(ep: &WebhookEndpoint, ctx: &Context, reason: &str, message: &str) -> Result<Action, Error> {
+async fn hold(
+    ep: &WebhookEndpoint,
+    ctx: &Context,
+    reason: &str,
+    message: &str,
+) -> Result<Action, Error> {
     let ns = ep.namespace().unwrap_or_default();
     let mut conn = ctx.pool.acquire().await.map_err(db::DbError::from)?;
     let held = db::endpoints::hold_declared(&mut conn, &ns, &ep.name_any(), message).await?;
@@ -393,13 +398,7 @@ async fn hold(ep: &WebhookEndpoint, ctx: &Context, reason: &str, message: &str) 
         Some(id) => db::endpoints::stats(&ctx.pool, id, STATS_CAP).await?,
         None => None,
     };
-    let status = refused_status(
-        ep,
-        reason,
-        message,
-        stats.as_ref(),
-        &to_time(Utc::now()),
-    );
+    let status = refused_status(ep, reason, message, stats.as_ref(), &to_time(Utc::now()));
     let events = status_events(ep.status.as_ref(), &status, &SyncOutcome::unchanged());
     if ep.status.as_ref() != Some(&status) {
         patch_status(ctx, ep, &status).await?;
