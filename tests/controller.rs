@@ -1501,10 +1501,10 @@ spec:
   secretRef: {name: s}
   headers: {Content-Encoding: gzip}
 "#;
-    let err = hookd::apply::parse_documents(std::path::Path::new("gz.yaml"), yaml)
-        .err()
-        .expect("hookd apply refuses it")
-        .to_string();
+    let Err(err) = hookd::apply::parse_documents(std::path::Path::new("gz.yaml"), yaml) else {
+        panic!("hookd apply refuses it");
+    };
+    let err = err.to_string();
     assert!(err.contains(rule), "{err}");
     // the CRD's CEL rule, evaluated as the API server would
     let ep = endpoint_object("gz", true, json!({"headers": {"Content-Encoding": "gzip"}}));
