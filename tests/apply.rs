@@ -588,8 +588,10 @@ async fn header_values_with_cr_lf_are_refused(pool: PgPool) {
         let run = apply(&pool, &file).await;
         assert!(!run.ok, "{value}: {}", run.stdout);
         assert!(
-            run.stderr
-                .contains("spec.headers.X-Team: header values must be one line"),
+            run.stderr.contains(&format!(
+                "spec.headers.X-Team: {}",
+                hookd::endpoints::HEADER_VALUE_RULE
+            )),
             "{}",
             run.stderr
         );

@@ -710,7 +710,7 @@ pub fn status_events(
         }
     }
     if let Some(c) = find(&new.conditions, "Ready")
-        && let Some(reason) = ["EndpointDisabled", "TenantNotAllowed"]
+        && let Some(reason) = ["EndpointDisabled", "TenantNotAllowed", "InvalidSpec"]
             .into_iter()
             .find(|r| *r == c.reason)
         && was("Ready").map(|w| w.1) != Some(reason)

@@ -142,7 +142,7 @@ export interface paths {
         put?: never;
         /**
          * A customer portal link for one consumer (scope: manage)
-         * @description The URL carries a fresh consumer token in its fragment. It is relative to the API unless HOOKD_PUBLIC_URL is set.
+         * @description The URL carries a one-time sign-in code (not the token) in its fragment: the portal exchanges it, once and within 5 minutes, for a browser session. Open or embed the link right away; mint one per page view. It is relative to the API unless HOOKD_PUBLIC_URL is set.
          */
         post: operations["createPortalLink"];
         delete?: never;
@@ -471,6 +471,50 @@ export interface paths {
         get: operations["getMessage"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * A browser session made from the presented hookd_ token (any scope)
+         * @description The console's sign-in: the page sends the operator's token once and keeps only the session, a token with the same tenant, consumer and scopes that expires within 12 hours (sooner if its parent does) and is revoked with its parent.
+         */
+        post: operations["createSession"];
+        /**
+         * Sign out: revoke the presented browser session (any scope)
+         * @description Revokes the bearer credential if it is a session (made by POST /v1/sessions or from a sign-in code): 204. Any other credential is left alone: 422 `not_a_session`.
+         */
+        delete: operations["endSession"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/from-code": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Exchange a portal link's one-time code for a browser session (no credential)
+         * @description A code works once, within 5 minutes of the link being made; a used, expired or unknown code (or one whose token was revoked) is 401 `sign_in_code_invalid`.
+         */
+        post: operations["createSessionFromCode"];
         delete?: never;
         options?: never;
         head?: never;
@@ -1021,10 +1065,15 @@ export interface components {
         };
         PortalOut: {
             /**
-             * @description the customer portal, signed in with a fresh consumer token in the URL fragment
-             *     (which browsers never send to a server)
+             * @description the customer portal, with a one-time sign-in code in the URL fragment (which
+             *     browsers never send to a server): it works once, within 5 minutes, and the page
+             *     trades it for a browser session, so the token is never in the browser's history
              */
             url: string;
+            /**
+             * @description the consumer token the code stands for, for a server that calls the API for the
+             *     customer itself; never put it in a URL
+             */
             token: string;
             /** Format: date-time */
             expiresAt: string;
@@ -1071,6 +1120,22 @@ export interface components {
              * @description when deliveries were first held for this
              */
             since?: string | null;
+        };
+        SessionOut: {
+            /**
+             * @description a `hookd_` token for this browser tab: the scopes, tenant and consumer of the
+             *     credential it was made from, revoked with it
+             */
+            token: string;
+            /** Format: date-time */
+            expiresAt: string;
+            tenant: string;
+            consumer?: string | null;
+            scopes: string[];
+        };
+        SignInCodeIn: {
+            /** @description the one-time code of a portal link (its `#code=` fragment) */
+            code: string;
         };
         TestEventIn: {
             /**
@@ -2334,6 +2399,84 @@ export interface operations {
             408: components["responses"]["RequestTimeout"];
             414: components["responses"]["UriTooLong"];
             431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    createSession: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The session, shown once */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionOut"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            422: components["responses"]["Unprocessable"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    endSession: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The session is revoked */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            422: components["responses"]["Unprocessable"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    createSessionFromCode: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SignInCodeIn"];
+            };
+        };
+        responses: {
+            /** @description The session, shown once */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             500: components["responses"]["Internal"];
             503: components["responses"]["Unavailable"];
         };
