@@ -649,12 +649,15 @@ pub enum SchemaError {
     Db(#[from] DbError),
 }
 
-/// Runs `op` again (up to 3 more times) when it failed with a serialization failure or a
-/// deadlock. Deliveries change partition when they become terminal or are replayed
-/// (migration 0014), and a statement that waited for the lock of a row another
-/// transaction moved fails with 40001 ("already moved to another partition"); run
-/// again, it finds the row where it is now. Only for single statements on a pool: a
-/// failed statement inside a transaction has aborted that transaction.
+/// Runs `op` again (up to [`STATEMENT_CONFLICT_RETRIES`] more times, after 1, 2, 4, …
+/// ms) when it failed with a serialization failure or a deadlock. Deliveries change
+/// partition when they become terminal or are replayed (migration 0014), and a statement
+/// that locks a row another transaction moved meanwhile fails with 40001 ("already moved
+/// to another partition"), SKIP LOCKED or not; run again, it finds the row where it is
+/// now. A claim among busy claimers can meet such a row several times in a row (8 claimers
+/// completing at once failed 4 immediate tries in the suite), hence the pauses. Only for
+/// single statements on a pool: a failed statement inside a transaction has aborted that
+/// transaction.
 pub(crate) async fn retry_conflicts<T, F, Fut>(mut op: F) -> Result<T, DbError>
 where
     F: FnMut() -> Fut,
@@ -663,11 +666,17 @@ where
     let mut tries = 0;
     loop {
         match op().await {
-            Err(e) if e.is_transient_conflict() && tries < 3 => tries += 1,
+            Err(e) if e.is_transient_conflict() && tries < STATEMENT_CONFLICT_RETRIES => {
+                tokio::time::sleep(Duration::from_millis(1 << tries)).await;
+                tries += 1;
+            }
             done => return done,
         }
     }
 }
+
+/// How often [`retry_conflicts`] runs a statement again (its pauses add up to 63 ms).
+const STATEMENT_CONFLICT_RETRIES: u32 = 6;
 
 /// How often a deletion or cancellation runs again after a deadlock or serialization
 /// failure before the error is returned.
