@@ -352,12 +352,18 @@ else
   die "controller ready" "/readyz $(http_code "http://$CTL_a/readyz"): $(http_body "http://$CTL_a/readyz")"
 fi
 # refusals in the controllers' logs from byte offset $1 (a file of "log offset" lines) on,
-# up to $2 (another such file) if given
+# up to $2 (another such file) if given. A log missing from $1 began after it (from 0); a
+# log missing from $2 did not exist yet then: nothing of it is in the range (before, a
+# controller started later was read whole, its restart-window 403s included).
 refusals() {
   local f from to
   for f in "$WORK"/controller-*.log; do
     from=$(awk -v f="$f" '$1 == f {print $2}' "$1" 2>/dev/null)
-    to=${2:+$(awk -v f="$f" '$1 == f {print $2}' "$2" 2>/dev/null)}
+    to=""
+    if [[ -n "${2:-}" ]]; then
+      to=$(awk -v f="$f" '$1 == f {print $2}' "$2" 2>/dev/null)
+      [[ -n "$to" ]] || continue
+    fi
     from=${from:-0}
     tail -c +"$((from + 1))" "$f" | head -c "$((${to:-999999999} - from))" |
       sed 's/\x1b\[[0-9;]*m//g' | grep -E ' 403|[Ff]orbidden'
