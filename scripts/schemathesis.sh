@@ -51,8 +51,11 @@ fi
 
 # --- hookd ---------------------------------------------------------------------
 
-log "cargo build --bin hookd"
-cargo build --locked --bin hookd
+# Built the way nextest builds the workspace (dev-dependencies' features unified), so after
+# scripts/test.sh's nextest run this is a no-op: `cargo build --bin hookd` alone resolves
+# other features and rebuilt reqwest, tokio and the rest for minutes.
+log "cargo test --no-run --workspace (target/debug/hookd)"
+cargo test --no-run --workspace --locked --quiet
 HOOKD=$TARGET_DIR/debug/hookd
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/hookd-st.XXXXXX")
