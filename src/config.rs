@@ -191,6 +191,12 @@ pub struct ApiSettings {
     /// `consumer_rate_limited`. Never taken from the tenant's HOOKD_TENANT_RATE_LIMIT
     #[arg(long, env = "HOOKD_CONSUMER_RATE_LIMIT", default_value = "10", value_parser = parse_rate)]
     pub consumer_rate_limit: f64,
+    /// Reads (GET) per second one consumer token's consumer may make, per API replica; over
+    /// it, 429 `consumer_read_rate_limited`. A portal page makes a handful; a consumer
+    /// polling its history in a loop spends this, not the API's CPU the producer's ingest
+    /// shares. Apart from HOOKD_CONSUMER_RATE_LIMIT
+    #[arg(long, env = "HOOKD_CONSUMER_READ_RATE_LIMIT", default_value = "20", value_parser = parse_rate)]
+    pub consumer_read_rate_limit: f64,
     /// One consumer's share of the request-body bytes in flight (HOOKD_API_MAX_INFLIGHT_BYTES),
     /// apart from its tenant's share; over it, 429 `consumer_requests_busy`
     #[arg(long, env = "HOOKD_CONSUMER_INFLIGHT_BYTES", default_value_t = 1 << 20)]

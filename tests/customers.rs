@@ -314,6 +314,53 @@ async fn a_consumer_flood_never_refuses_the_producers_ingest(pool: PgPool) {
     }
 }
 
+/// A consumer token's reads come from a bucket of its own (HOOKD_CONSUMER_READ_RATE_LIMIT):
+/// a consumer listing in a loop is refused (429 `consumer_read_rate_limited`, Retry-After),
+/// while the tenant's own reads and the producer's ingest go on. Before, its reads were
+/// never limited, and from outside they cut the producer's ingest to a sixth.
+#[sqlx::test]
+async fn a_consumer_reading_in_a_loop_spends_its_own_read_rate(pool: PgPool) {
+    let mut settings = api_settings();
+    settings.consumer_read_rate_limit = 5.0;
+    let api = TestApi::start_with(&pool, settings).await;
+    let token = api.token_for(TENANT).await;
+    let ct = consumer_token(&api, &token, "poller").await;
+    let mut refused = 0;
+    for _ in 0..40 {
+        let r = api
+            .client
+            .get(format!("{}/v1/messages", api.base))
+            .bearer_auth(&ct)
+            .send()
+            .await
+            .unwrap();
+        match r.status() {
+            StatusCode::OK => {}
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert!(r.headers().contains_key("retry-after"));
+                let v: Value = r.json().await.unwrap();
+                assert_eq!(v["error"]["code"], "consumer_read_rate_limited", "{v}");
+                refused += 1;
+            }
+            other => panic!("{other}"),
+        }
+    }
+    assert!(refused >= 30, "only {refused} of 40 reads refused at 5/s");
+    for i in 0..20 {
+        let (s, v) = call(&api, &token, Method::GET, "/v1/messages", None).await;
+        assert_eq!(s, StatusCode::OK, "tenant read {i}: {v}");
+        let (s, v) = call(
+            &api,
+            &token,
+            Method::POST,
+            "/v1/messages",
+            Some(json!({"eventType": "order.paid", "consumer": "poller", "payload": {"i": i}})),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "producer event {i}: {v}");
+    }
+}
+
 // ---- D: request bytes of every route count in the budget ----
 
 /// Opens a request with a declared body it does not finish sending: the API holds it.

@@ -125,7 +125,16 @@ impl FromRequestParts<AppState> for Caller {
             Ok(None) => Ok(Caller::Anonymous),
             Ok(Some(p)) => {
                 tracing::trace!(subject = %p.subject, tenant = %p.tenant, "authenticated");
-                Ok(Caller::Authenticated(p))
+                let caller = Caller::Authenticated(p);
+                // every read of a consumer token, whichever route (writes are charged as
+                // work by their handlers)
+                if matches!(
+                    parts.method,
+                    axum::http::Method::GET | axum::http::Method::HEAD
+                ) {
+                    state.admit_read(&caller)?;
+                }
+                Ok(caller)
             }
             Err(e) => {
                 let reason = match &e {

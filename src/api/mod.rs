@@ -71,6 +71,9 @@ pub struct AppState {
     /// per consumer (`tenant\nuid`): the rate of consumer-token work, apart from the
     /// tenant's ingest rate (`HOOKD_CONSUMER_RATE_LIMIT`)
     pub consumer_rate: Arc<TenantRateLimiter>,
+    /// per consumer (`tenant\nuid`): the rate of consumer-token reads
+    /// (`HOOKD_CONSUMER_READ_RATE_LIMIT`)
+    pub consumer_reads: Arc<TenantRateLimiter>,
     /// what one consumer and one tenant may have
     pub customers: CustomerLimits,
 }
@@ -149,6 +152,7 @@ impl AppState {
                     .with_consumer_share(settings.consumer_inflight_bytes),
             ),
             consumer_rate: Arc::new(TenantRateLimiter::new(settings.consumer_rate_limit)),
+            consumer_reads: Arc::new(TenantRateLimiter::new(settings.consumer_read_rate_limit)),
             customers: CustomerLimits {
                 consumer_max_endpoints: settings.consumer_max_endpoints.max(0),
                 tenant_max_endpoints: settings.tenant_max_endpoints.max(0),
@@ -289,6 +293,7 @@ pub struct WhoAmI {
         (status = 200, description = "The caller", body = WhoAmI),
         (status = 401, response = openapi::responses::Unauthorized),
         (status = 403, response = openapi::responses::Forbidden),
+        (status = 429, response = openapi::responses::TooManyRequests),
         (status = 503, response = openapi::responses::Unavailable),
     ),
     security(("bearer" = []))
