@@ -992,3 +992,38 @@ async fn a_session_made_during_its_parents_revoke_dies_with_it(pool: PgPool) {
         assert_eq!(s, StatusCode::UNAUTHORIZED, "{body}");
     }
 }
+
+/// A token keeps its 50 newest sessions: signing in in a loop deletes the oldest (which
+/// then stops working) instead of keeping every one alive for 12 hours; and a session
+/// makes no session (before: 663 live sessions after 90 s of a loop from outside, and
+/// chains of sessions of sessions).
+#[sqlx::test]
+async fn a_token_keeps_its_newest_sessions_and_a_session_makes_none(pool: PgPool) {
+    let api = TestApi::start(&pool).await;
+    let token = api.token_for(TENANT).await;
+    let mut made = Vec::new();
+    for _ in 0..55 {
+        let (s, v) = call(&api, &token, Method::POST, "/v1/sessions", Some(json!({}))).await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+        made.push(v["token"].as_str().unwrap().to_string());
+    }
+    let live: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM hookd.api_tokens WHERE parent_id IS NOT NULL AND revoked_at IS NULL",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(live, hookd::auth::sessions::MAX_SESSIONS_PER_TOKEN);
+    let (s, _) = call(&api, &made[0], Method::GET, "/v1/whoami", None).await;
+    assert_eq!(
+        s,
+        StatusCode::UNAUTHORIZED,
+        "the oldest session was deleted"
+    );
+    let newest = made.last().unwrap();
+    let (s, _) = call(&api, newest, Method::GET, "/v1/whoami", None).await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, v) = call(&api, newest, Method::POST, "/v1/sessions", Some(json!({}))).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_eq!(v["error"]["code"], "session_needs_token");
+}

@@ -76,6 +76,14 @@ impl ApiError {
             "a browser session is made from a hookd_ API token; this request carries none",
         )
     }
+    /// A session presented to make another: sessions hang off tokens only, so that a
+    /// token's sessions are bounded ([`crate::auth::sessions::MAX_SESSIONS_PER_TOKEN`]).
+    pub fn session_from_session() -> Self {
+        Self::unprocessable(
+            "session_needs_token",
+            "a browser session is made from a hookd_ API token, not from another session; sign in with the token",
+        )
+    }
     /// Sign-out with a credential that is not a browser session: a token is revoked with
     /// `DELETE /v1/tokens/{id}`, never by presenting it.
     pub fn not_a_session() -> Self {

@@ -74,7 +74,9 @@ fn created(s: sessions::Session) -> Response {
     summary = "A browser session made from the presented hookd_ token (any scope)",
     description = "The console's sign-in: the page sends the operator's token once and keeps \
         only the session, a token with the same tenant, consumer and scopes that expires within \
-        12 hours (sooner if its parent does) and is revoked with its parent.",
+        12 hours (sooner if its parent does) and is revoked with its parent. A token keeps its \
+        50 newest sessions (the oldest is deleted); a session makes none (422 \
+        `session_needs_token`).",
     responses(
         (status = 201, description = "The session, shown once", body = SessionOut),
         (status = 401, response = responses::Unauthorized),
@@ -97,6 +99,9 @@ pub async fn create(caller: Caller, State(state): State<AppState>) -> Result<Res
     // every session is a row: a customer looping sign-ins spends its own rate, not the
     // database everyone shares
     state.admit_work(&caller, 1)?;
+    if sessions::is_session(&state.pool, parent).await? {
+        return Err(ApiError::session_from_session());
+    }
     let mut conn = state.pool.acquire().await.map_err(db::DbError::from)?;
     let session = sessions::create_in(&mut conn, parent)
         .await?

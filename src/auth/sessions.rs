@@ -35,6 +35,11 @@ pub const CODE_TTL: Duration = Duration::from_secs(5 * 60);
 /// expires sooner ends with it.
 pub const SESSION_TTL: Duration = Duration::from_secs(12 * 60 * 60);
 
+/// Live sessions one token keeps: making one more deletes its oldest. Every portal link
+/// has a token of its own and every console tab a session, so this is far above use; a
+/// customer signing in in a loop (663 sessions in 90 s from outside) keeps only these.
+pub const MAX_SESSIONS_PER_TOKEN: i64 = 50;
+
 /// A fresh one-time code and its SHA-256 (the only form stored). 256 random bits, like a
 /// token, but without the `hookd_` prefix: a code is not a credential the API accepts.
 pub fn generate_code() -> (String, [u8; 32]) {
@@ -92,6 +97,9 @@ pub async fn create_in(
         },
     )
     .await?;
+    if row.is_some() {
+        db::sign_in::trim_sessions(conn, parent, MAX_SESSIONS_PER_TOKEN).await?;
+    }
     Ok(row.map(|r| Session {
         token,
         tenant: r.tenant,
@@ -99,6 +107,12 @@ pub async fn create_in(
         scopes: r.scopes,
         expires_at: r.expires_at,
     }))
+}
+
+/// Whether the token `id` is itself a session (which makes none: see
+/// [`MAX_SESSIONS_PER_TOKEN`]).
+pub async fn is_session(pool: &sqlx::PgPool, id: Uuid) -> Result<bool, DbError> {
+    db::sign_in::is_session(pool, id).await
 }
 
 /// Uses up a sign-in code and makes a session of the token it stands for; `None` for a

@@ -82,7 +82,7 @@ pub async fn insert_session(
                 least(t.expires_at, $5), t.consumer, t.consumer_generation, t.id
          FROM hookd.api_tokens t
          LEFT JOIN hookd.consumers c ON c.tenant = t.tenant AND c.uid = t.consumer
-         WHERE t.id = $1 AND t.revoked_at IS NULL
+         WHERE t.id = $1 AND t.revoked_at IS NULL AND t.parent_id IS NULL
            AND (t.expires_at IS NULL OR t.expires_at > now())
            AND (t.consumer IS NULL OR c.generation = t.consumer_generation)
          -- a revoke of the parent that commits meanwhile is seen (the row is re-read), or
@@ -97,6 +97,37 @@ pub async fn insert_session(
     .bind(s.expires_at)
     .fetch_optional(on(&mut *conn))
     .await?)
+}
+
+/// Whether the token `id` is a session (has a parent).
+pub async fn is_session(pool: &PgPool, id: Uuid) -> Result<bool, DbError> {
+    Ok(sqlx::query_scalar::<_, bool>(
+        "SELECT parent_id IS NOT NULL FROM hookd.api_tokens WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(on(pool))
+    .await?
+    .unwrap_or(false))
+}
+
+/// Deletes the sessions of `parent` past its `keep` newest; how many. A session is made on
+/// every sign-in, and a customer signing in in a loop would otherwise keep every one it
+/// made alive for its 12 hours.
+pub async fn trim_sessions(
+    conn: &mut PgConnection,
+    parent: Uuid,
+    keep: i64,
+) -> Result<u64, DbError> {
+    Ok(sqlx::query(
+        "DELETE FROM hookd.api_tokens WHERE id IN (
+             SELECT id FROM hookd.api_tokens WHERE parent_id = $1
+             ORDER BY id DESC OFFSET $2)",
+    )
+    .bind(parent)
+    .bind(keep)
+    .execute(on(&mut *conn))
+    .await?
+    .rows_affected())
 }
 
 /// Revokes the token `id` if it is a session (has a parent); whether it was one and live.

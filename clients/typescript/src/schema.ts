@@ -488,7 +488,7 @@ export interface paths {
         put?: never;
         /**
          * A browser session made from the presented hookd_ token (any scope)
-         * @description The console's sign-in: the page sends the operator's token once and keeps only the session, a token with the same tenant, consumer and scopes that expires within 12 hours (sooner if its parent does) and is revoked with its parent.
+         * @description The console's sign-in: the page sends the operator's token once and keeps only the session, a token with the same tenant, consumer and scopes that expires within 12 hours (sooner if its parent does) and is revoked with its parent. A token keeps its 50 newest sessions (the oldest is deleted); a session makes none (422 `session_needs_token`).
          */
         post: operations["createSession"];
         /**
