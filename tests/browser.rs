@@ -283,6 +283,20 @@ async fn payloads_render_as_text_under_a_strict_csp(pool: PgPool) {
         );
     }
 
+    // the page shows the attempts there are when it opens (it does not poll): the
+    // delivery first, or a loaded machine opens it on "No attempt yet."
+    let delivered = wait_until(Duration::from_secs(30), || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM hookd.deliveries WHERE event_id = $1::uuid AND status = 'succeeded')",
+        )
+        .bind(event.to_string())
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    })
+    .await;
+    assert!(delivered, "the event was not delivered within 30 s");
+
     // a deep link with the token in the fragment
     b.goto(&format!(
         "{}/ui/messages/{event}#token={reader}",
