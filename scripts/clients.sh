@@ -32,29 +32,9 @@ log "npm ci"
 (cd "$TS" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) ||
   skip "npm ci failed (offline?)"
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/hookd-clients.XXXXXX")
-HOOKD=""
-API_PID=""
-TOKEN_ID=""
-cleanup() {
-  local rc=$?
-  if [[ -n "$API_PID" ]] && kill -0 "$API_PID" 2>/dev/null; then
-    kill "$API_PID" 2>/dev/null || true
-    wait "$API_PID" 2>/dev/null || true
-  fi
-  if [[ -n "$TOKEN_ID" && -n "$HOOKD" ]]; then
-    "$HOOKD" token revoke "$TOKEN_ID" >/dev/null 2>&1 || true
-  fi
-  if [[ $rc -ne 0 && -f "$WORK/api.log" ]]; then
-    log "last lines of the API's log:"
-    tail -n 40 "$WORK/api.log" >&2 || true
-  fi
-  rm -rf "$WORK"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# shellcheck source=scripts/live-api.sh
+source "$PWD/scripts/live-api.sh"
+live_api_init clients
 
 # The checked-in types are what the generator makes of the checked-in document.
 # `npm run generate` is the one command line that makes them; the committed file is put
@@ -92,40 +72,9 @@ TS
 
 # --- hookd ---------------------------------------------------------------------
 
-TARGET_DIR=$(cargo metadata --format-version 1 --no-deps |
-  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-# Built the way nextest builds the workspace (dev-dependencies' features unified), so after
-# scripts/test.sh's nextest run this is a no-op: `cargo build --bin hookd` alone resolves
-# other features and rebuilt reqwest, tokio and the rest for minutes.
-log "cargo test --no-run --workspace (target/debug/hookd)"
-cargo test --no-run --workspace --locked --quiet
-HOOKD=$TARGET_DIR/debug/hookd
-
-
-# Only static tokens: no ServiceAccount TokenReviews against whatever cluster the
-# machine's kubeconfig names.
-export KUBECONFIG=$WORK/no-kubeconfig
-unset KUBERNETES_SERVICE_HOST KUBERNETES_SERVICE_PORT
-export HOOKD_LOG=warn
-
-"$HOOKD" migrate >/dev/null
-# The last stdout line is the token; stderr names its id (for the revoke on exit).
-TOKEN=$("$HOOKD" token create --tenant clients --scope produce,read --name clients-test \
-  2>"$WORK/token.err" | tail -n 1)
-TOKEN_ID=$(grep -Eo 'token [0-9a-f-]{36}' "$WORK/token.err" | head -n 1 | cut -d' ' -f2 || true)
-[[ "$TOKEN" == hookd_* ]] || die "hookd token create printed no token"
-
-PORT=$(python3 -c 'import socket
-s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
-BASE=http://127.0.0.1:$PORT
-"$HOOKD" api --listen "127.0.0.1:$PORT" >"$WORK/api.log" 2>&1 &
-API_PID=$!
-deadline=$((SECONDS + 30))
-until curl -fsS -o /dev/null "$BASE/healthz" 2>/dev/null; do
-  kill -0 "$API_PID" 2>/dev/null || die "hookd api exited during start"
-  ((SECONDS < deadline)) || die "hookd api did not answer /healthz within 30 s"
-  sleep 0.2
-done
+live_api_build
+live_api_token --tenant clients --scope produce,read --name clients-test
+live_api_start
 
 log "node --test against $BASE"
 (cd "$TS" && HOOKD_URL=$BASE HOOKD_TOKEN=$TOKEN node --test dist/test/)

@@ -51,52 +51,16 @@ fi
 
 # --- hookd ---------------------------------------------------------------------
 
-# Built the way nextest builds the workspace (dev-dependencies' features unified), so after
-# scripts/test.sh's nextest run this is a no-op: `cargo build --bin hookd` alone resolves
-# other features and rebuilt reqwest, tokio and the rest for minutes.
-log "cargo test --no-run --workspace (target/debug/hookd)"
-cargo test --no-run --workspace --locked --quiet
-HOOKD=$TARGET_DIR/debug/hookd
-
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/hookd-st.XXXXXX")
-API_PID=""
-TOKEN_ID=""
-cleanup() {
-  local rc=$?
-  if [[ -n "$API_PID" ]] && kill -0 "$API_PID" 2>/dev/null; then
-    kill "$API_PID" 2>/dev/null || true
-    wait "$API_PID" 2>/dev/null || true
-  fi
-  if [[ -n "$TOKEN_ID" ]]; then
-    "$HOOKD" token revoke "$TOKEN_ID" >/dev/null 2>&1 || true
-  fi
-  if [[ $rc -ne 0 && -f "$WORK/api.log" ]]; then
-    log "last lines of the API's log:"
-    tail -n 40 "$WORK/api.log" >&2 || true
-  fi
-  rm -rf "$WORK"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-# Only static tokens: no ServiceAccount TokenReviews against whatever cluster the
-# machine's kubeconfig names (an unreachable one would turn requests into 503s).
-export KUBECONFIG=$WORK/no-kubeconfig
-unset KUBERNETES_SERVICE_HOST KUBERNETES_SERVICE_PORT
-export HOOKD_LOG=warn
+# shellcheck source=scripts/live-api.sh
+source "$ROOT/scripts/live-api.sh"
+live_api_init st
+live_api_build
 # A throwaway key: the run's one signing secret is encrypted with it.
 HOOKD_ENCRYPTION_KEY="st:$(python3 -c 'import base64, os; print(base64.b64encode(os.urandom(32)).decode())')"
 export HOOKD_ENCRYPTION_KEY
 
-"$HOOKD" migrate >/dev/null
-
-# The last stdout line is the token; stderr names its id (for the revoke on exit).
-TOKEN=$("$HOOKD" token create --tenant st --scope produce --scope read --scope operate --scope manage \
-  --name schemathesis 2>"$WORK/token.err" | tail -n 1)
-TOKEN_ID=$(grep -Eo 'token [0-9a-f-]{36}' "$WORK/token.err" | head -n 1 | cut -d' ' -f2 || true)
-[[ "$TOKEN" == hookd_* ]] || die "hookd token create printed no token"
+live_api_token --tenant st --scope produce --scope read --scope operate --scope manage \
+  --name schemathesis
 
 # One endpoint of tenant st, so enqueues create deliveries. Nothing is dispatched: no
 # dispatcher runs, and the address is a closed port.
@@ -117,18 +81,7 @@ spec:
 EOF
 "$HOOKD" apply -f "$WORK/endpoint.yaml" >/dev/null
 
-PORT=$(python3 -c 'import socket
-s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
-BASE=http://127.0.0.1:$PORT
-HOOKD_LISTEN=127.0.0.1:$PORT "$HOOKD" api >"$WORK/api.log" 2>&1 &
-API_PID=$!
-
-deadline=$((SECONDS + 30))
-until curl -fsS -o /dev/null "$BASE/healthz" 2>/dev/null; do
-  kill -0 "$API_PID" 2>/dev/null || die "hookd api exited during start"
-  ((SECONDS < deadline)) || die "hookd api did not answer /healthz within 30 s"
-  sleep 0.2
-done
+live_api_start
 log "hookd api on $BASE; schemathesis $ST_VERSION, $MAX_EXAMPLES examples per operation, at most $ST_TIMEOUT s"
 
 # Every check (no 5xx; status codes, content types, headers and bodies as documented;
