@@ -528,13 +528,7 @@ impl AppState {
         let (Some(t), Some(c)) = (caller.tenant_scope(), caller.consumer_scope()) else {
             return Ok(());
         };
-        let key = format!("{t}\n{c}");
-        self.consumer_reads
-            .admit(&[(key.as_str(), 1)], Instant::now())
-            .map_err(|(_, wait)| {
-                self.count_refusal("consumer_read_rate_limited");
-                consumer_read_rate_limited(c, wait)
-            })
+        self.admit_consumer(ConsumerBucket::Reads, t, c, 1)
     }
 
     /// Takes the rate of work a request causes. A consumer token's work (test events,
@@ -544,15 +538,7 @@ impl AppState {
     /// tenant's ingest rate, as before.
     pub(crate) fn admit_work(&self, caller: &Caller, sends: u32) -> Result<(), ApiError> {
         match (caller.tenant_scope(), caller.consumer_scope()) {
-            (Some(t), Some(c)) => {
-                let key = format!("{t}\n{c}");
-                self.consumer_rate
-                    .admit(&[(key.as_str(), sends.max(1))], Instant::now())
-                    .map_err(|(_, wait)| {
-                        self.count_refusal("consumer_rate_limited");
-                        consumer_rate_limited(c, wait)
-                    })
-            }
+            (Some(t), Some(c)) => self.admit_consumer(ConsumerBucket::Work, t, c, sends.max(1)),
             (Some(t), None) if sends > 0 => self.admit(&[(t, sends)]),
             _ => Ok(()),
         }
@@ -579,13 +565,54 @@ impl AppState {
             limiter
                 .take_up_to(&key, max, Instant::now())
                 .map_err(|wait| match consumer {
-                    Some(c) => {
-                        self.count_refusal("consumer_rate_limited");
-                        consumer_rate_limited(c, wait)
-                    }
+                    Some(c) => self.consumer_refusal(ConsumerBucket::Work, c, wait),
                     None => ApiError::rate_limited(caller.tenant_scope().unwrap_or_default(), wait),
                 })?;
         Ok(Some((limiter, key, took)))
+    }
+
+    /// Takes `n` from consumer `c` (of tenant `t`)'s own `bucket`.
+    fn admit_consumer(
+        &self,
+        bucket: ConsumerBucket,
+        t: &str,
+        c: &str,
+        n: u32,
+    ) -> Result<(), ApiError> {
+        let limiter = match bucket {
+            ConsumerBucket::Work => &self.consumer_rate,
+            ConsumerBucket::Reads => &self.consumer_reads,
+        };
+        let key = format!("{t}\n{c}");
+        limiter
+            .admit(&[(key.as_str(), n)], Instant::now())
+            .map_err(|(_, wait)| self.consumer_refusal(bucket, c, wait))
+    }
+
+    /// 429 for consumer `c` over its own rate in `bucket`, counted in the metrics.
+    fn consumer_refusal(&self, bucket: ConsumerBucket, c: &str, wait: Duration) -> ApiError {
+        let (code, setting, what, note) = match bucket {
+            ConsumerBucket::Work => (
+                "consumer_rate_limited",
+                "HOOKD_CONSUMER_RATE_LIMIT",
+                "rate limit",
+                "nothing was done, ",
+            ),
+            ConsumerBucket::Reads => (
+                "consumer_read_rate_limited",
+                "HOOKD_CONSUMER_READ_RATE_LIMIT",
+                "read rate limit",
+                "",
+            ),
+        };
+        self.count_refusal(code);
+        let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            code,
+            format!("consumer {c:?} is over its {what} ({setting}); {note}retry after {secs} s"),
+        )
+        .with_retry_after(secs)
     }
 
     fn count_refusal(&self, reason: &'static str) {
@@ -596,29 +623,11 @@ impl AppState {
     }
 }
 
-/// 429 for a consumer over its own rate.
-fn consumer_read_rate_limited(consumer: &str, wait: Duration) -> ApiError {
-    let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
-    ApiError::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        "consumer_read_rate_limited",
-        format!(
-            "consumer {consumer:?} is over its read rate limit (HOOKD_CONSUMER_READ_RATE_LIMIT); retry after {secs} s"
-        ),
-    )
-    .with_retry_after(secs)
-}
-
-fn consumer_rate_limited(consumer: &str, wait: Duration) -> ApiError {
-    let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
-    ApiError::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        "consumer_rate_limited",
-        format!(
-            "consumer {consumer:?} is over its rate limit (HOOKD_CONSUMER_RATE_LIMIT); nothing was done, retry after {secs} s"
-        ),
-    )
-    .with_retry_after(secs)
+/// A consumer's own rate buckets: the work its token causes, and its reads.
+#[derive(Debug, Clone, Copy)]
+enum ConsumerBucket {
+    Work,
+    Reads,
 }
 
 impl Admitted {
