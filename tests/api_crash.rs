@@ -2,7 +2,7 @@
 //! process under concurrent load is SIGKILLed; every event it acknowledged with a 2xx
 //! must exist afterwards with all of its deliveries.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::unix::process::ExitStatusExt;

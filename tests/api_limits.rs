@@ -3,7 +3,7 @@
 //! clients disconnected by the header-read and request timeouts, 414 and 431 with JSON
 //! errors, the connection cap, and `/openapi.json` listing exactly the router's routes.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! rotation grace, and refused as a whole (naming file, document, object and problem)
 //! when any document is invalid. Runs the real binary as a subprocess.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::time::Duration;

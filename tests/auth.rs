@@ -4,7 +4,7 @@
 //! the token CLI, revocation, ServiceAccount tokens through a TokenReview (kube's
 //! tower_test mock pattern for the API server), and no token in any log line.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::pin::pin;

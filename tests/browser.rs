@@ -5,9 +5,8 @@
 //! so when they are missing, unless HOOKD_SKIP_BROWSER=1. HOOKD_UPDATE_SCREENSHOTS=1
 //! refreshes docs/screenshots/ from the run.
 
-mod common;
-#[path = "common/browser.rs"]
-mod kit;
+use crate::common;
+use crate::common::browser as kit;
 
 use std::time::Duration;
 

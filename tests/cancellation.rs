@@ -4,7 +4,7 @@
 //! in a chosen order around the cancellation, so the deadlock that answered the DELETE
 //! 503 happens on every run.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //!
 //! Bounded: `HOOKD_CHAOS_SECS` (default 40) of injections, then at most 90 s to settle.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

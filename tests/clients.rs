@@ -4,7 +4,7 @@
 //! against a live API in scripts/clients.sh; its README example is checked here to be the
 //! file that run executes.)
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

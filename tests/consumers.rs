@@ -2,7 +2,7 @@
 //! tokens and listings, through the real API router, real Postgres, a real dispatcher and
 //! a receiver that verifies every signature.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@
 //! the reconcilers make is also checked against `hookd::k8s::REQUIRED_ACCESS`, the list
 //! the RBAC manifests are built from.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

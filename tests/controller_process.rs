@@ -8,7 +8,7 @@
 //! through kube's Controller machinery into Postgres and back as a status patch, SIGTERM
 //! releasing the Lease, and a standby replica taking over when the leader is SIGKILLed.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;

@@ -4,7 +4,7 @@
 //! missing key is a clear error, never a panic; the local key-file fallback; upgrades
 //! from plaintext rows. Real Postgres, real processes where the environment matters.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::path::PathBuf;

@@ -3,7 +3,7 @@
 //! request bytes of every route in the in-flight budget, consumer deletion at any size
 //! with a new consumer of the same uid starting empty. Real API, real Postgres, real HTTP.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! with the 201 JSON of the messages API (it carries the printed token), the token reads
 //! the event back, and the example receiver prints the delivery with a verified signature.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

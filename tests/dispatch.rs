@@ -2,7 +2,7 @@
 //! retries, 410, dead letters, replay, the circuit breaker, head-of-line isolation,
 //! wake-ups, graceful stop and outbound refusal. Real Postgres, real HTTP on 127.0.0.1.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;

@@ -2,7 +2,7 @@
 //! SIGKILLed repeatedly mid-delivery, and a Postgres cluster restarted in immediate mode
 //! under load. Nothing acknowledged is lost, nothing is dropped; duplicates are counted.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! answered once with what to do, `--help` that shows no credentials, and `hookd dev`
 //! that leaves no Postgres behind however it dies and runs from any directory.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Issue 12: no receiver, producer or outage wedges delivery, and every fence is exact.
 //! Each test here failed on the code before the fix it pins.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -3,7 +3,7 @@
 //! unreachable database, the `hookd.enqueue()` SQL function and `hookd migrate`.
 //! Everything runs against real Postgres and real HTTP.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;

@@ -8,7 +8,7 @@
 //! private, link-local, NAT64) are only ever checked, at the resolver and URL guards,
 //! never connected to, so a broken guard cannot send traffic off this machine.
 
-mod common;
+use crate::common;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! internal error; a message listing filtered by delivery status reads about what it
 //! returns. Lock waits are read from `pg_stat_activity`, never from wall-clock timing.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! `hookd dispatch` processes run through it and deliver to a real receiver while another
 //! client of the same pool keeps checking that none of hookd's session state reaches it.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

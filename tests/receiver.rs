@@ -1,7 +1,7 @@
 //! `hookd receiver` as a user (and the kind e2e) runs it: a real process on a real port,
 //! deliveries signed the way the dispatcher signs them, and its JSON routes read over HTTP.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

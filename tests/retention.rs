@@ -5,7 +5,7 @@
 //! one-shot `hookd prune` and the dispatcher's interval pruner. Rows are built backdated
 //! directly (with UUIDv7 ids of their creation time), as an old database would hold them.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! receiver, and recovery within seconds of a killed dispatcher with default settings.
 //! Real Postgres, real HTTP on 127.0.0.1, a real `hookd dispatch` process for the crash.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -4,7 +4,7 @@
 //! Authorization headers are refused; `/metrics` can require a token; an endpoint's tenant
 //! never changes hands with its deliveries; `hookd.enqueue()` is bound to database roles.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -21,9 +21,10 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+pub mod browser;
 mod factory;
 mod process;
-// every test binary compiles the whole kit and uses a part of it
+// each test module uses a part of the kit
 #[allow(unused_imports)]
 pub use factory::*;
 #[allow(unused_imports)]
