@@ -373,7 +373,7 @@ impl Drop for TempPostgres {
 /// HOOKD_PG_BINDIR, else /usr/lib/postgresql/*/bin (highest major first:
 /// Debian keeps server binaries there and only client wrappers on PATH), else
 /// `pg_config --bindir`, else the dir of `postgres` on PATH.
-fn find_bindir() -> Result<PathBuf, TempPgError> {
+pub fn find_bindir() -> Result<PathBuf, TempPgError> {
     if let Some(dir) = std::env::var_os("HOOKD_PG_BINDIR") {
         let dir = PathBuf::from(dir);
         return if has_server_bins(&dir) {

@@ -1,0 +1,1833 @@
+-- hookd's schema after every migration in migrations/, as pg_dump (PostgreSQL 15)
+-- prints it from a freshly migrated database, without the history days (named by date).
+-- Generated, do not edit: HOOKD_UPDATE_DOCS=1 cargo nextest run -E 'test(schema_snapshot)'
+-- rewrites it; a test fails when it and the migrations differ.
+--
+-- PostgreSQL database dump
+--
+
+
+
+SET statement_timeout = 0;
+SET lock_timeout = 0;
+SET idle_in_transaction_session_timeout = 0;
+SET client_encoding = 'UTF8';
+SET standard_conforming_strings = on;
+SELECT pg_catalog.set_config('search_path', '', false);
+SET check_function_bodies = false;
+SET xmloption = content;
+SET client_min_messages = warning;
+SET row_security = off;
+
+--
+-- Name: hookd; Type: SCHEMA; Schema: -; Owner: -
+--
+
+CREATE SCHEMA hookd;
+
+
+--
+-- Name: deliveries_queue_insert(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.deliveries_queue_insert() RETURNS trigger
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+  ids uuid[];
+  dues timestamptz[];
+BEGIN
+  SELECT array_agg(x.endpoint_id), array_agg(x.due) INTO ids, dues FROM (
+    SELECT n.endpoint_id, min(n.visible_at) AS due FROM new_rows n
+    WHERE n.status IN ('pending', 'in_progress', 'failed')
+    GROUP BY n.endpoint_id
+  ) x;
+  IF ids IS NOT NULL THEN
+    PERFORM hookd.endpoint_queue_wake(ids, dues);
+  END IF;
+  RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: deliveries_queue_update(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.deliveries_queue_update() RETURNS trigger
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+  ids uuid[];
+  dues timestamptz[];
+  raise_ids uuid[];
+  served_ids uuid[];
+BEGIN
+  -- rows that became claimable or due earlier: the entry must not be later than them
+  SELECT array_agg(x.endpoint_id), array_agg(x.due) INTO ids, dues FROM (
+    SELECT n.endpoint_id, min(n.visible_at) AS due
+    FROM new_rows n JOIN old_rows o ON o.id = n.id
+    WHERE n.status IN ('pending', 'in_progress', 'failed')
+      AND (o.status NOT IN ('pending', 'in_progress', 'failed') OR n.visible_at < o.visible_at
+           OR n.endpoint_id <> o.endpoint_id)
+    GROUP BY n.endpoint_id
+  ) x;
+  IF ids IS NOT NULL THEN
+    PERFORM hookd.endpoint_queue_wake(ids, dues);
+  END IF;
+  -- rows that left the queue, were claimed, or are due later: the entry may be later now
+  SELECT array_agg(DISTINCT o.endpoint_id),
+         array_agg(DISTINCT o.endpoint_id) FILTER (
+           WHERE n.status = 'in_progress' AND n.claim_token IS DISTINCT FROM o.claim_token)
+    INTO raise_ids, served_ids
+  FROM new_rows n JOIN old_rows o ON o.id = n.id
+  WHERE o.status IN ('pending', 'in_progress', 'failed')
+    AND (n.status NOT IN ('pending', 'in_progress', 'failed') OR n.visible_at > o.visible_at
+         OR n.claim_token IS DISTINCT FROM o.claim_token OR n.endpoint_id <> o.endpoint_id);
+  IF raise_ids IS NOT NULL THEN
+    PERFORM hookd.endpoint_queue_refresh(raise_ids, coalesce(served_ids, '{}'));
+  END IF;
+  RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: endpoint_hold(text, text, timestamp with time zone); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.endpoint_hold(state text, circuit_state text, circuit_open_until timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+  SELECT CASE WHEN state <> 'active' THEN 'infinity'::timestamptz
+              -- an open circuit without an end is never probed (as before this migration)
+              WHEN circuit_state <> 'closed' THEN coalesce(circuit_open_until, 'infinity'::timestamptz)
+         END
+$$;
+
+
+--
+-- Name: endpoint_queue_recheck(integer); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.endpoint_queue_recheck(batch integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+  ids uuid[];
+  n int;
+BEGIN
+  WITH r AS (
+    DELETE FROM hookd.endpoint_rechecks
+    WHERE id IN (SELECT id FROM hookd.endpoint_rechecks ORDER BY id LIMIT batch
+                 FOR UPDATE SKIP LOCKED)
+    RETURNING endpoint_id
+  )
+  SELECT coalesce(array_agg(DISTINCT endpoint_id), '{}'), count(*) INTO ids, n FROM r;
+  IF cardinality(ids) > 0 THEN
+    PERFORM hookd.endpoint_queue_refresh(ids, '{}');
+  END IF;
+  RETURN n;
+END
+$$;
+
+
+--
+-- Name: endpoint_queue_refresh(uuid[], uuid[]); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.endpoint_queue_refresh(ids uuid[], served uuid[]) RETURNS void
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+  locked uuid[];
+BEGIN
+  SELECT coalesce(array_agg(l.endpoint_id), '{}') INTO locked FROM (
+    SELECT q.endpoint_id FROM hookd.endpoint_queue q
+    WHERE q.endpoint_id = ANY (ids)
+    ORDER BY q.endpoint_id
+    FOR UPDATE SKIP LOCKED
+  ) l;
+  -- entries another transaction holds: refreshed again once this one commits
+  INSERT INTO hookd.endpoint_rechecks (endpoint_id)
+  SELECT q.endpoint_id FROM hookd.endpoint_queue q
+  WHERE q.endpoint_id = ANY (ids) AND q.endpoint_id <> ALL (locked);
+  IF cardinality(locked) = 0 THEN
+    RETURN;
+  END IF;
+  -- a new statement, so a new snapshot (read committed): see migration 0008
+  WITH m AS (
+    SELECT l.id, (SELECT d.visible_at FROM hookd.deliveries d
+                  WHERE d.endpoint_id = l.id AND d.status IN ('pending', 'in_progress', 'failed')
+                  ORDER BY d.visible_at LIMIT 1) AS due
+    FROM unnest(locked) AS l(id)
+  ), gone AS (
+    DELETE FROM hookd.endpoint_queue q USING m
+    WHERE q.endpoint_id = m.id AND m.due IS NULL
+  )
+  UPDATE hookd.endpoint_queue q
+  SET due_at = m.due,
+      served_at = CASE WHEN q.endpoint_id = ANY (served) THEN now() ELSE q.served_at END
+  FROM m
+  WHERE q.endpoint_id = m.id AND m.due IS NOT NULL
+    AND (q.due_at IS DISTINCT FROM m.due OR q.endpoint_id = ANY (served));
+END
+$$;
+
+
+--
+-- Name: endpoint_queue_wake(uuid[], timestamp with time zone[]); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.endpoint_queue_wake(ids uuid[], dues timestamp with time zone[]) RETURNS void
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+  pinned uuid[];
+BEGIN
+  SELECT coalesce(array_agg(p.endpoint_id), '{}') INTO pinned FROM (
+    SELECT q.endpoint_id
+    FROM hookd.endpoint_queue q
+    JOIN unnest(ids, dues) AS i(id, due) ON q.endpoint_id = i.id
+    WHERE q.due_at <= i.due
+    ORDER BY q.endpoint_id
+    FOR KEY SHARE OF q
+  ) p;
+  INSERT INTO hookd.endpoint_wakeups (endpoint_id, due_at)
+  SELECT i.id, i.due FROM unnest(ids, dues) AS i(id, due)
+  WHERE i.id <> ALL (pinned);
+END
+$$;
+
+
+--
+-- Name: endpoint_tenant_is_immutable(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.endpoint_tenant_is_immutable() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+  RAISE EXCEPTION 'hookd: endpoint % belongs to tenant % and consumer %; its owner cannot change (a new owner gets a new endpoint)',
+    OLD.id, quote_literal(OLD.tenant), coalesce(quote_literal(OLD.consumer), 'none') USING ERRCODE = '23514';
+END
+$$;
+
+
+--
+-- Name: endpoints_queue_hold(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.endpoints_queue_hold() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+  UPDATE hookd.endpoint_queue q
+  SET hold_until = hookd.endpoint_hold(NEW.state, NEW.circuit_state, NEW.circuit_open_until)
+  WHERE q.endpoint_id = NEW.id
+    AND q.hold_until IS DISTINCT FROM hookd.endpoint_hold(NEW.state, NEW.circuit_state, NEW.circuit_open_until);
+  RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: enqueue(text, text, text, text); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.enqueue(tenant text, event_type text, payload text, idempotency_key text DEFAULT NULL::text) RETURNS uuid
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$ SELECT hookd.enqueue(tenant, event_type, payload, idempotency_key, NULL::text) $$;
+
+
+--
+-- Name: enqueue(text, text, text, text, text); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.enqueue(tenant text, event_type text, payload text, idempotency_key text, consumer text) RETURNS uuid
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
+    AS $_$
+#variable_conflict use_column
+DECLARE
+  v_id   uuid;
+  v_hash bytea;
+  v_existing_hash bytea;
+  v_keys text[];
+BEGIN
+  IF tenant IS NULL OR tenant !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$' THEN
+    RAISE EXCEPTION 'hookd.enqueue: invalid tenant %', coalesce(quote_literal(tenant), 'NULL') USING ERRCODE = '22023';
+  END IF;
+  IF consumer IS NOT NULL AND consumer !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$' THEN
+    RAISE EXCEPTION 'hookd.enqueue: invalid consumer %', quote_literal(consumer) USING ERRCODE = '22023';
+  END IF;
+  IF NOT has_table_privilege(session_user, 'hookd.events', 'INSERT')
+     AND NOT EXISTS (
+       SELECT 1 FROM hookd.producer_roles r
+       WHERE r.tenant = enqueue.tenant
+         AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles pr WHERE pr.rolname = r.role_name)
+         AND pg_has_role(session_user, r.role_name, 'MEMBER'))
+  THEN
+    RAISE EXCEPTION 'hookd.enqueue: role % may not enqueue for tenant %', quote_ident(session_user), quote_literal(tenant)
+      USING ERRCODE = '42501',
+            HINT = 'map the role to the tenant: INSERT INTO hookd.producer_roles (role_name, tenant) VALUES (...)';
+  END IF;
+  IF event_type IS NULL OR length(event_type) > 128 OR event_type !~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$' THEN
+    RAISE EXCEPTION 'hookd.enqueue: invalid event type %', coalesce(quote_literal(event_type), 'NULL') USING ERRCODE = '22023';
+  END IF;
+  IF payload IS NULL THEN
+    RAISE EXCEPTION 'hookd.enqueue: payload is required' USING ERRCODE = '22023';
+  END IF;
+  PERFORM payload::json;  -- validates JSON without re-serializing what is stored
+  v_keys := hookd.event_type_keys(event_type);
+  PERFORM set_config('synchronous_commit', 'on', true);
+  -- the consumer is part of what a key stands for: the same key re-sent for another
+  -- consumer is different content (the API hashes the same way, outbox::request_hash)
+  v_hash := sha256(convert_to(event_type || E'\n' || payload
+                              || CASE WHEN consumer IS NULL THEN '' ELSE E'\n' || consumer END, 'UTF8'));
+
+  IF idempotency_key IS NOT NULL THEN
+    -- the key's claim, shared with the API's committers (db::events::try_lock_keys)
+    PERFORM pg_advisory_xact_lock(hashtextextended(enqueue.tenant || E'\n' || enqueue.idempotency_key, 0));
+    INSERT INTO hookd.events (id, tenant, event_type, payload, idempotency_key, request_hash, consumer)
+    VALUES (hookd.uuid_v7(), enqueue.tenant, enqueue.event_type, enqueue.payload, enqueue.idempotency_key, v_hash, enqueue.consumer)
+    ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id INTO v_id;
+    IF v_id IS NULL THEN
+      SELECT e.id, e.request_hash INTO v_id, v_existing_hash FROM hookd.events e
+      WHERE e.tenant = enqueue.tenant AND e.idempotency_key = enqueue.idempotency_key;
+      IF v_id IS NULL THEN
+        RAISE EXCEPTION 'hookd.enqueue: the event holding idempotency key % was deleted while this call ran; retry', quote_literal(idempotency_key)
+          USING ERRCODE = '40001';
+      END IF;
+      IF v_existing_hash <> v_hash THEN
+        RAISE EXCEPTION 'hookd.enqueue: idempotency key % was already used with different content', quote_literal(idempotency_key)
+          USING ERRCODE = '23505';
+      END IF;
+      RETURN v_id;
+    END IF;
+  ELSE
+    INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash, consumer)
+    VALUES (hookd.uuid_v7(), enqueue.tenant, enqueue.event_type, enqueue.payload, v_hash, enqueue.consumer)
+    RETURNING id INTO v_id;
+  END IF;
+
+  INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, consumer)
+  SELECT hookd.uuid_v7(), v_id, s.endpoint_id, enqueue.tenant, enqueue.consumer
+  FROM (SELECT DISTINCT m.endpoint_id
+        FROM unnest(v_keys) AS k(pattern)
+        CROSS JOIN LATERAL (
+            SELECT s.endpoint_id FROM hookd.subscriptions s
+            WHERE s.tenant = enqueue.tenant AND s.consumer = coalesce(enqueue.consumer, '')
+              AND s.pattern = k.pattern
+            OFFSET 0) m) s;
+
+  PERFORM pg_notify('hookd_deliveries', '');
+  RETURN v_id;
+END
+$_$;
+
+
+--
+-- Name: event_type_keys(text); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.event_type_keys(event_type text) RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+  SELECT ARRAY['*', event_type] || coalesce(
+    (SELECT array_agg(array_to_string(p.parts[1:n], '.') || '.*')
+     FROM (SELECT string_to_array(event_type, '.') AS parts) p,
+          generate_series(1, cardinality(p.parts) - 1) AS n),
+    '{}')
+$$;
+
+
+--
+-- Name: event_type_matches(text[], text); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.event_type_matches(patterns text[], event_type text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+  SELECT cardinality(patterns) = 0 OR EXISTS (
+    SELECT 1 FROM unnest(patterns) AS p
+    WHERE p = event_type
+       OR p = '*'
+       OR (right(p, 2) = '.*' AND starts_with(event_type, left(p, -1)))
+  )
+$$;
+
+
+--
+-- Name: history_cascade_endpoints(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.history_cascade_endpoints() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+  DELETE FROM hookd.delivery_history h USING gone g WHERE h.endpoint_id = g.id;
+  RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: history_day_create(date); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.history_day_create(day date) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+  lo uuid := hookd.uuid_v7_floor((extract(epoch FROM day::timestamp) * 1000)::bigint);
+  hi uuid := hookd.uuid_v7_floor((extract(epoch FROM (day + 1)::timestamp) * 1000)::bigint);
+  suffix text := to_char(day, 'YYYYMMDD');
+  t record;
+BEGIN
+  IF to_regclass('hookd.delivery_history_' || suffix) IS NOT NULL THEN
+    RETURN true;
+  END IF;
+  FOR t IN SELECT * FROM (VALUES
+      ('delivery_history', 'id', $x$AND status IN ('succeeded', 'dead', 'cancelled')$x$),
+      ('delivery_attempts', 'delivery_id', ''),
+      ('dead_letters', 'delivery_id', '')) AS v(parent, key, extra)
+  LOOP
+    -- LIKE reads the parent's definition under ACCESS SHARE; no identity (the parent's
+    -- sequence numbers attempts), no indexes (attaching creates the parent's)
+    EXECUTE format('CREATE TABLE hookd.%I (LIKE hookd.%I INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
+                   t.parent || '_' || suffix, t.parent);
+    -- the partition constraint, proven by this CHECK, so ATTACH does not read the table
+    EXECUTE format('ALTER TABLE hookd.%I ADD CONSTRAINT %I CHECK (%I IS NOT NULL AND %I >= %L AND %I < %L %s)',
+                   t.parent || '_' || suffix, t.parent || '_' || suffix || '_range',
+                   t.key, t.key, lo, t.key, hi, t.extra);
+    EXECUTE format('ALTER TABLE hookd.%I ATTACH PARTITION hookd.%I FOR VALUES FROM (%L) TO (%L)',
+                   t.parent, t.parent || '_' || suffix, lo, hi);
+  END LOOP;
+  RETURN true;
+END
+$_$;
+
+
+--
+-- Name: history_days_ensure(integer); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.history_days_ensure(ahead integer) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+  today date := (now() AT TIME ZONE 'UTC')::date;
+  n integer := 0;
+BEGIN
+  IF NOT pg_try_advisory_xact_lock(7526744938421348708) THEN -- "hookdday" + 4
+    RETURN 0;
+  END IF;
+  FOR i IN 0..ahead LOOP
+    IF hookd.history_day_create(today + i) THEN
+      n := n + 1;
+    END IF;
+  END LOOP;
+  RETURN n;
+END
+$$;
+
+
+--
+-- Name: revoke_sessions(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.revoke_sessions() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    -- one level here; the UPDATE fires this trigger again for sessions of sessions
+    UPDATE hookd.api_tokens SET revoked_at = NEW.revoked_at
+    WHERE parent_id = NEW.id AND revoked_at IS NULL;
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: sync_subscriptions(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.sync_subscriptions() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+  IF TG_OP IN ('UPDATE', 'DELETE') THEN
+    DELETE FROM hookd.subscriptions WHERE endpoint_id = OLD.id;
+  END IF;
+  IF TG_OP IN ('INSERT', 'UPDATE') AND NEW.state <> 'disabled' AND NEW.removed_at IS NULL THEN
+    INSERT INTO hookd.subscriptions (tenant, consumer, pattern, endpoint_id)
+    SELECT DISTINCT NEW.tenant, coalesce(NEW.consumer, ''), p, NEW.id
+    FROM unnest(CASE WHEN cardinality(NEW.event_types) = 0 THEN ARRAY['*'] ELSE NEW.event_types END) AS p;
+  END IF;
+  RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: uuid_v7(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.uuid_v7() RETURNS uuid
+    LANGUAGE sql PARALLEL SAFE
+    AS $$
+  SELECT encode(
+    set_bit(set_bit(
+      overlay(uuid_send(gen_random_uuid())
+              placing substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+              FROM 1 FOR 6),
+      52, 1), 53, 1),
+    'hex')::uuid
+$$;
+
+
+--
+-- Name: uuid_v7_floor(bigint); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.uuid_v7_floor(ms bigint) RETURNS uuid
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+  SELECT (lpad(to_hex(ms), 12, '0') || '00000000000000000000')::uuid
+$$;
+
+
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+--
+-- Name: api_tokens; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.api_tokens (
+    id uuid NOT NULL,
+    token_hash bytea NOT NULL,
+    prefix text NOT NULL,
+    tenant text NOT NULL,
+    scopes text[] NOT NULL,
+    name text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone,
+    revoked_at timestamp with time zone,
+    consumer text,
+    consumer_generation bigint,
+    parent_id uuid,
+    CONSTRAINT api_tokens_consumer_check CHECK (((consumer IS NULL) OR (consumer ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'::text))),
+    CONSTRAINT api_tokens_name_check CHECK (((name IS NULL) OR (length(name) <= 200))),
+    CONSTRAINT api_tokens_scopes_check CHECK (((cardinality(scopes) > 0) AND (scopes <@ ARRAY['produce'::text, 'read'::text, 'operate'::text, 'manage'::text]))),
+    CONSTRAINT api_tokens_tenant_check CHECK ((tenant ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'::text)),
+    CONSTRAINT api_tokens_token_hash_check CHECK ((length(token_hash) = 32))
+);
+
+
+--
+-- Name: consumer_deletions; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.consumer_deletions (
+    id uuid NOT NULL,
+    tenant text NOT NULL,
+    uid text NOT NULL,
+    generation bigint NOT NULL,
+    phase text DEFAULT 'endpoints'::text NOT NULL,
+    cursor_id uuid,
+    tokens_revoked bigint DEFAULT 0 NOT NULL,
+    endpoints_disabled bigint DEFAULT 0 NOT NULL,
+    deliveries_cancelled bigint DEFAULT 0 NOT NULL,
+    requested_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    completed_at timestamp with time zone,
+    CONSTRAINT consumer_deletions_phase_check CHECK ((phase = ANY (ARRAY['endpoints'::text, 'deliveries'::text, 'done'::text])))
+);
+
+
+--
+-- Name: consumer_generations; Type: SEQUENCE; Schema: hookd; Owner: -
+--
+
+CREATE SEQUENCE hookd.consumer_generations
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+
+--
+-- Name: consumers; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.consumers (
+    tenant text NOT NULL,
+    uid text NOT NULL,
+    name text,
+    metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    generation bigint DEFAULT nextval('hookd.consumer_generations'::regclass) NOT NULL,
+    CONSTRAINT consumers_metadata_check CHECK ((jsonb_typeof(metadata) = 'object'::text)),
+    CONSTRAINT consumers_name_check CHECK (((name IS NULL) OR (length(name) <= 200))),
+    CONSTRAINT consumers_tenant_check CHECK ((tenant ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'::text)),
+    CONSTRAINT consumers_uid_check CHECK ((uid ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'::text))
+);
+
+
+--
+-- Name: dead_letters; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.dead_letters (
+    delivery_id uuid NOT NULL,
+    endpoint_id uuid NOT NULL,
+    tenant text NOT NULL,
+    reason text NOT NULL,
+    attempts integer NOT NULL,
+    dead_at timestamp with time zone DEFAULT now() NOT NULL
+)
+PARTITION BY RANGE (delivery_id);
+
+
+--
+-- Name: dead_letters_before_0014; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.dead_letters_before_0014 (
+    delivery_id uuid NOT NULL,
+    endpoint_id uuid NOT NULL,
+    tenant text NOT NULL,
+    reason text NOT NULL,
+    attempts integer NOT NULL,
+    dead_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+
+--
+-- Name: deliveries; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.deliveries (
+    id uuid NOT NULL,
+    event_id uuid NOT NULL,
+    endpoint_id uuid NOT NULL,
+    tenant text NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    visible_at timestamp with time zone DEFAULT now() NOT NULL,
+    locked_by uuid,
+    last_status_code integer,
+    last_error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    completed_at timestamp with time zone,
+    claim_token uuid,
+    attempt_seq integer DEFAULT 0 NOT NULL,
+    consumer text,
+    CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'in_progress'::text, 'failed'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text])))
+)
+PARTITION BY LIST (status);
+
+
+--
+-- Name: delivery_attempts; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.delivery_attempts (
+    id bigint NOT NULL,
+    delivery_id uuid NOT NULL,
+    attempt integer NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    duration_ms integer NOT NULL,
+    status_code integer,
+    error_class text,
+    error text,
+    response_snippet text
+)
+PARTITION BY RANGE (delivery_id);
+
+
+--
+-- Name: delivery_attempts_before_0014; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.delivery_attempts_before_0014 (
+    id bigint NOT NULL,
+    delivery_id uuid NOT NULL,
+    attempt integer NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    duration_ms integer NOT NULL,
+    status_code integer,
+    error_class text,
+    error text,
+    response_snippet text
+);
+
+
+--
+-- Name: delivery_attempts_id_seq1; Type: SEQUENCE; Schema: hookd; Owner: -
+--
+
+ALTER TABLE hookd.delivery_attempts ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME hookd.delivery_attempts_id_seq1
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: delivery_history; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.delivery_history (
+    id uuid NOT NULL,
+    event_id uuid NOT NULL,
+    endpoint_id uuid NOT NULL,
+    tenant text NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    visible_at timestamp with time zone DEFAULT now() NOT NULL,
+    locked_by uuid,
+    last_status_code integer,
+    last_error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    completed_at timestamp with time zone,
+    claim_token uuid,
+    attempt_seq integer DEFAULT 0 NOT NULL,
+    consumer text,
+    CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'in_progress'::text, 'failed'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text])))
+)
+PARTITION BY RANGE (id);
+
+
+--
+-- Name: delivery_history_before_0014; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.delivery_history_before_0014 (
+    id uuid NOT NULL,
+    event_id uuid NOT NULL,
+    endpoint_id uuid NOT NULL,
+    tenant text NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    visible_at timestamp with time zone DEFAULT now() NOT NULL,
+    locked_by uuid,
+    last_status_code integer,
+    last_error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    completed_at timestamp with time zone,
+    claim_token uuid,
+    attempt_seq integer DEFAULT 0 NOT NULL,
+    consumer text,
+    CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'in_progress'::text, 'failed'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text])))
+);
+
+
+--
+-- Name: delivery_queue; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.delivery_queue (
+    id uuid NOT NULL,
+    event_id uuid NOT NULL,
+    endpoint_id uuid NOT NULL,
+    tenant text NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    visible_at timestamp with time zone DEFAULT now() NOT NULL,
+    locked_by uuid,
+    last_status_code integer,
+    last_error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    completed_at timestamp with time zone,
+    claim_token uuid,
+    attempt_seq integer DEFAULT 0 NOT NULL,
+    consumer text,
+    CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'in_progress'::text, 'failed'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text])))
+)
+WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='5000', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_vacuum_cost_delay='0', autovacuum_analyze_scale_factor='0.02');
+
+
+--
+-- Name: endpoint_queue; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.endpoint_queue (
+    endpoint_id uuid NOT NULL,
+    tenant text NOT NULL,
+    due_at timestamp with time zone NOT NULL,
+    hold_until timestamp with time zone,
+    served_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    turn_at timestamp with time zone GENERATED ALWAYS AS (GREATEST(due_at, hold_until, served_at)) STORED
+)
+WITH (fillfactor='50', autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_cost_delay='0', autovacuum_analyze_scale_factor='0.05');
+
+
+--
+-- Name: endpoint_rechecks; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.endpoint_rechecks (
+    id bigint NOT NULL,
+    endpoint_id uuid NOT NULL
+)
+WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_cost_delay='0');
+
+
+--
+-- Name: endpoint_rechecks_id_seq; Type: SEQUENCE; Schema: hookd; Owner: -
+--
+
+ALTER TABLE hookd.endpoint_rechecks ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME hookd.endpoint_rechecks_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: endpoint_secrets; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.endpoint_secrets (
+    id bigint NOT NULL,
+    endpoint_id uuid NOT NULL,
+    plaintext_secret text,
+    fingerprint bytea NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    not_after timestamp with time zone,
+    key_id text,
+    ciphertext bytea,
+    CONSTRAINT endpoint_secrets_one_form CHECK ((((ciphertext IS NOT NULL) AND (key_id IS NOT NULL) AND (plaintext_secret IS NULL)) OR ((ciphertext IS NULL) AND (key_id IS NULL) AND (plaintext_secret IS NOT NULL))))
+);
+
+
+--
+-- Name: endpoint_secrets_id_seq; Type: SEQUENCE; Schema: hookd; Owner: -
+--
+
+ALTER TABLE hookd.endpoint_secrets ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME hookd.endpoint_secrets_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: endpoint_wakeups; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.endpoint_wakeups (
+    id bigint NOT NULL,
+    endpoint_id uuid NOT NULL,
+    due_at timestamp with time zone NOT NULL
+)
+WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_cost_delay='0');
+
+
+--
+-- Name: endpoint_wakeups_id_seq; Type: SEQUENCE; Schema: hookd; Owner: -
+--
+
+ALTER TABLE hookd.endpoint_wakeups ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME hookd.endpoint_wakeups_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: endpoints; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.endpoints (
+    id uuid NOT NULL,
+    tenant text NOT NULL,
+    k8s_namespace text,
+    k8s_name text,
+    k8s_uid text,
+    url text NOT NULL,
+    event_types text[] DEFAULT '{}'::text[] NOT NULL,
+    state text DEFAULT 'active'::text NOT NULL,
+    state_reason text,
+    timeout_ms integer,
+    max_attempts integer,
+    retry_schedule_secs integer[],
+    max_in_flight integer,
+    headers jsonb DEFAULT '{}'::jsonb NOT NULL,
+    secret_grace_secs integer DEFAULT 86400 NOT NULL,
+    spec_fingerprint bytea,
+    circuit_state text DEFAULT 'closed'::text NOT NULL,
+    circuit_failures integer DEFAULT 0 NOT NULL,
+    circuit_open_until timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_success_at timestamp with time zone,
+    last_failure_at timestamp with time zone,
+    config_version bigint DEFAULT 1 NOT NULL,
+    removed_at timestamp with time zone,
+    consumer text,
+    managed_by text DEFAULT 'kubernetes'::text NOT NULL,
+    description text,
+    consumer_deleted_at timestamp with time zone,
+    secret_unreadable text,
+    secret_unreadable_since timestamp with time zone,
+    consumer_generation bigint,
+    CONSTRAINT endpoints_circuit_state_check CHECK ((circuit_state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
+    CONSTRAINT endpoints_consumer_check CHECK (((consumer IS NULL) OR (consumer ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'::text))),
+    CONSTRAINT endpoints_description_check CHECK (((description IS NULL) OR (length(description) <= 1000))),
+    CONSTRAINT endpoints_identity CHECK (((managed_by = 'kubernetes'::text) = ((k8s_namespace IS NOT NULL) AND (k8s_name IS NOT NULL)))),
+    CONSTRAINT endpoints_managed_by_check CHECK ((managed_by = ANY (ARRAY['kubernetes'::text, 'api'::text]))),
+    CONSTRAINT endpoints_max_attempts_check CHECK (((max_attempts IS NULL) OR ((max_attempts >= 1) AND (max_attempts <= 100)))),
+    CONSTRAINT endpoints_max_in_flight_check CHECK (((max_in_flight IS NULL) OR ((max_in_flight >= 1) AND (max_in_flight <= 10000)))),
+    CONSTRAINT endpoints_secret_grace_secs_check CHECK ((secret_grace_secs >= 0)),
+    CONSTRAINT endpoints_state_check CHECK ((state = ANY (ARRAY['active'::text, 'paused'::text, 'disabled'::text]))),
+    CONSTRAINT endpoints_timeout_ms_check CHECK (((timeout_ms IS NULL) OR ((timeout_ms >= 100) AND (timeout_ms <= 300000))))
+);
+
+
+--
+-- Name: events; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.events (
+    id uuid NOT NULL,
+    tenant text NOT NULL,
+    event_type text NOT NULL,
+    payload text NOT NULL,
+    idempotency_key text,
+    request_hash bytea NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    consumer text
+)
+WITH (autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02');
+
+
+--
+-- Name: producer_roles; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.producer_roles (
+    role_name text NOT NULL,
+    tenant text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT producer_roles_tenant_check CHECK ((tenant ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'::text))
+);
+
+
+--
+-- Name: sign_in_codes; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.sign_in_codes (
+    code_hash bytea NOT NULL,
+    token_id uuid NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT sign_in_codes_code_hash_check CHECK ((length(code_hash) = 32))
+);
+
+
+--
+-- Name: subscriptions; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.subscriptions (
+    tenant text NOT NULL,
+    consumer text NOT NULL,
+    pattern text NOT NULL,
+    endpoint_id uuid NOT NULL
+);
+
+
+--
+-- Name: dead_letters_before_0014; Type: TABLE ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.dead_letters ATTACH PARTITION hookd.dead_letters_before_0014 FOR VALUES FROM (MINVALUE) TO ('01a24380-2000-0000-0000-000000000000');
+
+
+--
+-- Name: delivery_attempts_before_0014; Type: TABLE ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.delivery_attempts ATTACH PARTITION hookd.delivery_attempts_before_0014 FOR VALUES FROM (MINVALUE) TO ('01a24380-2000-0000-0000-000000000000');
+
+
+--
+-- Name: delivery_history; Type: TABLE ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.deliveries ATTACH PARTITION hookd.delivery_history FOR VALUES IN ('succeeded', 'dead', 'cancelled');
+
+
+--
+-- Name: delivery_history_before_0014; Type: TABLE ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.delivery_history ATTACH PARTITION hookd.delivery_history_before_0014 FOR VALUES FROM (MINVALUE) TO ('01a24380-2000-0000-0000-000000000000');
+
+
+--
+-- Name: delivery_queue; Type: TABLE ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.deliveries ATTACH PARTITION hookd.delivery_queue FOR VALUES IN ('pending', 'in_progress', 'failed');
+
+
+--
+-- Name: api_tokens api_tokens_consumer_never_produces; Type: CHECK CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE hookd.api_tokens
+    ADD CONSTRAINT api_tokens_consumer_never_produces CHECK (((consumer IS NULL) OR (NOT ('produce'::text = ANY (scopes))))) NOT VALID;
+
+
+--
+-- Name: api_tokens api_tokens_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.api_tokens
+    ADD CONSTRAINT api_tokens_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: consumer_deletions consumer_deletions_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.consumer_deletions
+    ADD CONSTRAINT consumer_deletions_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: consumers consumers_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.consumers
+    ADD CONSTRAINT consumers_pkey PRIMARY KEY (tenant, uid);
+
+
+--
+-- Name: dead_letters dead_letters_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.dead_letters
+    ADD CONSTRAINT dead_letters_pkey PRIMARY KEY (delivery_id);
+
+
+--
+-- Name: dead_letters_before_0014 dead_letters_before_0014_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.dead_letters_before_0014
+    ADD CONSTRAINT dead_letters_before_0014_pkey PRIMARY KEY (delivery_id);
+
+
+--
+-- Name: deliveries deliveries_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.deliveries
+    ADD CONSTRAINT deliveries_pkey PRIMARY KEY (id, status);
+
+
+--
+-- Name: delivery_attempts delivery_attempts_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.delivery_attempts
+    ADD CONSTRAINT delivery_attempts_pkey PRIMARY KEY (id, delivery_id);
+
+
+--
+-- Name: delivery_attempts_before_0014 delivery_attempts_before_0014_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.delivery_attempts_before_0014
+    ADD CONSTRAINT delivery_attempts_before_0014_pkey PRIMARY KEY (id, delivery_id);
+
+
+--
+-- Name: delivery_attempts delivery_attempts_error_class; Type: CHECK CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE hookd.delivery_attempts
+    ADD CONSTRAINT delivery_attempts_error_class CHECK ((error_class = ANY (ARRAY['timeout'::text, 'connect'::text, 'dns'::text, 'body'::text, 'request'::text, 'destination_forbidden'::text, 'invalid_url'::text, 'http_status'::text, 'gone'::text, 'no_signing_secret'::text, 'secret_unreadable'::text]))) NOT VALID;
+
+
+--
+-- Name: delivery_history delivery_history_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.delivery_history
+    ADD CONSTRAINT delivery_history_pkey PRIMARY KEY (id, status);
+
+
+--
+-- Name: delivery_history_before_0014 delivery_history_before_0014_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.delivery_history_before_0014
+    ADD CONSTRAINT delivery_history_before_0014_pkey PRIMARY KEY (id, status);
+
+
+--
+-- Name: delivery_queue delivery_queue_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.delivery_queue
+    ADD CONSTRAINT delivery_queue_pkey PRIMARY KEY (id, status);
+
+
+--
+-- Name: endpoint_queue endpoint_queue_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.endpoint_queue
+    ADD CONSTRAINT endpoint_queue_pkey PRIMARY KEY (endpoint_id);
+
+
+--
+-- Name: endpoint_rechecks endpoint_rechecks_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.endpoint_rechecks
+    ADD CONSTRAINT endpoint_rechecks_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: endpoint_secrets endpoint_secrets_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.endpoint_secrets
+    ADD CONSTRAINT endpoint_secrets_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: endpoint_wakeups endpoint_wakeups_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.endpoint_wakeups
+    ADD CONSTRAINT endpoint_wakeups_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: endpoints endpoints_k8s_namespace_k8s_name_key; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.endpoints
+    ADD CONSTRAINT endpoints_k8s_namespace_k8s_name_key UNIQUE (k8s_namespace, k8s_name);
+
+
+--
+-- Name: endpoints endpoints_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.endpoints
+    ADD CONSTRAINT endpoints_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: events events_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.events
+    ADD CONSTRAINT events_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: producer_roles producer_roles_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.producer_roles
+    ADD CONSTRAINT producer_roles_pkey PRIMARY KEY (role_name, tenant);
+
+
+--
+-- Name: sign_in_codes sign_in_codes_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.sign_in_codes
+    ADD CONSTRAINT sign_in_codes_pkey PRIMARY KEY (code_hash);
+
+
+--
+-- Name: subscriptions subscriptions_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.subscriptions
+    ADD CONSTRAINT subscriptions_pkey PRIMARY KEY (tenant, consumer, pattern, endpoint_id);
+
+
+--
+-- Name: api_tokens_consumer; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX api_tokens_consumer ON hookd.api_tokens USING btree (tenant, consumer) WHERE (consumer IS NOT NULL);
+
+
+--
+-- Name: api_tokens_hash; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE UNIQUE INDEX api_tokens_hash ON hookd.api_tokens USING btree (token_hash);
+
+
+--
+-- Name: api_tokens_parent; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX api_tokens_parent ON hookd.api_tokens USING btree (parent_id) WHERE (parent_id IS NOT NULL);
+
+
+--
+-- Name: api_tokens_tenant_page; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX api_tokens_tenant_page ON hookd.api_tokens USING btree (tenant, id);
+
+
+--
+-- Name: consumer_deletions_open; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX consumer_deletions_open ON hookd.consumer_deletions USING btree (requested_at) WHERE (completed_at IS NULL);
+
+
+--
+-- Name: consumer_deletions_tenant; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX consumer_deletions_tenant ON hookd.consumer_deletions USING btree (tenant, uid, requested_at);
+
+
+--
+-- Name: dead_letters_endpoint; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX dead_letters_endpoint ON ONLY hookd.dead_letters USING btree (endpoint_id, dead_at, delivery_id);
+
+
+--
+-- Name: dead_letters_before_0014_endpoint_id_dead_at_delivery_id_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX dead_letters_before_0014_endpoint_id_dead_at_delivery_id_idx ON hookd.dead_letters_before_0014 USING btree (endpoint_id, dead_at, delivery_id);
+
+
+--
+-- Name: dead_letters_tenant; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX dead_letters_tenant ON ONLY hookd.dead_letters USING btree (tenant, dead_at, delivery_id);
+
+
+--
+-- Name: dead_letters_before_0014_tenant_dead_at_delivery_id_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX dead_letters_before_0014_tenant_dead_at_delivery_id_idx ON hookd.dead_letters_before_0014 USING btree (tenant, dead_at, delivery_id);
+
+
+--
+-- Name: deliveries_claimable; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX deliveries_claimable ON hookd.delivery_queue USING btree (endpoint_id, visible_at);
+
+
+--
+-- Name: deliveries_consumer_status_page; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX deliveries_consumer_status_page ON ONLY hookd.deliveries USING btree (tenant, consumer, status, event_id) WHERE (consumer IS NOT NULL);
+
+
+--
+-- Name: deliveries_endpoint_created; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX deliveries_endpoint_created ON ONLY hookd.deliveries USING btree (endpoint_id, created_at);
+
+
+--
+-- Name: deliveries_endpoint_page; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX deliveries_endpoint_page ON ONLY hookd.deliveries USING btree (endpoint_id, id);
+
+
+--
+-- Name: deliveries_event; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX deliveries_event ON ONLY hookd.deliveries USING btree (event_id);
+
+
+--
+-- Name: deliveries_status_page; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX deliveries_status_page ON ONLY hookd.deliveries USING btree (tenant, status, event_id);
+
+
+--
+-- Name: delivery_attempts_delivery; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_attempts_delivery ON ONLY hookd.delivery_attempts USING btree (delivery_id, attempt);
+
+
+--
+-- Name: delivery_attempts_before_0014_delivery_id_attempt_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_attempts_before_0014_delivery_id_attempt_idx ON hookd.delivery_attempts_before_0014 USING btree (delivery_id, attempt);
+
+
+--
+-- Name: delivery_history_endpoint_id_created_at_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_history_endpoint_id_created_at_idx ON ONLY hookd.delivery_history USING btree (endpoint_id, created_at);
+
+
+--
+-- Name: delivery_history_before_0014_endpoint_id_created_at_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_history_before_0014_endpoint_id_created_at_idx ON hookd.delivery_history_before_0014 USING btree (endpoint_id, created_at);
+
+
+--
+-- Name: delivery_history_endpoint_id_id_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_history_endpoint_id_id_idx ON ONLY hookd.delivery_history USING btree (endpoint_id, id);
+
+
+--
+-- Name: delivery_history_before_0014_endpoint_id_id_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_history_before_0014_endpoint_id_id_idx ON hookd.delivery_history_before_0014 USING btree (endpoint_id, id);
+
+
+--
+-- Name: delivery_history_event_id_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_history_event_id_idx ON ONLY hookd.delivery_history USING btree (event_id);
+
+
+--
+-- Name: delivery_history_before_0014_event_id_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_history_before_0014_event_id_idx ON hookd.delivery_history_before_0014 USING btree (event_id);
+
+
+--
+-- Name: delivery_history_tenant_consumer_status_event_id_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_history_tenant_consumer_status_event_id_idx ON ONLY hookd.delivery_history USING btree (tenant, consumer, status, event_id) WHERE (consumer IS NOT NULL);
+
+
+--
+-- Name: delivery_history_before_0014_tenant_consumer_status_event_i_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_history_before_0014_tenant_consumer_status_event_i_idx ON hookd.delivery_history_before_0014 USING btree (tenant, consumer, status, event_id) WHERE (consumer IS NOT NULL);
+
+
+--
+-- Name: delivery_history_tenant_status_event_id_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_history_tenant_status_event_id_idx ON ONLY hookd.delivery_history USING btree (tenant, status, event_id);
+
+
+--
+-- Name: delivery_history_before_0014_tenant_status_event_id_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_history_before_0014_tenant_status_event_id_idx ON hookd.delivery_history_before_0014 USING btree (tenant, status, event_id);
+
+
+--
+-- Name: delivery_history_updated; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_history_updated ON ONLY hookd.delivery_history USING brin (updated_at);
+
+
+--
+-- Name: delivery_history_before_0014_updated_at_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_history_before_0014_updated_at_idx ON hookd.delivery_history_before_0014 USING brin (updated_at);
+
+
+--
+-- Name: delivery_queue_endpoint_id_created_at_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_queue_endpoint_id_created_at_idx ON hookd.delivery_queue USING btree (endpoint_id, created_at);
+
+
+--
+-- Name: delivery_queue_endpoint_id_id_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_queue_endpoint_id_id_idx ON hookd.delivery_queue USING btree (endpoint_id, id);
+
+
+--
+-- Name: delivery_queue_event_id_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_queue_event_id_idx ON hookd.delivery_queue USING btree (event_id);
+
+
+--
+-- Name: delivery_queue_tenant_consumer_status_event_id_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_queue_tenant_consumer_status_event_id_idx ON hookd.delivery_queue USING btree (tenant, consumer, status, event_id) WHERE (consumer IS NOT NULL);
+
+
+--
+-- Name: delivery_queue_tenant_status_event_id_idx; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX delivery_queue_tenant_status_event_id_idx ON hookd.delivery_queue USING btree (tenant, status, event_id);
+
+
+--
+-- Name: endpoint_queue_tenant_turn; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX endpoint_queue_tenant_turn ON hookd.endpoint_queue USING btree (tenant, turn_at);
+
+
+--
+-- Name: endpoint_queue_turn; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX endpoint_queue_turn ON hookd.endpoint_queue USING btree (turn_at);
+
+
+--
+-- Name: endpoint_secrets_endpoint; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX endpoint_secrets_endpoint ON hookd.endpoint_secrets USING btree (endpoint_id);
+
+
+--
+-- Name: endpoints_api_live; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX endpoints_api_live ON hookd.endpoints USING btree (tenant) WHERE ((managed_by = 'api'::text) AND (removed_at IS NULL) AND (consumer_deleted_at IS NULL));
+
+
+--
+-- Name: endpoints_consumer_deleted; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX endpoints_consumer_deleted ON hookd.endpoints USING btree (consumer_deleted_at) WHERE (consumer_deleted_at IS NOT NULL);
+
+
+--
+-- Name: endpoints_consumer_generation; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX endpoints_consumer_generation ON hookd.endpoints USING btree (tenant, consumer, consumer_generation, id) WHERE ((removed_at IS NULL) AND (consumer IS NOT NULL));
+
+
+--
+-- Name: endpoints_consumer_page; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX endpoints_consumer_page ON hookd.endpoints USING btree (tenant, consumer, id) WHERE ((removed_at IS NULL) AND (consumer IS NOT NULL));
+
+
+--
+-- Name: endpoints_removed; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX endpoints_removed ON hookd.endpoints USING btree (removed_at) WHERE (removed_at IS NOT NULL);
+
+
+--
+-- Name: endpoints_tenant_page; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX endpoints_tenant_page ON hookd.endpoints USING btree (tenant, id) WHERE (removed_at IS NULL);
+
+
+--
+-- Name: events_consumer_page; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX events_consumer_page ON hookd.events USING btree (tenant, consumer, id) WHERE (consumer IS NOT NULL);
+
+
+--
+-- Name: events_idempotency; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE UNIQUE INDEX events_idempotency ON hookd.events USING btree (tenant, idempotency_key) WHERE (idempotency_key IS NOT NULL);
+
+
+--
+-- Name: events_tenant_page; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX events_tenant_page ON hookd.events USING btree (tenant, id);
+
+
+--
+-- Name: events_type_page; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX events_type_page ON hookd.events USING btree (tenant, event_type, id);
+
+
+--
+-- Name: producer_roles_tenant; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX producer_roles_tenant ON hookd.producer_roles USING btree (tenant);
+
+
+--
+-- Name: sign_in_codes_expiry; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX sign_in_codes_expiry ON hookd.sign_in_codes USING btree (expires_at);
+
+
+--
+-- Name: subscriptions_endpoint; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX subscriptions_endpoint ON hookd.subscriptions USING btree (endpoint_id);
+
+
+--
+-- Name: dead_letters_before_0014_endpoint_id_dead_at_delivery_id_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.dead_letters_endpoint ATTACH PARTITION hookd.dead_letters_before_0014_endpoint_id_dead_at_delivery_id_idx;
+
+
+--
+-- Name: dead_letters_before_0014_pkey; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.dead_letters_pkey ATTACH PARTITION hookd.dead_letters_before_0014_pkey;
+
+
+--
+-- Name: dead_letters_before_0014_tenant_dead_at_delivery_id_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.dead_letters_tenant ATTACH PARTITION hookd.dead_letters_before_0014_tenant_dead_at_delivery_id_idx;
+
+
+--
+-- Name: delivery_attempts_before_0014_delivery_id_attempt_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.delivery_attempts_delivery ATTACH PARTITION hookd.delivery_attempts_before_0014_delivery_id_attempt_idx;
+
+
+--
+-- Name: delivery_attempts_before_0014_pkey; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.delivery_attempts_pkey ATTACH PARTITION hookd.delivery_attempts_before_0014_pkey;
+
+
+--
+-- Name: delivery_history_before_0014_endpoint_id_created_at_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.delivery_history_endpoint_id_created_at_idx ATTACH PARTITION hookd.delivery_history_before_0014_endpoint_id_created_at_idx;
+
+
+--
+-- Name: delivery_history_before_0014_endpoint_id_id_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.delivery_history_endpoint_id_id_idx ATTACH PARTITION hookd.delivery_history_before_0014_endpoint_id_id_idx;
+
+
+--
+-- Name: delivery_history_before_0014_event_id_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.delivery_history_event_id_idx ATTACH PARTITION hookd.delivery_history_before_0014_event_id_idx;
+
+
+--
+-- Name: delivery_history_before_0014_pkey; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.delivery_history_pkey ATTACH PARTITION hookd.delivery_history_before_0014_pkey;
+
+
+--
+-- Name: delivery_history_before_0014_tenant_consumer_status_event_i_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.delivery_history_tenant_consumer_status_event_id_idx ATTACH PARTITION hookd.delivery_history_before_0014_tenant_consumer_status_event_i_idx;
+
+
+--
+-- Name: delivery_history_before_0014_tenant_status_event_id_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.delivery_history_tenant_status_event_id_idx ATTACH PARTITION hookd.delivery_history_before_0014_tenant_status_event_id_idx;
+
+
+--
+-- Name: delivery_history_before_0014_updated_at_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.delivery_history_updated ATTACH PARTITION hookd.delivery_history_before_0014_updated_at_idx;
+
+
+--
+-- Name: delivery_history_endpoint_id_created_at_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.deliveries_endpoint_created ATTACH PARTITION hookd.delivery_history_endpoint_id_created_at_idx;
+
+
+--
+-- Name: delivery_history_endpoint_id_id_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.deliveries_endpoint_page ATTACH PARTITION hookd.delivery_history_endpoint_id_id_idx;
+
+
+--
+-- Name: delivery_history_event_id_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.deliveries_event ATTACH PARTITION hookd.delivery_history_event_id_idx;
+
+
+--
+-- Name: delivery_history_pkey; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.deliveries_pkey ATTACH PARTITION hookd.delivery_history_pkey;
+
+
+--
+-- Name: delivery_history_tenant_consumer_status_event_id_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.deliveries_consumer_status_page ATTACH PARTITION hookd.delivery_history_tenant_consumer_status_event_id_idx;
+
+
+--
+-- Name: delivery_history_tenant_status_event_id_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.deliveries_status_page ATTACH PARTITION hookd.delivery_history_tenant_status_event_id_idx;
+
+
+--
+-- Name: delivery_queue_endpoint_id_created_at_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.deliveries_endpoint_created ATTACH PARTITION hookd.delivery_queue_endpoint_id_created_at_idx;
+
+
+--
+-- Name: delivery_queue_endpoint_id_id_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.deliveries_endpoint_page ATTACH PARTITION hookd.delivery_queue_endpoint_id_id_idx;
+
+
+--
+-- Name: delivery_queue_event_id_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.deliveries_event ATTACH PARTITION hookd.delivery_queue_event_id_idx;
+
+
+--
+-- Name: delivery_queue_pkey; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.deliveries_pkey ATTACH PARTITION hookd.delivery_queue_pkey;
+
+
+--
+-- Name: delivery_queue_tenant_consumer_status_event_id_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.deliveries_consumer_status_page ATTACH PARTITION hookd.delivery_queue_tenant_consumer_status_event_id_idx;
+
+
+--
+-- Name: delivery_queue_tenant_status_event_id_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
+--
+
+ALTER INDEX hookd.deliveries_status_page ATTACH PARTITION hookd.delivery_queue_tenant_status_event_id_idx;
+
+
+--
+-- Name: api_tokens api_tokens_revoke_sessions; Type: TRIGGER; Schema: hookd; Owner: -
+--
+
+CREATE TRIGGER api_tokens_revoke_sessions AFTER UPDATE OF revoked_at ON hookd.api_tokens FOR EACH ROW WHEN (((old.revoked_at IS NULL) AND (new.revoked_at IS NOT NULL))) EXECUTE FUNCTION hookd.revoke_sessions();
+
+
+--
+-- Name: deliveries deliveries_queue_insert; Type: TRIGGER; Schema: hookd; Owner: -
+--
+
+CREATE TRIGGER deliveries_queue_insert AFTER INSERT ON hookd.deliveries REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION hookd.deliveries_queue_insert();
+
+
+--
+-- Name: deliveries deliveries_queue_update; Type: TRIGGER; Schema: hookd; Owner: -
+--
+
+CREATE TRIGGER deliveries_queue_update AFTER UPDATE ON hookd.deliveries REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION hookd.deliveries_queue_update();
+
+
+--
+-- Name: endpoints endpoints_history_cascade; Type: TRIGGER; Schema: hookd; Owner: -
+--
+
+CREATE TRIGGER endpoints_history_cascade AFTER DELETE ON hookd.endpoints REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION hookd.history_cascade_endpoints();
+
+
+--
+-- Name: endpoints endpoints_owner_immutable; Type: TRIGGER; Schema: hookd; Owner: -
+--
+
+CREATE TRIGGER endpoints_owner_immutable BEFORE UPDATE OF tenant, consumer ON hookd.endpoints FOR EACH ROW WHEN (((old.tenant IS DISTINCT FROM new.tenant) OR (old.consumer IS DISTINCT FROM new.consumer))) EXECUTE FUNCTION hookd.endpoint_tenant_is_immutable();
+
+
+--
+-- Name: endpoints endpoints_queue_hold; Type: TRIGGER; Schema: hookd; Owner: -
+--
+
+CREATE TRIGGER endpoints_queue_hold AFTER UPDATE OF state, circuit_state, circuit_open_until ON hookd.endpoints FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) OR (old.circuit_state IS DISTINCT FROM new.circuit_state) OR (old.circuit_open_until IS DISTINCT FROM new.circuit_open_until))) EXECUTE FUNCTION hookd.endpoints_queue_hold();
+
+
+--
+-- Name: endpoints endpoints_subscriptions_ins; Type: TRIGGER; Schema: hookd; Owner: -
+--
+
+CREATE TRIGGER endpoints_subscriptions_ins AFTER INSERT ON hookd.endpoints FOR EACH ROW EXECUTE FUNCTION hookd.sync_subscriptions();
+
+
+--
+-- Name: endpoints endpoints_subscriptions_upd; Type: TRIGGER; Schema: hookd; Owner: -
+--
+
+CREATE TRIGGER endpoints_subscriptions_upd AFTER UPDATE OF event_types, state, removed_at ON hookd.endpoints FOR EACH ROW WHEN (((old.event_types IS DISTINCT FROM new.event_types) OR ((old.state = 'disabled'::text) IS DISTINCT FROM (new.state = 'disabled'::text)) OR (old.removed_at IS DISTINCT FROM new.removed_at))) EXECUTE FUNCTION hookd.sync_subscriptions();
+
+
+--
+-- Name: api_tokens api_tokens_parent_id_fkey; Type: FK CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.api_tokens
+    ADD CONSTRAINT api_tokens_parent_id_fkey FOREIGN KEY (parent_id) REFERENCES hookd.api_tokens(id) ON DELETE CASCADE;
+
+
+--
+-- Name: delivery_queue delivery_queue_endpoint_id_fkey; Type: FK CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.delivery_queue
+    ADD CONSTRAINT delivery_queue_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES hookd.endpoints(id) ON DELETE CASCADE;
+
+
+--
+-- Name: delivery_queue delivery_queue_event_id_fkey; Type: FK CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.delivery_queue
+    ADD CONSTRAINT delivery_queue_event_id_fkey FOREIGN KEY (event_id) REFERENCES hookd.events(id) ON DELETE CASCADE;
+
+
+--
+-- Name: endpoint_queue endpoint_queue_endpoint_id_fkey; Type: FK CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.endpoint_queue
+    ADD CONSTRAINT endpoint_queue_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES hookd.endpoints(id) ON DELETE CASCADE;
+
+
+--
+-- Name: endpoint_secrets endpoint_secrets_endpoint_id_fkey; Type: FK CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.endpoint_secrets
+    ADD CONSTRAINT endpoint_secrets_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES hookd.endpoints(id) ON DELETE CASCADE;
+
+
+--
+-- Name: sign_in_codes sign_in_codes_token_id_fkey; Type: FK CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.sign_in_codes
+    ADD CONSTRAINT sign_in_codes_token_id_fkey FOREIGN KEY (token_id) REFERENCES hookd.api_tokens(id) ON DELETE CASCADE;
+
+
+--
+-- Name: subscriptions subscriptions_endpoint_id_fkey; Type: FK CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.subscriptions
+    ADD CONSTRAINT subscriptions_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES hookd.endpoints(id) ON DELETE CASCADE;
+
+
+--
+-- PostgreSQL database dump complete
+--
+
+
