@@ -158,6 +158,8 @@ pub struct PruneCounts {
     pub days_dropped: i64,
     /// deliveries those days held (the planner's estimate)
     pub days_deliveries: i64,
+    /// of `events`, those deleted in bulk below the dropped days (no history to probe)
+    pub events_with_days: i64,
     /// browser sessions that ended more than a day ago
     pub sessions: i64,
 }
@@ -229,6 +231,27 @@ pub async fn prune_once(
         let soon = db::history_days_below(&mut conn, uuid_v7_floor(oldest + grace)).await?;
         if let Some(last) = soon.last() {
             cutoffs.drop_below = last.upper;
+        }
+    }
+
+    // The events of dropped days, in bulk: below the lowest day left, no history row can
+    // name them, so each is one probe of the queue and a delete (see
+    // `db::dropped_days_end`); the walk below would probe every day for each.
+    let lowest = db::history_days_below(&mut conn, Uuid::max()).await?;
+    if let Some(end) = lowest.first().and_then(|d| db::dropped_days_end(d.lower)) {
+        let mut after = Uuid::nil();
+        loop {
+            let (n, last) =
+                db::prune_dropped_day_events_batch(&mut conn, after, end, &cutoffs, policy.batch)
+                    .await?;
+            counts.events += n;
+            counts.events_with_days += n;
+            record("events", n);
+            match last {
+                Some(last) => after = last,
+                None => break,
+            }
+            tokio::task::yield_now().await;
         }
     }
 
@@ -403,6 +426,13 @@ pub async fn run_once(pool: &PgPool, settings: &RetentionSettings) -> anyhow::Re
                 format!(
                     "; dropped {} history days whole (about {} deliveries)",
                     c.days_dropped, c.days_deliveries
+                )
+            } else {
+                String::new()
+            } + &if c.events_with_days > 0 {
+                format!(
+                    "; {} of the events were those of dropped days, deleted in bulk",
+                    c.events_with_days
                 )
             } else {
                 String::new()

@@ -14,6 +14,7 @@ mod common;
 mod api_crash;
 mod api_limits;
 mod apply;
+mod architecture;
 mod auth;
 mod browser;
 mod cancellation;
