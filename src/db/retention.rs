@@ -364,7 +364,7 @@ pub fn dropped_days_end(lowest_day_lower: Uuid) -> Option<(Uuid, DateTime<Utc>)>
 }
 
 /// Deletes up to `limit` expired events of dropped history days, reading at most `limit`
-/// events upwards from `after` and below `below` (see [`dropped_days_end`]). Their history
+/// events upwards from `after` and below `end` (see [`dropped_days_end`]). Their history
 /// is gone with the days, so no history partition is probed: one range scan of the
 /// events' primary key, one probe of the queue per event, one delete. The row-by-row
 /// orphan walk ([`prune_orphan_events_batch`]) probes every history day per event

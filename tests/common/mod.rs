@@ -1,7 +1,6 @@
 //! Shared test kit: fixtures that go through the real code paths (sync core, API router,
 //! dispatcher), a real HTTP receiver that verifies every delivery with the official
 //! Standard Webhooks verifier, and condition waits (no fixed sleeps).
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -24,10 +23,7 @@ use uuid::Uuid;
 pub mod browser;
 mod factory;
 mod process;
-// each test module uses a part of the kit
-#[allow(unused_imports)]
 pub use factory::*;
-#[allow(unused_imports)]
 pub use process::*;
 
 /// Vector A's secret from the Standard Webhooks test vectors.
