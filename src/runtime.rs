@@ -42,6 +42,33 @@ pub fn shutdown_on_signals() -> CancellationToken {
     token
 }
 
+/// How often [`spawn_heap_trim`] hands freed heap back to the system.
+const HEAP_TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Hands the heap glibc keeps after a burst back to the system, every 30 s until
+/// `shutdown`. glibc's malloc keeps freed memory inside its heaps: from outside, 4,000
+/// connections held against `hookd api` for a minute left it at 105-128 MB with about
+/// 1 MB of it in use (the level of the next burst, not a leak), and `malloc_trim`
+/// returned it to 37 MB. A trim is a few milliseconds of the allocator's locks. A no-op
+/// on other C libraries.
+pub fn spawn_heap_trim(shutdown: CancellationToken) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(HEAP_TRIM_EVERY) => {}
+                _ = shutdown.cancelled() => return,
+            }
+            // SAFETY: malloc_trim only walks and shrinks glibc's own heaps, under their locks.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        }
+    });
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = (shutdown, HEAP_TRIM_EVERY);
+}
+
 /// Connects and refuses to go on with an unmigrated or newer schema.
 pub async fn open_checked(db_args: &DbArgs) -> anyhow::Result<PgPool> {
     db::set_pooler(db_args.database_pooler);

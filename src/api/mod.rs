@@ -444,6 +444,8 @@ pub async fn run(
         state.customers.delete_batch,
         shutdown.clone(),
     ));
+    // the process facing every client: what a burst of held connections freed goes back
+    crate::runtime::spawn_heap_trim(shutdown.clone());
     let listener = tokio::net::TcpListener::bind(settings.listen).await?;
     tracing::info!(listen = %settings.listen, "listening");
     server::serve_api_on(listener, app(state), settings.listener_limits(), shutdown).await?;
