@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -63,23 +63,34 @@ async fn typed_endpoints(
     tenant: &str,
     urls: &[(String, Option<String>)],
 ) -> Result<Vec<Uuid>, BenchError> {
-    let mut yaml = format!(
-        "apiVersion: v1\nkind: Secret\nmetadata: {{name: bench-secret, namespace: {tenant}}}\nstringData: {{secret: \"{}\"}}\n",
-        ctx.signing_secret
-    );
-    for (i, (url, event_type)) in urls.iter().enumerate() {
-        yaml.push_str(&format!(
-            "---\napiVersion: hookd.dev/v1alpha1\nkind: WebhookEndpoint\nmetadata: {{name: ep-{i}, namespace: {tenant}}}\nspec:\n  url: \"{url}\"\n  secretRef: {{name: bench-secret, key: secret}}\n"
-        ));
-        if let Some(t) = event_type {
-            yaml.push_str(&format!("  eventTypes: [\"{t}\"]\n"));
+    // Files of ENDPOINTS_PER_FILE endpoints: `hookd apply` reads at most
+    // `apply::MAX_FILE_BYTES` per file, and 10,000 endpoints are about 2 MB.
+    const ENDPOINTS_PER_FILE: usize = 2_000;
+    let mut files = Vec::new();
+    for (n, chunk) in urls.chunks(ENDPOINTS_PER_FILE).enumerate() {
+        let mut yaml = if n == 0 {
+            format!(
+                "apiVersion: v1\nkind: Secret\nmetadata: {{name: bench-secret, namespace: {tenant}}}\nstringData: {{secret: \"{}\"}}\n",
+                ctx.signing_secret
+            )
+        } else {
+            String::new()
+        };
+        for (j, (url, event_type)) in chunk.iter().enumerate() {
+            let i = n * ENDPOINTS_PER_FILE + j;
+            yaml.push_str(&format!(
+                "---\napiVersion: hookd.dev/v1alpha1\nkind: WebhookEndpoint\nmetadata: {{name: ep-{i}, namespace: {tenant}}}\nspec:\n  url: \"{url}\"\n  secretRef: {{name: bench-secret, key: secret}}\n"
+            ));
+            if let Some(t) = event_type {
+                yaml.push_str(&format!("  eventTypes: [\"{t}\"]\n"));
+            }
         }
+        let file = PathBuf::from(format!("bench-{n}.yaml"));
+        let docs = hookd::apply::parse_documents(&file, &yaml)
+            .map_err(|e| BenchError::Setup(e.to_string()))?;
+        files.push((file, docs));
     }
-    let file = Path::new("bench.yaml");
-    let docs =
-        hookd::apply::parse_documents(file, &yaml).map_err(|e| BenchError::Setup(e.to_string()))?;
-    let plan = hookd::apply::plan(&[(file.to_path_buf(), docs)])
-        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    let plan = hookd::apply::plan(&files).map_err(|e| BenchError::Setup(e.to_string()))?;
     let applied = hookd::apply::apply_plan(&ctx.pool, &plan, &ctx.keyring)
         .await
         .map_err(|e| BenchError::Setup(e.to_string()))?;
