@@ -239,20 +239,16 @@ pub async fn prune_once(
     // `db::dropped_days_end`); the walk below would probe every day for each.
     let lowest = db::history_days_below(&mut conn, Uuid::max()).await?;
     if let Some(end) = lowest.first().and_then(|d| db::dropped_days_end(d.lower)) {
-        let mut after = Uuid::nil();
-        loop {
-            let (n, last) =
-                db::prune_dropped_day_events_batch(&mut conn, after, end, &cutoffs, policy.batch)
-                    .await?;
-            counts.events += n;
-            counts.events_with_days += n;
-            record("events", n);
-            match last {
-                Some(last) => after = last,
-                None => break,
-            }
-            tokio::task::yield_now().await;
-        }
+        let n = walk_events(
+            &mut conn,
+            EventWalk::DroppedDays(end),
+            &cutoffs,
+            policy.batch,
+            &record,
+        )
+        .await?;
+        counts.events += n;
+        counts.events_with_days += n;
     }
 
     for (endpoint_id, tenant) in db::endpoints(&mut conn).await? {
@@ -304,19 +300,14 @@ pub async fn prune_once(
         .unwrap_or(cutoffs.default);
     if newest > DateTime::UNIX_EPOCH {
         let before = uuid_v7_floor(newest + TimeDelta::milliseconds(1));
-        let mut after = Uuid::nil();
-        loop {
-            let (n, last) =
-                db::prune_orphan_events_batch(&mut conn, after, before, &cutoffs, policy.batch)
-                    .await?;
-            counts.events += n;
-            record("events", n);
-            match last {
-                Some(last) => after = last,
-                None => break,
-            }
-            tokio::task::yield_now().await;
-        }
+        counts.events += walk_events(
+            &mut conn,
+            EventWalk::Orphans { before },
+            &cutoffs,
+            policy.batch,
+            &record,
+        )
+        .await?;
     }
     // Browser sessions that ended a day ago, and expired sign-in codes: one per sign-in.
     loop {
@@ -405,6 +396,46 @@ pub fn spawn_history_days(pool: PgPool, shutdown: CancellationToken) {
             }
         }
     });
+}
+
+/// Which old events a walk deletes.
+#[derive(Debug, Clone, Copy)]
+enum EventWalk {
+    /// those of dropped history days, below this end (see `db::dropped_days_end`)
+    DroppedDays((Uuid, DateTime<Utc>)),
+    /// those with no delivery left anywhere, minted before `before`
+    Orphans { before: Uuid },
+}
+
+/// Walks the events upwards from the lowest id in batches of `batch`, deleting what `walk`
+/// selects and recording each batch as it goes; how many were deleted.
+async fn walk_events(
+    conn: &mut sqlx::PgConnection,
+    walk: EventWalk,
+    cutoffs: &Cutoffs,
+    batch: i64,
+    record: &(dyn Fn(&'static str, i64) + Sync),
+) -> Result<i64, DbError> {
+    let mut after = Uuid::nil();
+    let mut deleted = 0;
+    loop {
+        let (n, last) = match walk {
+            EventWalk::DroppedDays(end) => {
+                db::prune_dropped_day_events_batch(conn, after, end, cutoffs, batch).await?
+            }
+            EventWalk::Orphans { before } => {
+                db::prune_orphan_events_batch(conn, after, before, cutoffs, batch).await?
+            }
+        };
+        deleted += n;
+        record("events", n);
+        match last {
+            Some(last) => after = last,
+            None => return Ok(deleted),
+        }
+        // let claims and completions interleave between batches
+        tokio::task::yield_now().await;
+    }
 }
 
 /// `hookd prune`: one pass, reported on stdout.
