@@ -8,6 +8,7 @@
 #   live_api_build            HOOKD, built the way nextest builds the workspace
 #   live_api_token ARGS...    migrates, then `hookd token create ARGS...`: TOKEN, TOKEN_ID
 #   live_api_start            starts `hookd api` (BASE, API_PID) and waits for /healthz
+#   cargo_target_dir          prints where cargo builds (CARGO_TARGET_DIR honoured)
 
 live_api_init() {
   WORK=$(mktemp -d "${TMPDIR:-/tmp}/hookd-$1.XXXXXX")
@@ -41,10 +42,14 @@ live_api_cleanup() {
   exit "$rc"
 }
 
+cargo_target_dir() {
+  cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])'
+}
+
 live_api_build() {
   local target_dir
-  target_dir=$(cargo metadata --format-version 1 --no-deps |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+  target_dir=$(cargo_target_dir)
   # Built the way nextest builds the workspace (dev-dependencies' features unified), so
   # after scripts/test.sh's nextest run this is a no-op: `cargo build --bin hookd` alone
   # resolves other features and rebuilt reqwest, tokio and the rest for minutes.

@@ -30,8 +30,9 @@ ST_TIMEOUT=${HOOKD_SCHEMATHESIS_TIMEOUT:-300}
 
 [[ -n "${DATABASE_URL:-}" ]] || die "DATABASE_URL is not set (scripts/test.sh provisions one)"
 
-TARGET_DIR=$(cargo metadata --format-version 1 --no-deps |
-  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+# shellcheck source=scripts/live-api.sh
+source "$ROOT/scripts/live-api.sh"
+TARGET_DIR=$(cargo_target_dir)
 
 # --- schemathesis in a venv under the target dir ---------------------------------
 
@@ -51,8 +52,6 @@ fi
 
 # --- hookd ---------------------------------------------------------------------
 
-# shellcheck source=scripts/live-api.sh
-source "$ROOT/scripts/live-api.sh"
 live_api_init st
 live_api_build
 # A throwaway key: the run's one signing secret is encrypted with it.

@@ -219,9 +219,9 @@ if [[ "${HOOKD_TEST_SKIP_CONTROLPLANE:-0}" != 1 ]]; then
   # from Go modules (cached; docs/control-plane.md), with the hookd nextest just built.
   log "e2e/run.sh --control-plane local"
   # nextest built it where cargo builds (CARGO_TARGET_DIR honoured)
-  target_dir=$(cargo metadata --format-version 1 --no-deps |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-  HOOKD_BIN="${HOOKD_BIN:-$target_dir/debug/hookd}" bash e2e/run.sh --control-plane local
+  # shellcheck source=scripts/live-api.sh
+  source scripts/live-api.sh
+  HOOKD_BIN="${HOOKD_BIN:-$(cargo_target_dir)/debug/hookd}" bash e2e/run.sh --control-plane local
 else
   log "HOOKD_TEST_SKIP_CONTROLPLANE=1: skipping the control-plane e2e"
 fi
