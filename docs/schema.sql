@@ -65,27 +65,47 @@ DECLARE
   raise_ids uuid[];
   served_ids uuid[];
 BEGIN
-  -- rows that became claimable or due earlier: the entry must not be later than them
-  SELECT array_agg(x.endpoint_id), array_agg(x.due) INTO ids, dues FROM (
-    SELECT n.endpoint_id, min(n.visible_at) AS due
-    FROM new_rows n JOIN old_rows o ON o.id = n.id
-    WHERE n.status IN ('pending', 'in_progress', 'failed')
-      AND (o.status NOT IN ('pending', 'in_progress', 'failed') OR n.visible_at < o.visible_at
-           OR n.endpoint_id <> o.endpoint_id)
-    GROUP BY n.endpoint_id
-  ) x;
+  WITH pair AS MATERIALIZED (
+    SELECT * FROM (
+      SELECT r.is_new, r.endpoint_id, r.status, r.visible_at, r.claim_token,
+             lag(r.endpoint_id) OVER w AS old_endpoint_id,
+             lag(r.status) OVER w AS old_status,
+             lag(r.visible_at) OVER w AS old_visible_at,
+             lag(r.claim_token) OVER w AS old_claim_token
+      FROM (
+        SELECT o.id, o.endpoint_id, o.status, o.visible_at, o.claim_token, false AS is_new
+        FROM old_rows o
+        UNION ALL
+        SELECT n.id, n.endpoint_id, n.status, n.visible_at, n.claim_token, true
+        FROM new_rows n
+      ) r
+      WINDOW w AS (PARTITION BY r.id ORDER BY r.is_new)
+    ) x
+    WHERE x.is_new
+  ), earlier AS (
+    -- rows that became claimable or due earlier: the entry must not be later than them
+    SELECT p.endpoint_id, min(p.visible_at) AS due
+    FROM pair p
+    WHERE p.status IN ('pending', 'in_progress', 'failed')
+      AND (p.old_status NOT IN ('pending', 'in_progress', 'failed') OR p.visible_at < p.old_visible_at
+           OR p.endpoint_id <> p.old_endpoint_id)
+    GROUP BY p.endpoint_id
+  ), later AS (
+    -- rows that left the queue, were claimed, or are due later: the entry may be later now
+    SELECT array_agg(DISTINCT p.old_endpoint_id) AS raise_ids,
+           array_agg(DISTINCT p.old_endpoint_id) FILTER (
+             WHERE p.status = 'in_progress' AND p.claim_token IS DISTINCT FROM p.old_claim_token)
+             AS served_ids
+    FROM pair p
+    WHERE p.old_status IN ('pending', 'in_progress', 'failed')
+      AND (p.status NOT IN ('pending', 'in_progress', 'failed') OR p.visible_at > p.old_visible_at
+           OR p.claim_token IS DISTINCT FROM p.old_claim_token OR p.endpoint_id <> p.old_endpoint_id)
+  )
+  SELECT e.ids, e.dues, l.raise_ids, l.served_ids INTO ids, dues, raise_ids, served_ids
+  FROM (SELECT array_agg(endpoint_id) AS ids, array_agg(due) AS dues FROM earlier) e, later l;
   IF ids IS NOT NULL THEN
     PERFORM hookd.endpoint_queue_wake(ids, dues);
   END IF;
-  -- rows that left the queue, were claimed, or are due later: the entry may be later now
-  SELECT array_agg(DISTINCT o.endpoint_id),
-         array_agg(DISTINCT o.endpoint_id) FILTER (
-           WHERE n.status = 'in_progress' AND n.claim_token IS DISTINCT FROM o.claim_token)
-    INTO raise_ids, served_ids
-  FROM new_rows n JOIN old_rows o ON o.id = n.id
-  WHERE o.status IN ('pending', 'in_progress', 'failed')
-    AND (n.status NOT IN ('pending', 'in_progress', 'failed') OR n.visible_at > o.visible_at
-         OR n.claim_token IS DISTINCT FROM o.claim_token OR n.endpoint_id <> o.endpoint_id);
   IF raise_ids IS NOT NULL THEN
     PERFORM hookd.endpoint_queue_refresh(raise_ids, coalesce(served_ids, '{}'));
   END IF;

@@ -851,3 +851,57 @@ async fn apply_then_delete_without_a_cluster(pool: PgPool) {
     assert!(r.stderr.contains("without *.yaml files"), "{}", r.stderr);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// An apply that creates many endpoints leaves the planner statistics that count them.
+/// Autovacuum can sample the table while the apply's one transaction is open and record
+/// its new pages as holding no rows; until its next pass every plan that joins endpoints
+/// expects one (`scale::statistics_that_see_no_endpoints_…` shows what that cost). Here the
+/// sample is taken on purpose while the apply runs: whatever it saw, the counts after the
+/// apply are the committed ones. Before: never analyzed (reltuples -1), or the sample's 0.
+#[sqlx::test]
+async fn a_bulk_apply_leaves_statistics_that_count_its_endpoints(pool: PgPool) {
+    let n = hookd::apply::ANALYZE_AFTER_CREATING;
+    let mut parts = vec![secret_string_data("bulk-secret", "secret", SECRET_A)];
+    parts.extend((0..n).map(|i| endpoint_doc(&format!("bulk-{i}"), "bulk-secret", "secret", "")));
+    let file = YamlFile::new(&docs(&parts));
+    let sampler = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            // sample while the apply's rows are uncommitted, as autovacuum may
+            loop {
+                let open: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_locks l
+                     WHERE l.relation = 'hookd.endpoints'::regclass AND l.mode = 'RowExclusiveLock'
+                       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                if open > 0 {
+                    sqlx::query("ANALYZE hookd.endpoints")
+                        .execute(&pool)
+                        .await
+                        .unwrap();
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let run = apply(&pool, &file).await;
+    assert!(run.ok, "{}", run.stderr);
+    tokio::time::timeout(Duration::from_secs(5), sampler)
+        .await
+        .expect("the sample was taken during the apply")
+        .unwrap();
+    let tuples: f32 = sqlx::query_scalar(
+        "SELECT reltuples FROM pg_class WHERE oid = 'hookd.endpoints'::regclass",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        tuples, n as f32,
+        "the statistics count the applied endpoints"
+    );
+}
