@@ -142,8 +142,8 @@ DECLARE
 BEGIN
   WITH r AS (
     DELETE FROM hookd.endpoint_rechecks
-    WHERE id IN (SELECT id FROM hookd.endpoint_rechecks ORDER BY id LIMIT batch
-                 FOR UPDATE SKIP LOCKED)
+    WHERE id = ANY (ARRAY(SELECT id FROM hookd.endpoint_rechecks ORDER BY id LIMIT batch
+                          FOR UPDATE SKIP LOCKED))
     RETURNING endpoint_id
   )
   SELECT coalesce(array_agg(DISTINCT endpoint_id), '{}'), count(*) INTO ids, n FROM r;
@@ -187,13 +187,13 @@ BEGIN
     FROM unnest(locked) AS l(id)
   ), gone AS (
     DELETE FROM hookd.endpoint_queue q USING m
-    WHERE q.endpoint_id = m.id AND m.due IS NULL
+    WHERE q.endpoint_id = m.id AND q.endpoint_id = ANY (locked) AND m.due IS NULL
   )
   UPDATE hookd.endpoint_queue q
   SET due_at = m.due,
       served_at = CASE WHEN q.endpoint_id = ANY (served) THEN now() ELSE q.served_at END
   FROM m
-  WHERE q.endpoint_id = m.id AND m.due IS NOT NULL
+  WHERE q.endpoint_id = m.id AND q.endpoint_id = ANY (locked) AND m.due IS NOT NULL
     AND (q.due_at IS DISTINCT FROM m.due OR q.endpoint_id = ANY (served));
 END
 $$;
@@ -214,7 +214,7 @@ BEGIN
     SELECT q.endpoint_id
     FROM hookd.endpoint_queue q
     JOIN unnest(ids, dues) AS i(id, due) ON q.endpoint_id = i.id
-    WHERE q.due_at <= i.due
+    WHERE q.endpoint_id = ANY (ids) AND q.due_at <= i.due
     ORDER BY q.endpoint_id
     FOR KEY SHARE OF q
   ) p;
@@ -933,7 +933,8 @@ CREATE TABLE hookd.endpoints (
     CONSTRAINT endpoints_secret_grace_secs_check CHECK ((secret_grace_secs >= 0)),
     CONSTRAINT endpoints_state_check CHECK ((state = ANY (ARRAY['active'::text, 'paused'::text, 'disabled'::text]))),
     CONSTRAINT endpoints_timeout_ms_check CHECK (((timeout_ms IS NULL) OR ((timeout_ms >= 100) AND (timeout_ms <= 300000))))
-);
+)
+WITH (fillfactor='80');
 
 
 --
