@@ -1,14 +1,16 @@
 //! The words of the domain, shared by every component and depending on none: tenants,
 //! consumers, event types and idempotency keys (their syntax, which the API, the SQL
 //! function `hookd.enqueue()` and the CRDs agree on), credential scopes, the map from
-//! Kubernetes namespaces to tenants, and the queue's states ([`DeliveryStatus`],
-//! [`ErrorClass`], [`CircuitState`]).
+//! Kubernetes namespaces to tenants, the queue's states ([`DeliveryStatus`],
+//! [`ErrorClass`], [`CircuitState`]), and the codes of error answers ([`ErrorCode`]).
 
 use std::collections::HashMap;
 use std::str::FromStr;
 
+mod error_code;
 mod queue;
 
+pub use error_code::ErrorCode;
 pub use queue::{CircuitState, DeliveryStatus, ErrorClass};
 
 /// What a credential may do. Each route needs exactly one.

@@ -14,8 +14,26 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteStatus {
-    pub route: &'static str,
+    pub method: &'static str,
+    /// the matched route template (`/v1/messages/{id}`), or `unmatched`
+    pub route: String,
     pub status: u16,
+}
+
+/// A request method as a label: the standard ones by name, anything else as `other`, so a
+/// client cannot mint series with made-up methods.
+pub fn method_label(m: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *m {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

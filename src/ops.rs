@@ -14,6 +14,7 @@ use axum::routing::get;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::domain::ErrorCode;
 use crate::metrics::Metrics;
 
 /// Serves `router` on `listener` until `shutdown` fires, then finishes in-flight requests.
@@ -49,7 +50,7 @@ pub async fn readyz(State(pool): State<PgPool>) -> Response {
         Ok(Ok(())) => "ready".into_response(),
         _ => error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "database_unavailable",
+            ErrorCode::DatabaseUnavailable,
             "the database is unavailable",
         ),
     }
@@ -63,7 +64,7 @@ pub async fn metrics(State(m): State<Metrics>, headers: HeaderMap) -> Response {
     if second.is_some() || !m.scrape_allowed(first.map(|v| v.as_bytes())) {
         let mut r = error(
             StatusCode::UNAUTHORIZED,
-            "invalid_credential",
+            ErrorCode::InvalidCredential,
             "the credential is malformed, unknown, revoked or expired",
         );
         r.headers_mut().insert(
@@ -83,11 +84,11 @@ pub async fn metrics(State(m): State<Metrics>, headers: HeaderMap) -> Response {
 }
 
 /// The documented error shape, `{"error": {"code", "message"}}`.
-fn error(status: StatusCode, code: &str, message: &str) -> Response {
+fn error(status: StatusCode, code: ErrorCode, message: &str) -> Response {
     (
         status,
         [(header::CONTENT_TYPE, "application/json")],
-        serde_json::json!({"error": {"code": code, "message": message}}).to_string(),
+        serde_json::json!({"error": {"code": code.as_str(), "message": message}}).to_string(),
     )
         .into_response()
 }

@@ -541,3 +541,56 @@ async fn the_attempt_log_in_a_delivery_read_is_bounded(pool: PgPool) {
     assert_eq!(attempts[99]["attempt"], 150);
     assert_eq!(v["attemptsOmitted"], 50);
 }
+
+/// Requests are counted per method and matched route template: reads and writes of one
+/// path are apart, every operation has its own series (endpoints and consumers calls were
+/// all `route="other"`, and `route="messages"` mixed listings with ingest), and ids or
+/// unknown paths never mint series.
+#[sqlx::test]
+async fn requests_are_counted_by_method_and_matched_route(pool: PgPool) {
+    let api = TestApi::start(&pool).await;
+    let (s, v) = api
+        .post("/v1/messages", r#"{"eventType":"a.b","payload":{}}"#)
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (s, _) = api.get("/v1/messages").await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _) = api.get("/v1/endpoints").await;
+    assert_eq!(s, StatusCode::OK);
+    let id = Uuid::now_v7();
+    let (s, _) = api.get(&format!("/v1/endpoints/{id}")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = api.get(&format!("/no/such/{id}")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let text = api
+        .client
+        .get(format!("{}/metrics", api.base))
+        .send()
+        .await
+        .unwrap();
+    let text = text.text().await.unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("hookd_http_requests_total{"))
+        .collect();
+    for want in [
+        r#"method="POST",route="/v1/messages",status="201""#,
+        r#"method="GET",route="/v1/messages",status="200""#,
+        r#"method="GET",route="/v1/endpoints",status="200""#,
+        r#"method="GET",route="/v1/endpoints/{id}",status="404""#,
+        r#"method="GET",route="unmatched",status="404""#,
+    ] {
+        assert!(
+            lines.iter().any(|l| l.contains(want)),
+            "no series with {want}:\n{}",
+            lines.join("\n")
+        );
+    }
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains(&id.to_string()) || l.contains("other")),
+        "{}",
+        lines.join("\n")
+    );
+}

@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 use serde_json::error::Category;
 
 use super::error::ApiError;
+use crate::domain::ErrorCode;
 
 pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     let ct = headers
@@ -20,7 +21,7 @@ pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     } else {
         Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
+            ErrorCode::UnsupportedMediaType,
             format!(
                 "content-type must be application/json, got {:?}",
                 if ct.is_empty() { "(none)" } else { ct }
@@ -44,7 +45,7 @@ pub async fn read_limited(body: Body, limit: usize) -> Result<bytes::Bytes, ApiE
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
+            ErrorCode::BodyTooLarge,
             format!("request body exceeds {limit} bytes"),
         )
     };
@@ -75,14 +76,14 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             _ => "not JSON",
         };
         return Err(ApiError::bad_request(
-            "malformed_json",
+            ErrorCode::MalformedJson,
             format!("request body must be a JSON object ({{...}}), got {what}"),
         ));
     }
     serde_json::from_slice(bytes).map_err(|e| match e.classify() {
-        Category::Data => ApiError::unprocessable("invalid_field", e.to_string()),
+        Category::Data => ApiError::unprocessable(ErrorCode::InvalidField, e.to_string()),
         Category::Syntax | Category::Eof | Category::Io => ApiError::bad_request(
-            "malformed_json",
+            ErrorCode::MalformedJson,
             format!("request body is not valid JSON: {e}"),
         ),
     })
@@ -187,7 +188,7 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(err.status, StatusCode::PAYLOAD_TOO_LARGE);
-        assert_eq!(err.code, "body_too_large");
+        assert_eq!(err.code.as_str(), "body_too_large");
         let ok = read_limited(Body::from(vec![b'x'; 10]), 10).await.unwrap();
         assert_eq!(ok.len(), 10);
     }

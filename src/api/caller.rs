@@ -9,6 +9,7 @@ use axum::http::request::Parts;
 use super::AppState;
 use super::error::ApiError;
 use crate::auth::{AuthError, Principal, Scope};
+use crate::domain::ErrorCode;
 
 /// `Anonymous` only when authentication is off (`HOOKD_AUTH=none`).
 #[derive(Debug, Clone)]
@@ -62,7 +63,7 @@ impl Caller {
         match self.consumer_scope() {
             Some(c) => Err(ApiError::new(
                 axum::http::StatusCode::FORBIDDEN,
-                "consumer_token",
+                ErrorCode::ConsumerToken,
                 format!(
                     "this credential is confined to consumer {c:?}; this route needs a tenant credential"
                 ),
@@ -77,7 +78,7 @@ impl Caller {
         match (self.consumer_scope(), named) {
             (Some(own), Some(n)) if n != own => Err(ApiError::new(
                 axum::http::StatusCode::FORBIDDEN,
-                "consumer_mismatch",
+                ErrorCode::ConsumerMismatch,
                 format!("this credential acts for consumer {own:?}, not {n:?}; omit consumer"),
             )),
             (Some(own), _) => Ok(Some(own.to_owned())),
@@ -113,7 +114,7 @@ impl FromRequestParts<AppState> for Caller {
         {
             state.metrics.count_auth_failure("duplicate");
             return Err(ApiError::bad_request(
-                "duplicate_authorization",
+                ErrorCode::DuplicateAuthorization,
                 "the request carries more than one Authorization header; send exactly one",
             ));
         }

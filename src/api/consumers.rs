@@ -23,6 +23,7 @@ use crate::auth::tokens::{self, TokenRequest};
 use crate::auth::{Scope, sessions};
 use crate::db;
 use crate::domain;
+use crate::domain::ErrorCode;
 
 const BODY_LIMIT: usize = 64 * 1024;
 
@@ -80,9 +81,13 @@ pub struct ConsumerIn {
 /// The consumer uid of a path, or 422 naming what is wrong with it.
 fn path_uid(raw: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     let Path(uid) = raw.map_err(|_| {
-        ApiError::bad_request("invalid_consumer", "the consumer uid is not decodable")
+        ApiError::bad_request(
+            ErrorCode::InvalidConsumer,
+            "the consumer uid is not decodable",
+        )
     })?;
-    domain::validate_consumer(&uid).map_err(|e| ApiError::unprocessable("invalid_consumer", e))?;
+    domain::validate_consumer(&uid)
+        .map_err(|e| ApiError::unprocessable(ErrorCode::InvalidConsumer, e))?;
     Ok(uid)
 }
 
@@ -91,7 +96,7 @@ fn path_uid(raw: Result<Path<String>, PathRejection>) -> Result<String, ApiError
 fn tenant_of(caller: &Caller, named: Option<String>) -> Result<String, ApiError> {
     caller
         .resolve_tenant(named)?
-        .ok_or_else(|| ApiError::unprocessable("missing_field", "tenant is required"))
+        .ok_or_else(|| ApiError::unprocessable(ErrorCode::MissingField, "tenant is required"))
 }
 
 /// PUT /v1/consumers/{uid}
@@ -132,25 +137,26 @@ pub async fn upsert(
         .read_json_body(&caller, &headers, body, BODY_LIMIT, true)
         .await?;
     let tenant = tenant_of(&caller, input.tenant)?;
-    domain::validate_tenant(&tenant).map_err(|e| ApiError::unprocessable("invalid_tenant", e))?;
+    domain::validate_tenant(&tenant)
+        .map_err(|e| ApiError::unprocessable(ErrorCode::InvalidTenant, e))?;
     if let Some(n) = &input.name {
         crate::endpoints::validate_text("name", n, 200)
-            .map_err(|e| ApiError::unprocessable("invalid_field", e))?;
+            .map_err(|e| ApiError::unprocessable(ErrorCode::InvalidField, e))?;
     }
     let metadata = input
         .metadata
         .unwrap_or_else(|| serde_json::Value::Object(Default::default()));
     if !metadata.is_object() {
         return Err(ApiError::unprocessable(
-            "invalid_field",
+            ErrorCode::InvalidField,
             "metadata must be a JSON object",
         ));
     }
     crate::endpoints::validate_json_text("metadata", &metadata)
-        .map_err(|e| ApiError::unprocessable("invalid_field", e))?;
+        .map_err(|e| ApiError::unprocessable(ErrorCode::InvalidField, e))?;
     if metadata.to_string().len() > 16 * 1024 {
         return Err(ApiError::unprocessable(
-            "invalid_field",
+            ErrorCode::InvalidField,
             "metadata is larger than 16 KiB",
         ));
     }
@@ -281,7 +287,9 @@ pub async fn list(
                     s.split_once('\n')
                         .map(|(t, u)| (t.to_owned(), u.to_owned()))
                 })
-                .ok_or_else(|| ApiError::unprocessable("invalid_cursor", "cursor is not valid"))?,
+                .ok_or_else(|| {
+                    ApiError::unprocessable(ErrorCode::InvalidCursor, "cursor is not valid")
+                })?,
         ),
     };
     let rows = db::consumers::list(
@@ -499,11 +507,12 @@ async fn mint(
         .read_json_body(caller, headers, body, BODY_LIMIT, true)
         .await?;
     let tenant = tenant_of(caller, input.tenant)?;
-    domain::validate_tenant(&tenant).map_err(|e| ApiError::unprocessable("invalid_tenant", e))?;
+    domain::validate_tenant(&tenant)
+        .map_err(|e| ApiError::unprocessable(ErrorCode::InvalidTenant, e))?;
     let ttl = input.ttl_seconds.unwrap_or(DEFAULT_TOKEN_TTL_SECS);
     if !(60..=MAX_TOKEN_TTL_SECS).contains(&ttl) {
         return Err(ApiError::unprocessable(
-            "invalid_field",
+            ErrorCode::InvalidField,
             format!("ttlSeconds must be between 60 and {MAX_TOKEN_TTL_SECS}"),
         ));
     }
@@ -530,7 +539,7 @@ async fn mint(
     )
     .await
     .map_err(|e| match e {
-        tokens::CreateTokenError::Invalid(m) => ApiError::unprocessable("invalid_field", m),
+        tokens::CreateTokenError::Invalid(m) => ApiError::unprocessable(ErrorCode::InvalidField, m),
         tokens::CreateTokenError::Db(e) => e.into(),
     })?;
     if let Some(code_hash) = sign_in_code {

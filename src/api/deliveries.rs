@@ -23,6 +23,7 @@ use super::openapi::responses;
 use super::{AppState, path_id};
 use crate::auth::Scope;
 use crate::db::{self, deliveries::ReplayOutcome};
+use crate::domain::ErrorCode;
 use crate::domain::{CircuitState, DeliveryStatus, ErrorClass};
 
 /// One entry of the attempt log.
@@ -219,7 +220,7 @@ pub async fn replay(
         }
         ReplayOutcome::Leased => Err(ApiError::new(
             StatusCode::CONFLICT,
-            "delivery_leased",
+            ErrorCode::DeliveryLeased,
             "a dispatcher is sending this delivery right now; retry after it completes",
         )),
         ReplayOutcome::NotFound => Err(ApiError::not_found("delivery")),
@@ -238,7 +239,7 @@ impl ReplayableStatus {
             .map(ReplayableStatus)
             .ok_or_else(|| {
                 ApiError::unprocessable(
-                    "invalid_status",
+                    ErrorCode::InvalidStatus,
                     format!(
                         "status {s:?} cannot be replayed; use any of {:?}",
                         DeliveryStatus::REPLAYABLE.map(DeliveryStatus::as_str)
@@ -349,7 +350,7 @@ pub async fn replay_endpoint(
     let limit = input.limit.unwrap_or(1000);
     if !(1..=10_000).contains(&limit) {
         return Err(ApiError::unprocessable(
-            "invalid_limit",
+            ErrorCode::InvalidLimit,
             "limit must be between 1 and 10000",
         ));
     }
@@ -478,15 +479,15 @@ pub async fn dead_letters(
     params: Result<Query<DeadLetterParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     caller.require(Scope::Read)?;
-    let Query(p) = params.map_err(|e| ApiError::unprocessable("invalid_query", e.body_text()))?;
+    let Query(p) =
+        params.map_err(|e| ApiError::unprocessable(ErrorCode::InvalidQuery, e.body_text()))?;
     let tenant = caller.resolve_tenant(p.tenant)?;
     let limit = super::listing::page_limit(p.limit)?;
     let after = match p.cursor.as_deref() {
         None => None,
-        Some(c) => Some(
-            decode_cursor(c)
-                .ok_or_else(|| ApiError::unprocessable("invalid_cursor", "cursor is not valid"))?,
-        ),
+        Some(c) => Some(decode_cursor(c).ok_or_else(|| {
+            ApiError::unprocessable(ErrorCode::InvalidCursor, "cursor is not valid")
+        })?),
     };
     let rows = db::dead_letters::list(
         &state.pool,

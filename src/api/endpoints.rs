@@ -24,6 +24,7 @@ use super::openapi::responses;
 use super::{AppState, path_id};
 use crate::auth::Scope;
 use crate::db::{self, endpoints::ApiState, endpoints::EndpointView, endpoints::PatchRefused};
+use crate::domain::ErrorCode;
 use crate::domain::{self, CircuitState, DeliveryStatus};
 
 /// Largest request body of these routes.
@@ -211,7 +212,7 @@ fn not_null<T>(field: &str, v: Option<Option<T>>) -> Result<Option<T>, ApiError>
 
 /// 422 `invalid_field`; the message names the field.
 fn invalid(e: String) -> ApiError {
-    ApiError::unprocessable("invalid_field", e)
+    ApiError::unprocessable(ErrorCode::InvalidField, e)
 }
 
 /// Checks the fields every source of endpoints shares (see `crate::endpoints`).
@@ -246,7 +247,7 @@ fn refuse_weak_secret(secret: &str) -> Result<(), ApiError> {
     match crate::signing::weak_secret_reason(secret) {
         None => Ok(()),
         Some(why) => Err(ApiError::unprocessable(
-            "weak_secret",
+            ErrorCode::WeakSecret,
             format!(
                 "this secret cannot be used: {why}, so anyone could forge its signatures. Leave secret out to have one generated, or use echo \"whsec_$(openssl rand -base64 32)\""
             ),
@@ -259,7 +260,7 @@ fn keyring(state: &AppState) -> Result<&crate::crypto::Keyring, ApiError> {
         tracing::warn!(%reason, "a signing secret cannot be stored");
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "encryption_unavailable",
+            ErrorCode::EncryptionUnavailable,
             "this API process has no encryption key for signing secrets (HOOKD_ENCRYPTION_KEY); nothing was written",
         )
     })
@@ -304,7 +305,7 @@ pub async fn create(
         .await?;
     let tenant = caller
         .resolve_tenant(input.tenant)?
-        .ok_or_else(|| ApiError::unprocessable("missing_field", "tenant is required"))?;
+        .ok_or_else(|| ApiError::unprocessable(ErrorCode::MissingField, "tenant is required"))?;
     domain::validate_tenant(&tenant).map_err(invalid)?;
     let consumer = caller.resolve_consumer(input.consumer)?;
     if let Some(c) = &consumer {
@@ -355,7 +356,7 @@ pub async fn create(
             let cap = limits.consumer_max_endpoints;
             if db::consumers::count_endpoints(&mut tx, &tenant, c, generation, cap).await? >= cap {
                 return Err(ApiError::unprocessable(
-                    "consumer_endpoint_limit",
+                    ErrorCode::ConsumerEndpointLimit,
                     format!(
                         "consumer {c:?} has {cap} endpoints, the most one consumer may have (HOOKD_CONSUMER_MAX_ENDPOINTS); delete one first"
                     ),
@@ -367,7 +368,7 @@ pub async fn create(
     let cap = limits.tenant_max_endpoints;
     if db::consumers::lock_and_count_tenant_endpoints(&mut tx, &tenant, cap).await? >= cap {
         return Err(ApiError::unprocessable(
-            "tenant_endpoint_limit",
+            ErrorCode::TenantEndpointLimit,
             format!(
                 "tenant {tenant:?} has {cap} endpoints made through the API, the most one tenant may have (HOOKD_TENANT_MAX_ENDPOINTS); delete one first"
             ),
@@ -514,14 +515,14 @@ fn refused(r: PatchRefused) -> ApiError {
         PatchRefused::NotFound => ApiError::not_found("endpoint"),
         PatchRefused::ManagedByKubernetes => ApiError::new(
             StatusCode::CONFLICT,
-            "managed_by_kubernetes",
+            ErrorCode::ManagedByKubernetes,
             // The declaration is the source of truth: a change made here would be undone by
             // the controller's next resync or the next `hookd apply` of the same file.
             "this endpoint is declared by a WebhookEndpoint object; change that object instead: in a cluster with kubectl (kubectl apply, or kubectl delete); without one, where `hookd apply -f FILE` stored it, with `hookd apply -f FILE` (set `paused: true` in its spec to pause it) or `hookd delete -f FILE`",
         ),
         PatchRefused::ConsumerDeleted => ApiError::new(
             StatusCode::CONFLICT,
-            "consumer_deleted",
+            ErrorCode::ConsumerDeleted,
             "this endpoint's consumer was deleted; it stays disabled for good (a consumer created again with the same uid is another customer and starts without it)",
         ),
     }
@@ -1033,7 +1034,7 @@ pub async fn send_test(
     // every listing: its type is the reserved `hookd.test` or below it.
     if !is_test_event_type(&event_type) {
         return Err(ApiError::unprocessable(
-            "invalid_test_event_type",
+            ErrorCode::InvalidTestEventType,
             format!(
                 "a test event's type is {TEST_EVENT_TYPE} or starts with {TEST_EVENT_TYPE}. (got {event_type:?}); the producer's own types are sent with POST /v1/messages"
             ),
@@ -1052,7 +1053,7 @@ pub async fn send_test(
     if e.state == "disabled" {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "endpoint_disabled",
+            ErrorCode::EndpointDisabled,
             format!(
                 "the endpoint is disabled ({}); enable it first",
                 e.state_reason.as_deref().unwrap_or("no reason recorded")

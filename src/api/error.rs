@@ -12,12 +12,13 @@ use utoipa::ToSchema;
 
 use crate::auth::{AuthError, Scope};
 use crate::db::DbError;
+use crate::domain::ErrorCode;
 use crate::outbox::EnqueueError;
 
 #[derive(Debug)]
 pub struct ApiError {
     pub status: StatusCode,
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub message: String,
     /// extra response headers (WWW-Authenticate, Retry-After)
     pub headers: Vec<(HeaderName, HeaderValue)>,
@@ -31,14 +32,17 @@ pub struct ErrorBody {
 
 #[derive(Serialize, ToSchema)]
 pub struct ErrorDetail {
-    /// stable, machine-readable, e.g. `invalid_field`, `unauthenticated`, `rate_limited`
-    pub code: String,
+    /// Stable and machine-readable: one of the codes of the `ErrorCode` schema. A string
+    /// here, not that enum, so a client built from this document still reads an answer
+    /// whose code a later version added (and treats it as it treats the status).
+    #[schema(value_type = String)]
+    pub code: ErrorCode,
     /// for humans; wording may change
     pub message: String,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
         ApiError {
             status,
             code,
@@ -53,10 +57,10 @@ impl ApiError {
     pub fn with_retry_after(self, secs: u64) -> Self {
         self.with_header(header::RETRY_AFTER, HeaderValue::from(secs))
     }
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn bad_request(code: ErrorCode, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, code, message)
     }
-    pub fn unprocessable(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn unprocessable(code: ErrorCode, message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNPROCESSABLE_ENTITY, code, message)
     }
     /// A sign-in code that is unknown, used already, expired, or whose token was revoked:
@@ -64,7 +68,7 @@ impl ApiError {
     pub fn sign_in_code_invalid() -> Self {
         Self::new(
             StatusCode::UNAUTHORIZED,
-            "sign_in_code_invalid",
+            ErrorCode::SignInCodeInvalid,
             "this sign-in link was used already or has expired; ask for a new one",
         )
     }
@@ -72,7 +76,7 @@ impl ApiError {
     /// workloads, and with authentication off there is no credential to make it of).
     pub fn session_needs_token() -> Self {
         Self::unprocessable(
-            "session_needs_token",
+            ErrorCode::SessionNeedsToken,
             "a browser session is made from a hookd_ API token; this request carries none",
         )
     }
@@ -80,7 +84,7 @@ impl ApiError {
     /// token's sessions are bounded ([`crate::auth::sessions::MAX_SESSIONS_PER_TOKEN`]).
     pub fn session_from_session() -> Self {
         Self::unprocessable(
-            "session_needs_token",
+            ErrorCode::SessionNeedsToken,
             "a browser session is made from a hookd_ API token, not from another session; sign in with the token",
         )
     }
@@ -88,21 +92,21 @@ impl ApiError {
     /// `DELETE /v1/tokens/{id}`, never by presenting it.
     pub fn not_a_session() -> Self {
         Self::unprocessable(
-            "not_a_session",
+            ErrorCode::NotASession,
             "this credential is not a browser session; revoke a token with DELETE /v1/tokens/{id}",
         )
     }
     pub fn not_found(what: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,
-            "not_found",
+            ErrorCode::NotFound,
             format!("{what} not found"),
         )
     }
     pub fn unavailable() -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "database_unavailable",
+            ErrorCode::DatabaseUnavailable,
             "the database is unavailable; nothing was written, retry with the same idempotency key",
         )
     }
@@ -111,7 +115,7 @@ impl ApiError {
     pub(crate) fn internal() -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
+            ErrorCode::Internal,
             "internal error; the server's log has the cause",
         )
     }
@@ -119,7 +123,7 @@ impl ApiError {
     fn internal_nothing_written() -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
+            ErrorCode::Internal,
             "internal error; nothing was written, retry with the same idempotency key",
         )
     }
@@ -127,7 +131,7 @@ impl ApiError {
     pub fn insufficient_scope(scope: Scope) -> Self {
         Self::new(
             StatusCode::FORBIDDEN,
-            "insufficient_scope",
+            ErrorCode::InsufficientScope,
             format!("this credential does not have the {scope} scope this route needs"),
         )
         .with_header(
@@ -144,7 +148,7 @@ impl ApiError {
     pub fn tenant_mismatch(credential: &str, requested: &str) -> Self {
         Self::new(
             StatusCode::FORBIDDEN,
-            "tenant_mismatch",
+            ErrorCode::TenantMismatch,
             format!(
                 "this credential acts for tenant {credential:?}, not {requested:?}; omit tenant or use a credential of that tenant"
             ),
@@ -155,7 +159,7 @@ impl ApiError {
         let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
         Self::new(
             StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
+            ErrorCode::RateLimited,
             format!(
                 "tenant {tenant:?} is over its ingest rate limit; nothing was written, retry after {secs} s"
             ),
@@ -165,7 +169,7 @@ impl ApiError {
     pub fn request_timeout(limit: Duration) -> Self {
         Self::new(
             StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
+            ErrorCode::RequestTimeout,
             format!(
                 "the request did not complete within {} s; if it was an enqueue, retry with the same idempotency key",
                 limit.as_secs()
@@ -178,7 +182,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::to_vec(&ErrorBody {
             error: ErrorDetail {
-                code: self.code.to_string(),
+                code: self.code,
                 message: self.message,
             },
         })
@@ -204,7 +208,7 @@ impl From<AuthError> for ApiError {
         match e {
             AuthError::Missing => ApiError::new(
                 StatusCode::UNAUTHORIZED,
-                "unauthenticated",
+                ErrorCode::Unauthenticated,
                 "this route needs an Authorization: Bearer credential (a hookd_ API token or a ServiceAccount token with audience hookd)",
             )
             .with_header(
@@ -213,7 +217,7 @@ impl From<AuthError> for ApiError {
             ),
             AuthError::Invalid => ApiError::new(
                 StatusCode::UNAUTHORIZED,
-                "invalid_credential",
+                ErrorCode::InvalidCredential,
                 "the credential is malformed, unknown, revoked or expired",
             )
             .with_header(
@@ -224,7 +228,7 @@ impl From<AuthError> for ApiError {
                 tracing::warn!(error = %detail, "credential check unavailable");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "auth_unavailable",
+                    ErrorCode::AuthUnavailable,
                     "credentials cannot be checked right now; nothing was written, retry later",
                 )
             }
@@ -239,7 +243,7 @@ impl From<DbError> for ApiError {
             tracing::warn!(error = %e, "conflict with concurrent writes after retries");
             Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "write_conflict",
+                ErrorCode::WriteConflict,
                 "this change kept meeting concurrent writes to the same rows (deadlock or serialization failure) and was rolled back each time; nothing was changed, retry the request",
             )
             .with_header(header::RETRY_AFTER, HeaderValue::from_static("1"))
@@ -258,14 +262,14 @@ impl From<EnqueueError> for ApiError {
         match e {
             EnqueueError::KeyConflict { key } => ApiError::new(
                 StatusCode::CONFLICT,
-                "idempotency_key_conflict",
+                ErrorCode::IdempotencyKeyConflict,
                 format!(
                     "idempotency key {key:?} was already used for a message with a different eventType or payload"
                 ),
             ),
             EnqueueError::KeyInUse { key } => ApiError::new(
                 StatusCode::CONFLICT,
-                "idempotency_key_in_use",
+                ErrorCode::IdempotencyKeyInUse,
                 format!(
                     "idempotency key {key:?} is held by a request that has not finished committing; retry shortly with the same key"
                 ),
@@ -275,7 +279,7 @@ impl From<EnqueueError> for ApiError {
                 tracing::error!(error = %detail, "enqueue: commit outcome unknown");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "commit_outcome_unknown",
+                    ErrorCode::CommitOutcomeUnknown,
                     "the database connection failed while committing and the outcome could not be checked: the event may exist. Retry with the same idempotency key (a retry without one may create a second event)",
                 )
                 .with_header(header::RETRY_AFTER, HeaderValue::from_static("1"))
@@ -290,7 +294,7 @@ impl From<EnqueueError> for ApiError {
             }
             EnqueueError::ShuttingDown => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "shutting_down",
+                ErrorCode::ShuttingDown,
                 "hookd is shutting down; retry with the same idempotency key",
             ),
         }

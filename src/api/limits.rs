@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use super::AppState;
 use super::caller::Caller;
 use super::error::ApiError;
+use crate::domain::ErrorCode;
 use crate::metrics::Metrics;
 
 /// Refuses oversized request targets and headers before any handler runs, and answers
@@ -32,7 +33,7 @@ pub async fn enforce(State(state): State<AppState>, req: Request, next: Next) ->
     if target > limits.max_url_bytes {
         return ApiError::new(
             StatusCode::URI_TOO_LONG,
-            "uri_too_long",
+            ErrorCode::UriTooLong,
             format!(
                 "the request target is {target} bytes; the limit is {}",
                 limits.max_url_bytes
@@ -49,7 +50,7 @@ pub async fn enforce(State(state): State<AppState>, req: Request, next: Next) ->
     if header_bytes > limits.max_header_bytes {
         return ApiError::new(
             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "headers_too_large",
+            ErrorCode::HeadersTooLarge,
             format!(
                 "the request headers are {header_bytes} bytes; the limit is {}",
                 limits.max_header_bytes
@@ -357,7 +358,7 @@ impl AppState {
                     .and_then(|v| v.parse::<usize>().ok())
                     .ok_or_else(|| {
                         ApiError::bad_request(
-                            "invalid_content_length",
+                            ErrorCode::InvalidContentLength,
                             "Content-Length is not a number",
                         )
                     })?,
@@ -369,7 +370,7 @@ impl AppState {
         {
             return Err(ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
+                ErrorCode::BodyTooLarge,
                 format!("request body is {n} bytes; the limit is {limit}"),
             ));
         }
@@ -381,7 +382,7 @@ impl AppState {
                     self.count_refusal("tenant_bytes");
                     ApiError::new(
                         StatusCode::TOO_MANY_REQUESTS,
-                        "tenant_ingest_busy",
+                        ErrorCode::TenantIngestBusy,
                         format!(
                             "tenant {:?} has {in_flight} bytes of requests in flight and may have {share}; nothing was written, retry after 1 s",
                             tenant.unwrap_or_default()
@@ -393,7 +394,7 @@ impl AppState {
                     self.count_refusal("process_bytes");
                     ApiError::new(
                         StatusCode::SERVICE_UNAVAILABLE,
-                        "ingest_busy",
+                        ErrorCode::IngestBusy,
                         "this API replica has as many request bytes in flight as it may hold; nothing was written, retry after 1 s",
                     )
                 }
@@ -456,7 +457,7 @@ impl AppState {
                     .and_then(|v| v.parse::<usize>().ok())
                     .ok_or_else(|| {
                         ApiError::bad_request(
-                            "invalid_content_length",
+                            ErrorCode::InvalidContentLength,
                             "Content-Length is not a number",
                         )
                     })?,
@@ -467,7 +468,7 @@ impl AppState {
         {
             return Err(ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
+                ErrorCode::BodyTooLarge,
                 format!("request body is {n} bytes; the limit is {limit}"),
             ));
         }
@@ -490,7 +491,7 @@ impl AppState {
                 self.count_refusal("consumer_bytes");
                 ApiError::new(
                     StatusCode::TOO_MANY_REQUESTS,
-                    "consumer_requests_busy",
+                    ErrorCode::ConsumerRequestsBusy,
                     format!(
                         "consumer {c:?} has {in_flight} bytes of requests in flight and may have {share}; nothing was written, retry after 1 s"
                     ),
@@ -501,7 +502,7 @@ impl AppState {
                 self.count_refusal("tenant_bytes");
                 ApiError::new(
                     StatusCode::TOO_MANY_REQUESTS,
-                    "tenant_ingest_busy",
+                    ErrorCode::TenantIngestBusy,
                     format!(
                         "tenant {:?} has {in_flight} bytes of requests in flight and may have {share}; nothing was written, retry after 1 s",
                         caller.tenant_scope().unwrap_or_default()
@@ -513,7 +514,7 @@ impl AppState {
                 self.count_refusal("process_bytes");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "ingest_busy",
+                    ErrorCode::IngestBusy,
                     "this API replica has as many request bytes in flight as it may hold; nothing was written, retry after 1 s",
                 )
             }
@@ -593,19 +594,19 @@ impl AppState {
     fn consumer_refusal(&self, bucket: ConsumerBucket, c: &str, wait: Duration) -> ApiError {
         let (code, setting, what, note) = match bucket {
             ConsumerBucket::Work => (
-                "consumer_rate_limited",
+                ErrorCode::ConsumerRateLimited,
                 "HOOKD_CONSUMER_RATE_LIMIT",
                 "rate limit",
                 "nothing was done, ",
             ),
             ConsumerBucket::Reads => (
-                "consumer_read_rate_limited",
+                ErrorCode::ConsumerReadRateLimited,
                 "HOOKD_CONSUMER_READ_RATE_LIMIT",
                 "read rate limit",
                 "",
             ),
         };
-        self.count_refusal(code);
+        self.count_refusal(code.as_str());
         let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
         ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,

@@ -6,12 +6,13 @@ use axum::extract::rejection::QueryRejection;
 use uuid::Uuid;
 
 use super::error::ApiError;
+use crate::domain::ErrorCode;
 use crate::domain::{self, DeliveryStatus};
 
 /// The query string of a listing, or 422 `invalid_query`.
 pub(super) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     q.map(|Query(t)| t)
-        .map_err(|e| ApiError::unprocessable("invalid_query", e.body_text()))
+        .map_err(|e| ApiError::unprocessable(ErrorCode::InvalidQuery, e.body_text()))
 }
 
 /// `limit`: 1 to 1000, 100 when absent.
@@ -21,7 +22,7 @@ pub(super) fn page_limit(limit: Option<i64>) -> Result<i64, ApiError> {
         Ok(limit)
     } else {
         Err(ApiError::unprocessable(
-            "invalid_limit",
+            ErrorCode::InvalidLimit,
             "limit must be between 1 and 1000",
         ))
     }
@@ -30,9 +31,8 @@ pub(super) fn page_limit(limit: Option<i64>) -> Result<i64, ApiError> {
 /// A `consumer` filter of a listing: 422 unless it is a valid uid.
 pub(super) fn check_consumer_filter(c: Option<&str>) -> Result<(), ApiError> {
     match c {
-        Some(c) => {
-            domain::validate_consumer(c).map_err(|e| ApiError::unprocessable("invalid_consumer", e))
-        }
+        Some(c) => domain::validate_consumer(c)
+            .map_err(|e| ApiError::unprocessable(ErrorCode::InvalidConsumer, e)),
         None => Ok(()),
     }
 }
@@ -41,8 +41,9 @@ pub(super) fn check_consumer_filter(c: Option<&str>) -> Result<(), ApiError> {
 pub(super) fn uuid_cursor(cursor: Option<&str>) -> Result<Option<Uuid>, ApiError> {
     cursor
         .map(|c| {
-            c.parse::<Uuid>()
-                .map_err(|_| ApiError::unprocessable("invalid_cursor", "cursor is not valid"))
+            c.parse::<Uuid>().map_err(|_| {
+                ApiError::unprocessable(ErrorCode::InvalidCursor, "cursor is not valid")
+            })
         })
         .transpose()
 }
@@ -52,7 +53,7 @@ pub(super) fn parse_status(s: Option<&str>) -> Result<Option<DeliveryStatus>, Ap
     s.map(|s| {
         DeliveryStatus::parse(s).ok_or_else(|| {
             ApiError::unprocessable(
-                "invalid_status",
+                ErrorCode::InvalidStatus,
                 format!(
                     "status {s:?} is not one of {:?}",
                     DeliveryStatus::ALL.map(DeliveryStatus::as_str)

@@ -21,6 +21,7 @@ use super::openapi::{any_json_but_null, responses};
 use super::{AppState, Limits, path_id};
 use crate::auth::{Principal, Scope, Subject};
 use crate::db;
+use crate::domain::ErrorCode;
 use crate::domain::{self, DeliveryStatus};
 use crate::outbox::{Enqueued, NewMessage};
 
@@ -144,18 +145,25 @@ fn validate(
         e
     })?;
     let tenant = tenant.ok_or_else(|| {
-        ApiError::unprocessable("missing_field", format!("{prefix}tenant is required"))
+        ApiError::unprocessable(
+            ErrorCode::MissingField,
+            format!("{prefix}tenant is required"),
+        )
     })?;
     domain::validate_tenant(&tenant)
-        .map_err(|e| ApiError::unprocessable("invalid_tenant", format!("{prefix}{e}")))?;
+        .map_err(|e| ApiError::unprocessable(ErrorCode::InvalidTenant, format!("{prefix}{e}")))?;
     let event_type = m.event_type.ok_or_else(|| {
-        ApiError::unprocessable("missing_field", format!("{prefix}eventType is required"))
+        ApiError::unprocessable(
+            ErrorCode::MissingField,
+            format!("{prefix}eventType is required"),
+        )
     })?;
-    domain::validate_event_type(&event_type)
-        .map_err(|e| ApiError::unprocessable("invalid_event_type", format!("{prefix}{e}")))?;
+    domain::validate_event_type(&event_type).map_err(|e| {
+        ApiError::unprocessable(ErrorCode::InvalidEventType, format!("{prefix}{e}"))
+    })?;
     let payload = m.payload.ok_or_else(|| {
         ApiError::unprocessable(
-            "missing_field",
+            ErrorCode::MissingField,
             format!("{prefix}payload is required (any JSON value but null)"),
         )
     })?;
@@ -163,7 +171,7 @@ fn validate(
     if payload.len() > max_payload {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
+            ErrorCode::PayloadTooLarge,
             format!(
                 "{prefix}payload is {} bytes; the limit is {max_payload}",
                 payload.len()
@@ -173,7 +181,7 @@ fn validate(
     let idempotency_key = match (m.idempotency_key, header_key) {
         (Some(f), Some(h)) if f != h => {
             return Err(ApiError::unprocessable(
-                "idempotency_key_mismatch",
+                ErrorCode::IdempotencyKeyMismatch,
                 "the Idempotency-Key header and the idempotencyKey field differ",
             ));
         }
@@ -182,7 +190,7 @@ fn validate(
     };
     if let Some(k) = &idempotency_key {
         domain::validate_idempotency_key(k).map_err(|e| {
-            ApiError::unprocessable("invalid_idempotency_key", format!("{prefix}{e}"))
+            ApiError::unprocessable(ErrorCode::InvalidIdempotencyKey, format!("{prefix}{e}"))
         })?;
     }
     let consumer = caller.resolve_consumer(m.consumer).map_err(|mut e| {
@@ -190,8 +198,9 @@ fn validate(
         e
     })?;
     if let Some(c) = &consumer {
-        domain::validate_consumer(c)
-            .map_err(|e| ApiError::unprocessable("invalid_consumer", format!("{prefix}{e}")))?;
+        domain::validate_consumer(c).map_err(|e| {
+            ApiError::unprocessable(ErrorCode::InvalidConsumer, format!("{prefix}{e}"))
+        })?;
     }
     Ok(NewMessage {
         tenant,
@@ -225,13 +234,13 @@ fn parse_batch(
     let input: BatchIn = parse(bytes)?;
     if input.messages.is_empty() {
         return Err(ApiError::unprocessable(
-            "empty_batch",
+            ErrorCode::EmptyBatch,
             "messages must not be empty",
         ));
     }
     if input.messages.len() > limits.max_batch {
         return Err(ApiError::unprocessable(
-            "batch_too_large",
+            ErrorCode::BatchTooLarge,
             format!(
                 "batch has {} messages; at most {} are allowed",
                 input.messages.len(),
@@ -299,7 +308,7 @@ fn header_idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError>
         None => Ok(None),
         Some(v) => v.to_str().map(Some).map_err(|_| {
             ApiError::unprocessable(
-                "invalid_idempotency_key",
+                ErrorCode::InvalidIdempotencyKey,
                 "Idempotency-Key header is not ASCII",
             )
         }),
@@ -438,7 +447,7 @@ pub async fn create_batch(
     require_json(&headers)?;
     if headers.contains_key("idempotency-key") {
         return Err(ApiError::unprocessable(
-            "idempotency_key_header_on_batch",
+            ErrorCode::IdempotencyKeyHeaderOnBatch,
             "a batch takes idempotencyKey per message, not an Idempotency-Key header",
         ));
     }
@@ -697,7 +706,7 @@ pub async fn list(
     super::listing::check_consumer_filter(p.consumer.as_deref())?;
     if let Some(t) = p.event_type.as_deref() {
         domain::validate_event_type(t)
-            .map_err(|e| ApiError::unprocessable("invalid_event_type", e))?;
+            .map_err(|e| ApiError::unprocessable(ErrorCode::InvalidEventType, e))?;
     }
     let before = super::listing::uuid_cursor(p.cursor.as_deref())?;
     let audience = caller.audience();
@@ -718,7 +727,7 @@ pub async fn list(
     // deliveries' indexes, which know the tenant and consumer but not the event type.
     if !db::events::status_served(&query) {
         return Err(ApiError::unprocessable(
-            "filter_not_served",
+            ErrorCode::FilterNotServed,
             "status can be combined with consumer, since, until and cursor, but not with \
              eventType, and needs a tenant; see docs/retention-partitions.md",
         ));
@@ -770,7 +779,7 @@ mod tests {
 
     fn code(r: Result<Vec<NewMessage>, ApiError>) -> (u16, &'static str) {
         let e = r.expect_err("an error");
-        (e.status.as_u16(), e.code)
+        (e.status.as_u16(), e.code.as_str())
     }
 
     #[test]
@@ -834,7 +843,11 @@ mod tests {
             br#"{"messages":[{"eventType":"a","payload":1},{"eventType":"a..b","payload":1}]}"#;
         let e = parse_ingest_body(IngestRoute::Batch, bad_second, None, None, &limits())
             .expect_err("no tenant");
-        assert_eq!(e.code, "missing_field", "no tenant without a credential");
+        assert_eq!(
+            e.code.as_str(),
+            "missing_field",
+            "no tenant without a credential"
+        );
         let e = parse_ingest_body(
             IngestRoute::Batch,
             bad_second,
@@ -843,7 +856,7 @@ mod tests {
             &limits(),
         )
         .expect_err("a bad event type");
-        assert_eq!(e.code, "invalid_event_type");
+        assert_eq!(e.code.as_str(), "invalid_event_type");
         assert!(e.message.starts_with("messages[1]: "), "{}", e.message);
     }
 }

@@ -33,6 +33,7 @@ use uuid::Uuid;
 
 use crate::auth::{AuthMode, Authenticator, ServiceAccounts};
 use crate::config::ApiSettings;
+use crate::domain::ErrorCode;
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::outbox::Outbox;
@@ -242,7 +243,7 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(|method: axum::http::Method| async move {
             ApiError::new(
                 axum::http::StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+                ErrorCode::MethodNotAllowed,
                 format!("{method} is not allowed on this route; the Allow header lists the methods that are"),
             )
         })
@@ -383,22 +384,19 @@ async fn metrics(state: State<Metrics>, headers: axum::http::HeaderMap) -> Respo
 }
 
 async fn count_requests(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let route = match req.extensions().get::<MatchedPath>().map(|p| p.as_str()) {
-        Some("/v1/messages") => "messages",
-        Some("/v1/messages/batch") => "messages_batch",
-        Some("/v1/messages/{id}") => "message_get",
-        Some("/v1/deliveries/{id}") => "delivery_get",
-        Some("/v1/deliveries/{id}/replay") => "delivery_replay",
-        Some("/v1/endpoints/{id}/replay") => "endpoint_replay",
-        Some("/v1/dead-letters") => "dead_letters",
-        Some(_) => "other",
-        None => "unmatched",
-    };
+    // The route template axum matched (`/v1/endpoints/{id}`), never the raw path: one
+    // series per operation, whatever ids or junk a client sends.
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method = crate::metrics::method_label(req.method());
     let resp = next.run(req).await;
     state
         .metrics
         .http_requests
         .get_or_create(&crate::metrics::RouteStatus {
+            method,
             route,
             status: resp.status().as_u16(),
         })
@@ -414,7 +412,7 @@ pub(crate) fn path_id(
     let invalid = |shown: &str| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
-            "invalid_id",
+            ErrorCode::InvalidId,
             format!("{what} id {shown:?} is not a UUID"),
         )
     };

@@ -12,6 +12,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::error::{ErrorBody, ErrorDetail};
+use crate::domain::ErrorCode;
 
 /// The name of the bearer security scheme every `/v1` operation requires.
 pub const BEARER: &str = "bearer";
@@ -25,11 +26,12 @@ pub const METRICS_TOKEN: &str = "metrics_token";
         description = "Webhook gateway on the transactional outbox pattern. Every /v1 route \
             needs `Authorization: Bearer <token>`: a static API token (`hookd_…`, made by \
             `hookd token create`) or a Kubernetes ServiceAccount token with audience `hookd`. \
-            The tenant comes from the credential. Errors are `{\"error\": {\"code\", \"message\"}}`.",
+            The tenant comes from the credential. Errors are `{\"error\": {\"code\", \"message\"}}`; \
+            the codes this version sends are the `ErrorCode` schema.",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
     components(
-        schemas(ErrorBody, ErrorDetail),
+        schemas(ErrorBody, ErrorDetail, ErrorCode),
         responses(
             responses::BadRequest,
             responses::Unauthorized,
@@ -279,5 +281,23 @@ mod tests {
              HOOKD_UPDATE_DOCS=1 cargo test --lib clients_openapi_json and regenerate the \
              TypeScript types (cd clients/typescript && npm run generate)"
         );
+    }
+
+    /// The document lists every error code the server can send, and only those: the
+    /// `ErrorCode` schema is the enum every error answer is built from.
+    #[test]
+    fn the_document_lists_every_error_code() {
+        let doc = serde_json::to_value(super::document()).unwrap();
+        let listed: Vec<&str> = doc["components"]["schemas"]["ErrorCode"]["enum"]
+            .as_array()
+            .expect("an ErrorCode enum in the document")
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let sent: Vec<&str> = crate::domain::ErrorCode::ALL
+            .iter()
+            .map(|c| c.as_str())
+            .collect();
+        assert_eq!(listed, sent);
     }
 }

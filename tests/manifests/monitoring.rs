@@ -16,7 +16,8 @@ pub(crate) fn exported_series() -> BTreeSet<String> {
     let m = hookd::metrics::Metrics::new();
     // A labelled family is rendered only once it has a label set; give each one.
     let _ = m.http_requests.get_or_create(&hookd::metrics::RouteStatus {
-        route: "messages",
+        method: "POST",
+        route: "/v1/messages".into(),
         status: 201,
     });
     let _ = m.delivery_attempts.get_or_create(&hookd::metrics::Outcome {

@@ -974,8 +974,18 @@ export interface components {
         ErrorBody: {
             error: components["schemas"]["ErrorDetail"];
         };
+        /**
+         * @description The `code` of an error answer: the codes this version sends. Later versions may add
+         *     codes; none is renamed or removed.
+         * @enum {string}
+         */
+        ErrorCode: "auth_unavailable" | "batch_too_large" | "body_too_large" | "commit_outcome_unknown" | "consumer_deleted" | "consumer_endpoint_limit" | "consumer_mismatch" | "consumer_rate_limited" | "consumer_read_rate_limited" | "consumer_requests_busy" | "consumer_token" | "database_unavailable" | "delivery_leased" | "duplicate_authorization" | "empty_batch" | "encryption_unavailable" | "endpoint_disabled" | "filter_not_served" | "headers_too_large" | "idempotency_key_conflict" | "idempotency_key_header_on_batch" | "idempotency_key_in_use" | "idempotency_key_mismatch" | "ingest_busy" | "insufficient_scope" | "internal" | "invalid_consumer" | "invalid_content_length" | "invalid_credential" | "invalid_cursor" | "invalid_event_type" | "invalid_field" | "invalid_id" | "invalid_idempotency_key" | "invalid_limit" | "invalid_query" | "invalid_status" | "invalid_tenant" | "invalid_test_event_type" | "malformed_json" | "managed_by_kubernetes" | "method_not_allowed" | "missing_field" | "not_a_session" | "not_found" | "payload_too_large" | "rate_limited" | "request_timeout" | "session_needs_token" | "shutting_down" | "sign_in_code_invalid" | "tenant_endpoint_limit" | "tenant_ingest_busy" | "tenant_mismatch" | "unauthenticated" | "unsupported_media_type" | "uri_too_long" | "weak_secret" | "write_conflict";
         ErrorDetail: {
-            /** @description stable, machine-readable, e.g. `invalid_field`, `unauthenticated`, `rate_limited` */
+            /**
+             * @description Stable and machine-readable: one of the codes of the `ErrorCode` schema. A string
+             *     here, not that enum, so a client built from this document still reads an answer
+             *     whose code a later version added (and treats it as it treats the status).
+             */
             code: string;
             /** @description for humans; wording may change */
             message: string;
