@@ -1,9 +1,9 @@
 -- The queue-maintenance trigger pairs each updated delivery's old and new versions by
 -- sorting both transition tables by id, not by joining them.
 --
--- The planner knows nothing of a transition table's size when it plans a statement of a
--- trigger function, and PL/pgSQL keeps the plan it built on the session's first call (a
--- statement without parameters is never planned again). Planned for a one-row first call,
+-- The planner sizes a transition table as it is on the call that plans the statement, and
+-- PL/pgSQL keeps the plan it built on the session's first call (a statement without
+-- parameters is never planned again). Planned for a one-row first call,
 -- the join of old_rows to new_rows was a nested loop: every claim and outcome batch of N
 -- rows compared N x N pairs, twice (15-83 ms for batches of a few hundred rows, logged by
 -- auto_explain during `hookd-bench --only dispatch`). A window over the two tables sorted

@@ -719,8 +719,9 @@ fn rows_read(plan: &[String], table: &str) -> u64 {
 /// and the claim must still probe only the endpoints they serve. Before: the circuit update
 /// joined its batch to three full scans of the table (20,160 rows read here for 40
 /// outcomes; 10,000 endpoints drained at 288 deliveries/s instead of 5,600 in
-/// `hookd-bench`). The claim's check guards its probe step, which the bench caught
-/// scanning the table once per claim with such statistics (this plan did not).
+/// `hookd-bench`). The claim is checked with half-open probes to make: in the bench its
+/// probe step scanned the whole table on every claim with such statistics (this test's
+/// plan did not reproduce that; it guards the step).
 #[sqlx::test]
 async fn statistics_that_see_no_endpoints_do_not_make_outcomes_or_claims_read_them_all(
     pool: PgPool,
@@ -730,6 +731,17 @@ async fn statistics_that_see_no_endpoints_do_not_make_outcomes_or_claims_read_th
         served.push(endpoint(&pool, opts("busy", format!("http://127.0.0.1:9/{i}"))).await);
     }
     enqueue_sql(&pool, "busy", 1).await;
+    // a quarter of them with a cooled-down open circuit: the claim's half-open probe step
+    // has work
+    sqlx::query(
+        "UPDATE hookd.endpoints SET circuit_state = 'open',
+                circuit_open_until = now() - interval '1 second'
+         WHERE id = ANY ($1)",
+    )
+    .bind(&served[..10])
+    .execute(&pool)
+    .await
+    .unwrap();
     let mut open = pool.begin().await.unwrap();
     sqlx::query(
         "INSERT INTO hookd.endpoints (id, tenant, k8s_namespace, k8s_name, url)

@@ -382,6 +382,7 @@ const FOLD_SQL: &str = r#"
         -- (a primary-key probe per endpoint, in id order, whatever the statistics say)
         SELECT e.id, e.tenant, m.due,
                hookd.endpoint_hold(e.state, e.circuit_state, e.circuit_open_until)
+        -- (sorted, so the nested loop takes the locks in id order)
         FROM (SELECT * FROM m ORDER BY m.endpoint_id) m
         CROSS JOIN LATERAL (
             SELECT e.id, e.tenant, e.state, e.circuit_state, e.circuit_open_until

@@ -442,6 +442,8 @@ const RECORD_CIRCUIT_SQL: &str = r#"
                      AND ((e.circuit_state <> 'closed' AND NOT i.any_success)
                           OR (CASE WHEN i.any_success THEN 0 ELSE e.circuit_failures END) + i.trailing_failures >= $4)
                      AS open_now
+            -- a sorted subquery is never flattened, and a LATERAL that names its columns
+            -- is joined by a nested loop in its order: the locks are taken in id order
             FROM (SELECT * FROM i ORDER BY i.id) i
             CROSS JOIN LATERAL (
                 SELECT e.circuit_state, e.circuit_failures FROM hookd.endpoints e
@@ -519,11 +521,19 @@ pub async fn explain_record_circuit(
     Ok(plan)
 }
 
-/// Refreshes the planner's statistics of the endpoints table (after a bulk apply).
+/// Refreshes the planner's statistics of the endpoints table (after a bulk apply). Waits
+/// at most 5 s for a lock (a manual VACUUM or another ANALYZE holds it; the statistics
+/// then come from autovacuum). Needs the table's owner, the role that ran the migrations:
+/// for any other role Postgres skips the table with a warning and this returns Ok.
 pub async fn analyze(pool: &PgPool) -> Result<(), DbError> {
-    sqlx::query("ANALYZE hookd.endpoints")
-        .execute(on(pool))
+    let mut tx = super::begin(pool).await?;
+    sqlx::query("SELECT set_config('lock_timeout', '5s', true)")
+        .execute(on(&mut *tx))
         .await?;
+    sqlx::query("ANALYZE hookd.endpoints")
+        .execute(on(&mut *tx))
+        .await?;
+    tx.commit().await?;
     Ok(())
 }
 
