@@ -324,8 +324,9 @@ pub async fn prune_once(
     Ok(PruneOutcome::Done(counts))
 }
 
-/// The dispatcher's pruner: a pass every `interval` until `shutdown`.
-pub fn spawn_pruner(
+/// The dispatcher's pruner: a pass every `interval` until `shutdown` (a background duty,
+/// see [`crate::runtime::Duties`]).
+pub async fn run_pruner(
     pool: PgPool,
     policy: RetentionPolicy,
     interval: Duration,
@@ -333,69 +334,65 @@ pub fn spawn_pruner(
     shutdown: CancellationToken,
 ) {
     tracing::info!(retention = %policy.describe(), every = ?interval, "retention pruner started");
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
-                _ = shutdown.cancelled() => return,
-            }
-            let started = std::time::Instant::now();
-            let outcome = tokio::select! {
-                r = prune_once(&pool, &policy, Utc::now(), &metrics) => r,
-                _ = shutdown.cancelled() => return,
-            };
-            let result = match outcome {
-                Ok(PruneOutcome::Done(c)) => {
-                    if c.total() > 0 {
-                        tracing::info!(
-                            deliveries = c.deliveries,
-                            attempts = c.attempts,
-                            dead_letters = c.dead_letters,
-                            events = c.events,
-                            days_dropped = c.days_dropped,
-                            took = ?started.elapsed(),
-                            "retention pass deleted expired rows"
-                        );
-                    }
-                    "done"
-                }
-                Ok(PruneOutcome::Skipped) => "skipped",
-                Err(e) => {
-                    tracing::warn!(error = %e, "retention pass failed; retrying at the next interval");
-                    "failed"
-                }
-            };
-            metrics
-                .retention_passes
-                .get_or_create(&PassResult { result })
-                .inc();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = shutdown.cancelled() => return,
         }
-    });
+        let started = std::time::Instant::now();
+        let outcome = tokio::select! {
+            r = prune_once(&pool, &policy, Utc::now(), &metrics) => r,
+            _ = shutdown.cancelled() => return,
+        };
+        let result = match outcome {
+            Ok(PruneOutcome::Done(c)) => {
+                if c.total() > 0 {
+                    tracing::info!(
+                        deliveries = c.deliveries,
+                        attempts = c.attempts,
+                        dead_letters = c.dead_letters,
+                        events = c.events,
+                        days_dropped = c.days_dropped,
+                        took = ?started.elapsed(),
+                        "retention pass deleted expired rows"
+                    );
+                }
+                "done"
+            }
+            Ok(PruneOutcome::Skipped) => "skipped",
+            Err(e) => {
+                tracing::warn!(error = %e, "retention pass failed; retrying at the next interval");
+                "failed"
+            }
+        };
+        metrics
+            .retention_passes
+            .get_or_create(&PassResult { result })
+            .inc();
+    }
 }
 
 /// Creates the coming history days (see [`db::HISTORY_DAYS_AHEAD`]) now and then every hour
 /// until `shutdown`. Every dispatcher runs it, whether or not it prunes: there is no
 /// default partition (migration 0016), so a delivery can become terminal only in a day
 /// that exists, and creating one takes no lock that enqueue, claim or outcome writes
-/// wait for.
-pub fn spawn_history_days(pool: PgPool, shutdown: CancellationToken) {
-    tokio::spawn(async move {
-        loop {
-            let made = async {
-                let mut conn = pool.acquire().await?;
-                db::ensure_history_days(&mut conn, db::HISTORY_DAYS_AHEAD).await
-            }
-            .await;
-            if let Err(e) = &made {
-                tracing::warn!(error = %e, "could not create the coming history days; retrying in a minute");
-            }
-            let wait = if made.is_ok() { 3600 } else { 60 };
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_secs(wait)) => {}
-                _ = shutdown.cancelled() => return,
-            }
+/// wait for. A background duty (see [`crate::runtime::Duties`]).
+pub async fn run_history_days(pool: PgPool, shutdown: CancellationToken) {
+    loop {
+        let made = async {
+            let mut conn = pool.acquire().await?;
+            db::ensure_history_days(&mut conn, db::HISTORY_DAYS_AHEAD).await
         }
-    });
+        .await;
+        if let Err(e) = &made {
+            tracing::warn!(error = %e, "could not create the coming history days; retrying in a minute");
+        }
+        let wait = if made.is_ok() { 3600 } else { 60 };
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(wait)) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
 }
 
 /// Which old events a walk deletes.

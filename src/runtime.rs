@@ -1,6 +1,9 @@
 //! Process plumbing shared by every subcommand: logging, signals, database start-up.
 
+use std::future::Future;
+
 use sqlx::PgPool;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{DbArgs, LogFormat};
@@ -133,4 +136,81 @@ pub async fn bind(
             flag,
             source,
         })
+}
+
+/// A process's background duties (maintenance that runs beside its main loop): each is
+/// started here under a name, runs until the shutdown token it was given is cancelled, and
+/// all are awaited together by [`Duties::join`], so none is cut off mid-statement when the
+/// process exits and none outlives it unnoticed.
+#[derive(Default)]
+pub struct Duties {
+    running: JoinSet<&'static str>,
+}
+
+impl Duties {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Starts `duty`, which must return once its shutdown token is cancelled.
+    pub fn start<F>(&mut self, name: &'static str, duty: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        tracing::debug!(duty = name, "background duty started");
+        self.running.spawn(async move {
+            duty.await;
+            name
+        });
+    }
+
+    /// How many are still running.
+    pub fn len(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.running.is_empty()
+    }
+
+    /// Waits for every duty to return (after the shutdown it watches). One that panicked
+    /// is logged; the others are still awaited.
+    pub async fn join(mut self) {
+        while let Some(done) = self.running.join_next().await {
+            match done {
+                Ok(name) => tracing::debug!(duty = name, "background duty stopped"),
+                Err(e) => tracing::error!(error = %e, "a background duty failed"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod duties_tests {
+    use super::Duties;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio_util::sync::CancellationToken;
+
+    /// `join` returns only when every duty has finished its work after the shutdown,
+    /// including one that takes a while to wind down, and survives one that panics.
+    #[tokio::test]
+    async fn join_waits_for_every_duty_to_wind_down() {
+        let shutdown = CancellationToken::new();
+        let finished = Arc::new(AtomicUsize::new(0));
+        let mut duties = Duties::new();
+        for wind_down_ms in [0u64, 50, 200] {
+            let (stop, done) = (shutdown.clone(), finished.clone());
+            duties.start("test", async move {
+                stop.cancelled().await;
+                tokio::time::sleep(std::time::Duration::from_millis(wind_down_ms)).await;
+                done.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        duties.start("panics", async { panic!("a duty that fails") });
+        assert_eq!(duties.len(), 4);
+        shutdown.cancel();
+        duties.join().await;
+        assert_eq!(finished.load(Ordering::SeqCst), 3);
+    }
 }

@@ -170,8 +170,9 @@ impl DispatchConfig {
     }
 }
 
-/// `hookd dispatch`: the dispatcher, its retention pruner and its health/metrics
-/// listener.
+/// `hookd dispatch`: the dispatcher, its background duties (history days, the retention
+/// pruner, the backlog sampler, the straggler sweep; awaited together at shutdown) and its
+/// health/metrics listener.
 pub async fn run(
     pool: PgPool,
     settings: DispatchSettings,
@@ -203,17 +204,33 @@ pub async fn run_on(
     tracing::info!(listen = %settings.listen, worker = %cfg.worker_id, key_id = keyring.active_key_id(), "dispatcher starting");
     let server = tokio::spawn(crate::ops::serve_on(listener, health, shutdown.clone()));
     let keyring = Arc::new(keyring);
-    crate::retention::spawn_history_days(pool.clone(), shutdown.clone());
+    let mut duties = crate::runtime::Duties::new();
+    duties.start(
+        "history days",
+        crate::retention::run_history_days(pool.clone(), shutdown.clone()),
+    );
     if retention.prune_interval_secs > 0 {
-        crate::retention::spawn_pruner(
-            pool.clone(),
-            policy,
-            Duration::from_secs(retention.prune_interval_secs),
-            metrics.clone(),
-            shutdown.clone(),
+        duties.start(
+            "retention pruner",
+            crate::retention::run_pruner(
+                pool.clone(),
+                policy,
+                Duration::from_secs(retention.prune_interval_secs),
+                metrics.clone(),
+                shutdown.clone(),
+            ),
         );
     }
+    duties.start(
+        "backlog sampler",
+        run_backlog_sampler(pool.clone(), metrics.clone(), shutdown.clone()),
+    );
+    duties.start(
+        "straggler sweep",
+        run_straggler_sweep(pool.clone(), shutdown.clone()),
+    );
     run_dispatcher(pool, cfg, keyring, metrics, shutdown).await;
+    duties.join().await;
     server.await??;
     Ok(())
 }
@@ -410,8 +427,9 @@ struct Dispatcher {
 }
 
 impl Dispatcher {
-    /// Builds the HTTP client and starts the tasks that run beside the loop: the NOTIFY
-    /// listener, the backlog sampler, the completer and the lease renewer.
+    /// Builds the HTTP client and starts the tasks that serve the loop: the NOTIFY
+    /// listener, the completer and the lease renewer. (The process's maintenance duties
+    /// are started beside it by [`run_on`].)
     fn start(
         pool: PgPool,
         cfg: DispatchConfig,
@@ -444,7 +462,6 @@ impl Dispatcher {
                 shutdown.clone(),
             );
         }
-        spawn_backlog_sampler(pool.clone(), metrics.clone(), shutdown.clone());
         let (done_tx, completer) = completer::spawn(
             pool.clone(),
             completer::CompleterConfig {
@@ -855,25 +872,38 @@ fn spawn_lease_renewer(
 }
 
 /// Samples backlog gauges every few seconds with bounded, index-only queries, so a
-/// scrape never costs a table scan.
-fn spawn_backlog_sampler(pool: PgPool, metrics: Metrics, shutdown: CancellationToken) {
-    tokio::spawn(async move {
-        loop {
-            if let Ok((backlog, oldest)) = db::deliveries::backlog_sample(&pool).await {
-                metrics.backlog.set(backlog);
-                metrics.oldest_due_age_seconds.set(oldest);
-            }
-            match db::deliveries::cancel_stragglers(&pool).await {
-                Ok(0) | Err(_) => {}
-                Ok(n) => tracing::info!(
-                    cancelled = n,
-                    "cancelled deliveries committed for endpoints while they were being removed"
-                ),
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_secs(10)) => {}
-                _ = shutdown.cancelled() => return,
+/// scrape never costs a table scan. A background duty of `hookd dispatch`.
+async fn run_backlog_sampler(pool: PgPool, metrics: Metrics, shutdown: CancellationToken) {
+    loop {
+        if let Ok((backlog, oldest)) = db::deliveries::backlog_sample(&pool).await {
+            metrics.backlog.set(backlog);
+            metrics.oldest_due_age_seconds.set(oldest);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Cancels, every 10 s, deliveries an enqueue committed for an endpoint while it was being
+/// removed (see [`db::deliveries::cancel_stragglers`]). A background duty of
+/// `hookd dispatch`.
+async fn run_straggler_sweep(pool: PgPool, shutdown: CancellationToken) {
+    loop {
+        match db::deliveries::cancel_stragglers(&pool).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                cancelled = n,
+                "cancelled deliveries committed for endpoints while they were being removed"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "straggler sweep failed; retrying in 10 s")
             }
         }
-    });
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
 }
