@@ -333,9 +333,6 @@ async fn whoami(caller: caller::Caller) -> Response {
     security(()),
     responses(
         (status = 200, description = "`ok`", content_type = "text/plain", body = String),
-        (status = 408, response = openapi::responses::RequestTimeout),
-        (status = 414, response = openapi::responses::UriTooLong),
-        (status = 431, response = openapi::responses::HeadersTooLarge),
     )
 )]
 async fn healthz() -> &'static str {
@@ -352,9 +349,6 @@ async fn healthz() -> &'static str {
     security(()),
     responses(
         (status = 200, description = "`ready`", content_type = "text/plain", body = String),
-        (status = 408, response = openapi::responses::RequestTimeout),
-        (status = 414, response = openapi::responses::UriTooLong),
-        (status = 431, response = openapi::responses::HeadersTooLarge),
         (status = 503, response = openapi::responses::Unavailable),
     )
 )]
@@ -374,9 +368,6 @@ async fn readyz(state: State<PgPool>) -> Response {
     responses(
         (status = 200, description = "OpenMetrics text exposition", content_type = "application/openmetrics-text", body = String),
         (status = 401, response = openapi::responses::Unauthorized),
-        (status = 408, response = openapi::responses::RequestTimeout),
-        (status = 414, response = openapi::responses::UriTooLong),
-        (status = 431, response = openapi::responses::HeadersTooLarge),
     )
 )]
 async fn metrics(state: State<Metrics>, headers: axum::http::HeaderMap) -> Response {
