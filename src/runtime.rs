@@ -140,8 +140,9 @@ pub async fn bind(
 
 /// A process's background duties (maintenance that runs beside its main loop): each is
 /// started here under a name, runs until the shutdown token it was given is cancelled, and
-/// all are awaited together by [`Duties::join`], so none is cut off mid-statement when the
-/// process exits and none outlives it unnoticed.
+/// all are awaited together by [`Duties::join`]: the process exits only after each has
+/// returned (the pruner abandons a pass on shutdown, its transaction rolling back; the
+/// others finish the statement they are in), and none outlives it unnoticed.
 #[derive(Default)]
 pub struct Duties {
     running: JoinSet<&'static str>,

@@ -379,10 +379,10 @@ const FOLD_SQL: &str = r#"
         -- for and then read; one that starts after waits for this entry to commit, so
         -- its trigger (hookd.endpoints_queue_hold) sees it. Either way the hold is right.
         INSERT INTO hookd.endpoint_queue AS q (endpoint_id, tenant, due_at, hold_until)
-        -- (a primary-key probe per endpoint, in id order, whatever the statistics say)
+        -- A primary-key probe per endpoint whatever the statistics say; the sorted
+        -- subquery makes the nested loop take the locks in id order.
         SELECT e.id, e.tenant, m.due,
                hookd.endpoint_hold(e.state, e.circuit_state, e.circuit_open_until)
-        -- (sorted, so the nested loop takes the locks in id order)
         FROM (SELECT * FROM m ORDER BY m.endpoint_id) m
         CROSS JOIN LATERAL (
             SELECT e.id, e.tenant, e.state, e.circuit_state, e.circuit_open_until
