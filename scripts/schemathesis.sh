@@ -36,11 +36,29 @@ TARGET_DIR=$(cargo_target_dir)
 
 # --- schemathesis in a venv under the target dir ---------------------------------
 
-VENV=$TARGET_DIR/st-venv
+# The interpreter: CPython 3.11.7 (this machine's default python3, through pyenv) can
+# raise "SystemError: AST constructor recursion depth mismatch" from ast.parse called deep
+# in a recursion; hypothesis parses lambda sources there, and schemathesis's coverage
+# phase failed on it once (a runtime error on GET /v1/endpoints, not a finding). A Python
+# 3.13 or later is used when one is installed.
+st_python() {
+  local c
+  for c in python3.14 python3.13 "$HOME"/.pyenv/versions/3.1[3-9]*/bin/python3; do
+    if command -v "$c" >/dev/null 2>&1 \
+      && "$c" -c 'import sys, venv; sys.exit(sys.version_info < (3, 13))' 2>/dev/null; then
+      echo "$c"
+      return
+    fi
+  done
+  echo python3
+}
+ST_PYTHON=$(st_python)
+ST_PYTHON_VERSION=$("$ST_PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+VENV=$TARGET_DIR/st-venv-$ST_PYTHON_VERSION
 if [[ "$("$VENV/bin/st" --version 2>/dev/null || true)" != *" $ST_VERSION" ]]; then
-  log "installing schemathesis $ST_VERSION into $VENV"
+  log "installing schemathesis $ST_VERSION into $VENV (Python $ST_PYTHON_VERSION, $ST_PYTHON)"
   rm -rf "$VENV"
-  if ! { python3 -m venv "$VENV" && "$VENV/bin/pip" install -q "schemathesis==$ST_VERSION"; }; then
+  if ! { "$ST_PYTHON" -m venv "$VENV" && "$VENV/bin/pip" install -q "schemathesis==$ST_VERSION"; }; then
     rm -rf "$VENV"
     if [[ "${CI:-}" == true ]]; then
       die "could not install schemathesis $ST_VERSION (python3 -m venv / pip); CI must not skip this run"
