@@ -134,8 +134,22 @@ const LISTENER_ANSWERS: [(&str, &str); 3] = [
 
 fn listener_answers(doc: &mut utoipa::openapi::OpenApi) {
     use utoipa::openapi::{Ref, RefOr};
-    for item in doc.paths.paths.values_mut() {
-        let operations = [
+    for op in operations_mut(doc) {
+        for (status, response) in LISTENER_ANSWERS {
+            op.responses
+                .responses
+                .entry(status.to_owned())
+                .or_insert_with(|| RefOr::Ref(Ref::from_response_name(response)));
+        }
+    }
+}
+
+/// Every operation of the document, whatever its method.
+fn operations_mut(
+    doc: &mut utoipa::openapi::OpenApi,
+) -> impl Iterator<Item = &mut utoipa::openapi::path::Operation> {
+    doc.paths.paths.values_mut().flat_map(|item| {
+        [
             &mut item.get,
             &mut item.put,
             &mut item.post,
@@ -144,16 +158,10 @@ fn listener_answers(doc: &mut utoipa::openapi::OpenApi) {
             &mut item.head,
             &mut item.patch,
             &mut item.trace,
-        ];
-        for op in operations.into_iter().flatten() {
-            for (status, response) in LISTENER_ANSWERS {
-                op.responses
-                    .responses
-                    .entry(status.to_owned())
-                    .or_insert_with(|| RefOr::Ref(Ref::from_response_name(response)));
-            }
-        }
-    }
+        ]
+        .into_iter()
+        .flatten()
+    })
 }
 
 /// utoipa 5.5 serializes a Link object's `operationId` as `operation_id` (its `Link` lacks
@@ -163,32 +171,20 @@ fn listener_answers(doc: &mut utoipa::openapi::OpenApi) {
 /// serialized flat into the Link object.
 fn camel_case_links(doc: &mut utoipa::openapi::OpenApi) {
     use utoipa::openapi::RefOr;
-    for item in doc.paths.paths.values_mut() {
-        let operations = [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.options,
-            &mut item.head,
-            &mut item.patch,
-            &mut item.trace,
-        ];
-        for op in operations.into_iter().flatten() {
-            for response in op.responses.responses.values_mut() {
-                let RefOr::T(response) = response else {
+    for op in operations_mut(doc) {
+        for response in op.responses.responses.values_mut() {
+            let RefOr::T(response) = response else {
+                continue;
+            };
+            for link in response.links.values_mut() {
+                let RefOr::T(link) = link else { continue };
+                if link.operation_id.is_empty() {
                     continue;
-                };
-                for link in response.links.values_mut() {
-                    let RefOr::T(link) = link else { continue };
-                    if link.operation_id.is_empty() {
-                        continue;
-                    }
-                    let id = std::mem::take(&mut link.operation_id);
-                    link.extensions
-                        .get_or_insert_with(Default::default)
-                        .insert("operationId".into(), id.into());
                 }
+                let id = std::mem::take(&mut link.operation_id);
+                link.extensions
+                    .get_or_insert_with(Default::default)
+                    .insert("operationId".into(), id.into());
             }
         }
     }

@@ -396,16 +396,7 @@ const FOLD_SQL: &str = r#"
 /// runs it (index paths only) in a transaction that is rolled back. For tests that prove
 /// its cost follows the wake-ups whatever the statistics say.
 pub async fn explain_fold_wakeups(pool: &PgPool) -> Result<Vec<String>, DbError> {
-    let mut tx = super::begin(pool).await?;
-    super::index_paths_only(&mut tx).await?;
-    // the only dynamic part is a constant prefix on the constant statement text
-    let plan = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "EXPLAIN (ANALYZE, BUFFERS) {FOLD_SQL}"
-    )))
-    .fetch_all(on(&mut *tx))
-    .await?;
-    tx.rollback().await?;
-    Ok(plan)
+    super::explain_analyze(pool, FOLD_SQL, PgArguments::default()).await
 }
 
 /// The claim's parameters, shared by `claim` and `explain_claim` so the plan a test
@@ -453,18 +444,12 @@ fn claim_arguments(req: &ClaimRequest, shares: &TenantShares) -> Result<PgArgume
 /// prove the claim is an index range scan whatever the backlog. One line per plan line.
 pub async fn explain_claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<String>, DbError> {
     fold_wakeups(pool).await?;
-    let sql = format!("EXPLAIN (ANALYZE, BUFFERS) {CLAIM_SQL}");
-    let mut tx = super::begin(pool).await?;
-    super::index_paths_only(&mut tx).await?;
-    // the only dynamic part is a constant prefix on the constant claim text
-    let plan: Vec<String> = sqlx::query_scalar_with(
-        sqlx::AssertSqlSafe(sql),
+    super::explain_analyze(
+        pool,
+        CLAIM_SQL,
         claim_arguments(req, &TenantShares::unlimited())?,
     )
-    .fetch_all(on(&mut *tx))
-    .await?;
-    tx.rollback().await?;
-    Ok(plan)
+    .await
 }
 
 /// The next time (after now) an endpoint's turn comes, for the dispatcher's next-due

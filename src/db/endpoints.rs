@@ -508,17 +508,12 @@ pub async fn explain_record_circuit(
     threshold: i32,
     cooldown_secs: f64,
 ) -> Result<Vec<String>, DbError> {
-    let mut tx = super::begin(pool).await?;
-    super::index_paths_only(&mut tx).await?;
-    // the only dynamic part is a constant prefix on the constant statement text
-    let plan = sqlx::query_scalar_with(
-        sqlx::AssertSqlSafe(format!("EXPLAIN (ANALYZE, BUFFERS) {RECORD_CIRCUIT_SQL}")),
+    super::explain_analyze(
+        pool,
+        RECORD_CIRCUIT_SQL,
         record_circuit_arguments(inputs, threshold, cooldown_secs)?,
     )
-    .fetch_all(on(&mut *tx))
-    .await?;
-    tx.rollback().await?;
-    Ok(plan)
+    .await
 }
 
 /// Refreshes the planner's statistics of the endpoints table (after a bulk apply). Waits

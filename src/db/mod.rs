@@ -196,6 +196,28 @@ pub async fn index_paths_only(conn: &mut sqlx::PgConnection) -> Result<(), DbErr
     Ok(())
 }
 
+/// `EXPLAIN (ANALYZE, BUFFERS)` of the constant statement `sql` with `args`, executed as
+/// hookd executes it ([`INDEX_PATHS_ONLY`]) in a transaction that is rolled back, so
+/// nothing it writes or locks stays. One line per plan line. For tests and benchmarks that
+/// read the plan a statement gets.
+pub async fn explain_analyze(
+    pool: &PgPool,
+    sql: &'static str,
+    args: PgArguments,
+) -> Result<Vec<String>, DbError> {
+    let mut tx = begin(pool).await?;
+    index_paths_only(&mut tx).await?;
+    // the only dynamic part is a constant prefix on a constant statement text
+    let plan = sqlx::query_scalar_with(
+        sqlx::AssertSqlSafe(format!("EXPLAIN (ANALYZE, BUFFERS) {sql}")),
+        args,
+    )
+    .fetch_all(on(&mut *tx))
+    .await?;
+    tx.rollback().await?;
+    Ok(plan)
+}
+
 /// What sits between hookd and Postgres (`HOOKD_DATABASE_POOLER`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Pooler {
