@@ -423,7 +423,8 @@ impl AppState {
     /// head (its Content-Length, or `limit` when unknown) before any is read, from the
     /// caller's share (a consumer's own, a tenant's, or only the process total), and given
     /// back once parsed. Held connections on these routes thus cost at most the budget.
-    /// `empty_ok`: an empty body reads as `{}`.
+    /// `empty_ok`: an empty body (no bytes) reads as `{}`. A body of whitespace is not
+    /// empty: it is not JSON, and accepting it would let a client's broken encoder pass.
     pub(crate) async fn read_json_body<T: serde::de::DeserializeOwned>(
         &self,
         caller: &Caller,
@@ -433,7 +434,7 @@ impl AppState {
         empty_ok: bool,
     ) -> Result<T, ApiError> {
         let bytes = self.read_body(caller, headers, body, limit).await?;
-        if empty_ok && bytes.iter().all(u8::is_ascii_whitespace) {
+        if empty_ok && bytes.is_empty() {
             return super::body::parse(b"{}");
         }
         super::body::require_json(headers)?;
