@@ -12,6 +12,7 @@ use serde::Deserialize;
 use sqlx::PgPool;
 
 use crate::crypto::Keyring;
+use crate::domain::EndpointState;
 use crate::db::DbError;
 use crate::k8s::WebhookEndpoint;
 use crate::k8s::sync::{self, SyncOutcome};
@@ -756,15 +757,17 @@ pub async fn describe(
         };
         let mut line = format!(
             "webhookendpoint/{name} {what} (id {}, state {}, {} active secret(s))",
-            outcome.endpoint_id, outcome.state, outcome.active_secrets
+            outcome.endpoint_id,
+            outcome.state.map_or("unchanged", EndpointState::as_str),
+            outcome.active_secrets
         );
-        if outcome.state != "active"
+        if outcome.state != Some(EndpointState::Active)
             && let Some(row) = crate::db::endpoints::get(pool, outcome.endpoint_id, None).await?
         {
             if let Some(reason) = row.state_reason {
                 line.push_str(&format!("; {} because: {reason}", row.state));
             }
-            if row.state == "disabled" {
+            if row.state == EndpointState::Disabled {
                 line.push_str(
                     "; to re-enable it once the receiver is fixed, apply it once with `paused: true`, then again without (see README, Retries)",
                 );

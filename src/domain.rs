@@ -2,14 +2,17 @@
 //! consumers, event types and idempotency keys (their syntax, which the API, the SQL
 //! function `hookd.enqueue()` and the CRDs agree on), credential scopes, the map from
 //! Kubernetes namespaces to tenants, the queue's states ([`DeliveryStatus`],
-//! [`ErrorClass`], [`CircuitState`]), and the codes of error answers ([`ErrorCode`]).
+//! [`ErrorClass`], [`CircuitState`]), an endpoint's ([`EndpointState`], [`ManagedBy`]), and
+//! the codes of error answers ([`ErrorCode`]).
 
 use std::collections::HashMap;
 use std::str::FromStr;
 
+mod endpoint;
 mod error_code;
 mod queue;
 
+pub use endpoint::{EndpointState, ManagedBy};
 pub use error_code::ErrorCode;
 pub use queue::{CircuitState, DeliveryStatus, ErrorClass};
 

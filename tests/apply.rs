@@ -155,7 +155,7 @@ async fn apply_creates_endpoint_and_is_idempotent(pool: PgPool) {
     assert_eq!(ep.tenant, "billing");
     assert_eq!(ep.url, "https://receiver.example.com/hooks/orders");
     assert_eq!(ep.event_types, vec!["invoice.*", "user.created"]);
-    assert_eq!(ep.state, "active");
+    assert_eq!(ep.state, hookd::domain::EndpointState::Active);
     assert_eq!(ep.id.get_version_num(), 7);
     assert!(run.stdout.contains(&ep.id.to_string()), "{}", run.stdout);
     assert_eq!(

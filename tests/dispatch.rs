@@ -16,7 +16,7 @@ use common::*;
 use hookd::db::deliveries::{self, ClaimRequest, ClaimedDelivery, Completion, DeliveryOutcome};
 use hookd::db::endpoints::{self, CircuitInput};
 use hookd::dispatch::{Stage, StageHook};
-use hookd::domain::{CircuitState, DeliveryStatus, ErrorClass};
+use hookd::domain::{CircuitState, DeliveryStatus, EndpointState, ErrorClass, ManagedBy};
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -799,7 +799,7 @@ async fn gone_disables_the_endpoint_and_holds_its_deliveries(pool: PgPool) {
     let d = TestDispatcher::start(&pool, dispatch_settings()).await;
     assert!(
         wait_until(Duration::from_secs(10), || async {
-            endpoint_row(&pool, gone).await.state == "disabled"
+            endpoint_row(&pool, gone).await.state == EndpointState::Disabled
         })
         .await
     );
@@ -1755,9 +1755,10 @@ fn literals_are_found_in_written_and_deparsed_sql() {
     );
 }
 
-/// Every status, class and circuit literal the database holds (CHECK constraints,
-/// partial-index predicates, functions and triggers) and every one the statements of
-/// `src/db/` write is a value of `DeliveryStatus` / `CircuitState` / `ErrorClass`, the CHECK constraints
+/// Every status, class, circuit, endpoint state and owner literal the database holds (CHECK
+/// constraints, partial-index predicates, functions and triggers) and every one the
+/// statements of `src/db/` write is a value of `DeliveryStatus` / `CircuitState` /
+/// `ErrorClass` / `EndpointState` / `ManagedBy`, the CHECK constraints
 /// accept exactly the enums' values, `deliveries_claimable` is exactly
 /// `deliveries::CLAIMABLE`, and sqlx writes and reads the enums as those literals.
 #[sqlx::test]
@@ -1767,6 +1768,8 @@ async fn sql_literals_are_the_values_of_the_queue_enums(pool: PgPool) {
     let statuses = set(&DeliveryStatus::ALL.map(DeliveryStatus::as_str));
     let circuits = set(&CircuitState::ALL.map(CircuitState::as_str));
     let classes = set(&ErrorClass::ALL.map(ErrorClass::as_str));
+    let endpoint_states = set(&EndpointState::ALL.map(EndpointState::as_str));
+    let owners = set(&ManagedBy::ALL.map(ManagedBy::as_str));
 
     // the CHECK constraints: exactly the enums' values
     let check = |table: &'static str, column: &'static str| {
@@ -1782,14 +1785,18 @@ async fn sql_literals_are_the_values_of_the_queue_enums(pool: PgPool) {
             .fetch_all(&pool)
             .await
             .unwrap();
-            assert_eq!(defs.len(), 1, "one CHECK on {table}.{column}: {defs:?}");
-            literals_compared_with(&defs[0], column)
-                .into_iter()
+            assert!(!defs.is_empty(), "a CHECK on {table}.{column}");
+            // the literals of every CHECK naming the column (managed_by has two: its
+            // values, and that `kubernetes` goes with a declaring object)
+            defs.iter()
+                .flat_map(|d| literals_compared_with(d, column))
                 .collect::<BTreeSet<_>>()
         }
     };
     assert_eq!(check("hookd.deliveries", "status").await, statuses);
     assert_eq!(check("hookd.endpoints", "circuit_state").await, circuits);
+    assert_eq!(check("hookd.endpoints", "state").await, endpoint_states);
+    assert_eq!(check("hookd.endpoints", "managed_by").await, owners);
     assert_eq!(
         check("hookd.delivery_attempts", "error_class").await,
         classes
@@ -1881,6 +1888,19 @@ async fn sql_literals_are_the_values_of_the_queue_enums(pool: PgPool) {
             );
             seen += 1;
         }
+        for lit in literals_compared_with(sql, "state") {
+            assert!(
+                endpoint_states.contains(&lit),
+                "{name}: endpoint state literal {lit:?} is not an EndpointState"
+            );
+            seen += 1;
+        }
+        for lit in literals_compared_with(sql, "managed_by") {
+            assert!(
+                owners.contains(&lit),
+                "{name}: managed_by literal {lit:?} is not a ManagedBy"
+            );
+        }
         for lit in literals_compared_with(sql, "error_class") {
             assert!(
                 classes.contains(&lit),
@@ -1906,6 +1926,23 @@ async fn sql_literals_are_the_values_of_the_queue_enums(pool: PgPool) {
             .await
             .unwrap();
         assert_eq!((text.as_str(), back), (c.as_str(), c));
+    }
+    for s in EndpointState::ALL {
+        let (text, back): (String, EndpointState) =
+            sqlx::query_as("SELECT $1::text, $1::text")
+                .bind(s)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!((text.as_str(), back), (s.as_str(), s));
+    }
+    for m in ManagedBy::ALL {
+        let (text, back): (String, ManagedBy) = sqlx::query_as("SELECT $1::text, $1::text")
+            .bind(m)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!((text.as_str(), back), (m.as_str(), m));
     }
     for e in ErrorClass::ALL {
         let (text, back): (String, ErrorClass) = sqlx::query_as("SELECT $1::text, $1::text")

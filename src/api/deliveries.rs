@@ -24,7 +24,7 @@ use super::{AppState, path_id};
 use crate::auth::Scope;
 use crate::db::{self, deliveries::ReplayOutcome};
 use crate::domain::ErrorCode;
-use crate::domain::{CircuitState, DeliveryStatus, ErrorClass};
+use crate::domain::{CircuitState, DeliveryStatus, EndpointState, ErrorClass};
 
 /// One entry of the attempt log.
 #[derive(Serialize, ToSchema)]
@@ -69,8 +69,7 @@ pub struct DeliveryOut {
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointStateOut {
-    /// `active`, `paused` or `disabled`
-    state: String,
+    state: EndpointState,
     /// why it is paused or disabled
     state_reason: Option<String>,
     /// `closed`, `open` or `half_open`

@@ -25,7 +25,7 @@ use super::{AppState, path_id};
 use crate::auth::Scope;
 use crate::db::{self, endpoints::ApiState, endpoints::EndpointView, endpoints::PatchRefused};
 use crate::domain::ErrorCode;
-use crate::domain::{self, CircuitState, DeliveryStatus};
+use crate::domain::{self, CircuitState, DeliveryStatus, EndpointState, ManagedBy};
 
 /// Largest request body of these routes.
 const BODY_LIMIT: usize = 64 * 1024;
@@ -87,14 +87,12 @@ pub struct EndpointOut {
     description: Option<String>,
     #[schema(value_type = BTreeMap<String, String>)]
     headers: serde_json::Value,
-    /// `active`, `paused` or `disabled`
-    state: String,
+    state: EndpointState,
     /// why it is paused or disabled (a receiver's 410, a deleted consumer, …)
     state_reason: Option<String>,
     /// why it is disabled, when it is
     disabled_reason: Option<String>,
-    /// `api` (this API may change it) or `kubernetes` (a WebhookEndpoint object owns it)
-    managed_by: String,
+    managed_by: ManagedBy,
     /// the declaring object, for `managedBy: kubernetes`
     kubernetes: Option<KubernetesRef>,
     circuit: CircuitOut,
@@ -108,7 +106,7 @@ pub struct EndpointOut {
 impl From<EndpointView> for EndpointOut {
     fn from(e: EndpointView) -> Self {
         EndpointOut {
-            disabled_reason: (e.state == "disabled")
+            disabled_reason: (e.state == EndpointState::Disabled)
                 .then(|| e.state_reason.clone())
                 .flatten(),
             kubernetes: match (e.k8s_namespace, e.k8s_name) {
@@ -836,7 +834,7 @@ pub async fn rotate_secret(
     };
     let keyring = keyring(&state)?;
     let e = visible(&state, &caller, id).await?;
-    if e.managed_by != "api" {
+    if e.managed_by != ManagedBy::Api {
         return Err(refused(PatchRefused::ManagedByKubernetes));
     }
     let mut tx = crate::db::begin(&state.pool).await?;
@@ -880,7 +878,7 @@ pub struct LastAttemptOut {
 #[serde(rename_all = "camelCase")]
 pub struct EndpointStatsOut {
     endpoint_id: Uuid,
-    state: String,
+    state: EndpointState,
     state_reason: Option<String>,
     circuit: CircuitOut,
     /// deliveries waiting or in flight (counted up to 100,000)
@@ -1046,11 +1044,11 @@ pub async fn send_test(
         None => format!(r#"{{"test":true,"endpointId":"{id}"}}"#),
     };
     let e = visible(&state, &caller, id).await?;
-    if e.managed_by != "api" {
+    if e.managed_by != ManagedBy::Api {
         // the producer's own endpoint (a WebhookEndpoint object): read-only through this API
         return Err(refused(PatchRefused::ManagedByKubernetes));
     }
-    if e.state == "disabled" {
+    if e.state == EndpointState::Disabled {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             ErrorCode::EndpointDisabled,

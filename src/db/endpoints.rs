@@ -6,7 +6,7 @@ use sqlx::{Arguments, PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{DbError, on};
-use crate::domain::CircuitState;
+use crate::domain::{CircuitState, EndpointState, ManagedBy};
 
 /// The endpoint row as the sync core wants it (identity + declared policy + state).
 #[derive(Debug, Clone)]
@@ -19,8 +19,8 @@ pub struct EndpointUpsert {
     pub consumer: Option<String>,
     pub url: String,
     pub event_types: Vec<String>,
-    /// `active` or `paused`
-    pub state: &'static str,
+    /// active or paused (the controller never declares an endpoint disabled)
+    pub state: EndpointState,
     pub state_reason: Option<String>,
     pub timeout_ms: Option<i32>,
     pub max_attempts: Option<i32>,
@@ -36,7 +36,7 @@ pub struct UpsertResult {
     pub id: Uuid,
     pub created: bool,
     pub changed: bool,
-    pub state: String,
+    pub state: EndpointState,
 }
 
 /// Inserts or updates the endpoint declared as namespace/name. The id is fixed at first
@@ -141,7 +141,7 @@ async fn upsert_row(
     e: &EndpointUpsert,
     consumer_generation: Option<i64>,
 ) -> Result<UpsertResult, DbError> {
-    let row: (Uuid, bool, bool, String) = sqlx::query_as(
+    let row: (Uuid, bool, bool, EndpointState) = sqlx::query_as(
         r#"
         WITH prev AS (
             SELECT id, spec_fingerprint, state FROM hookd.endpoints
@@ -541,7 +541,7 @@ pub struct EndpointRow {
     pub k8s_name: String,
     pub url: String,
     pub event_types: Vec<String>,
-    pub state: String,
+    pub state: EndpointState,
     pub state_reason: Option<String>,
     pub circuit_state: CircuitState,
     pub circuit_failures: i32,
@@ -586,7 +586,7 @@ pub async fn get_declared(
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct EndpointStats {
     pub id: Uuid,
-    pub state: String,
+    pub state: EndpointState,
     pub state_reason: Option<String>,
     pub circuit_state: CircuitState,
     pub circuit_failures: i32,
@@ -674,9 +674,9 @@ pub struct EndpointView {
     pub event_types: Vec<String>,
     pub description: Option<String>,
     pub headers: sqlx::types::Json<serde_json::Value>,
-    pub state: String,
+    pub state: EndpointState,
     pub state_reason: Option<String>,
-    pub managed_by: String,
+    pub managed_by: ManagedBy,
     pub k8s_namespace: Option<String>,
     pub k8s_name: Option<String>,
     pub circuit_state: CircuitState,
@@ -804,6 +804,15 @@ pub enum ApiState {
     Paused,
 }
 
+impl From<ApiState> for EndpointState {
+    fn from(s: ApiState) -> EndpointState {
+        match s {
+            ApiState::Active => EndpointState::Active,
+            ApiState::Paused => EndpointState::Paused,
+        }
+    }
+}
+
 /// Why a change through the API was not made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PatchRefused {
@@ -821,7 +830,7 @@ async fn lock_api_endpoint(
     id: Uuid,
     audience: super::Audience<'_>,
 ) -> Result<Result<(String, Option<String>, Option<i64>), PatchRefused>, DbError> {
-    let managed: Option<(String, String, Option<String>, Option<i64>)> = sqlx::query_as(
+    let managed: Option<(ManagedBy, String, Option<String>, Option<i64>)> = sqlx::query_as(
         "SELECT managed_by, tenant, consumer, consumer_generation FROM hookd.endpoints
          WHERE id = $1 AND removed_at IS NULL
            AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)
@@ -836,8 +845,8 @@ async fn lock_api_endpoint(
     .await?;
     Ok(match managed {
         None => Err(PatchRefused::NotFound),
-        Some((m, tenant, consumer, generation)) if m == "api" => Ok((tenant, consumer, generation)),
-        Some(_) => Err(PatchRefused::ManagedByKubernetes),
+        Some((ManagedBy::Api, tenant, consumer, generation)) => Ok((tenant, consumer, generation)),
+        Some((ManagedBy::Kubernetes, ..)) => Err(PatchRefused::ManagedByKubernetes),
     })
 }
 
@@ -863,10 +872,7 @@ pub async fn patch_api(
     {
         return Ok(Err(PatchRefused::ConsumerDeleted));
     }
-    let state = patch.state.map(|s| match s {
-        ApiState::Active => "active",
-        ApiState::Paused => "paused",
-    });
+    let state = patch.state.map(EndpointState::from);
     let view = sqlx::query_as::<_, EndpointView>(sqlx::AssertSqlSafe(format!(
         r#"
         UPDATE hookd.endpoints e SET

@@ -32,7 +32,7 @@ use super::crd::{SecretKeyRef, WebhookEndpoint, WebhookEndpointStatus};
 use super::sync::{self, ResolvedSecret, SecretProblem, SyncOutcome};
 use super::{Context, Error, FIELD_MANAGER, ObjectEvent};
 use crate::db::{self, endpoints::EndpointStats};
-use crate::domain::CircuitState;
+use crate::domain::{CircuitState, EndpointState};
 
 /// The finalizer that holds deletion until the endpoint row is disabled.
 pub const FINALIZER: &str = "hookd.dev/endpoint";
@@ -546,7 +546,7 @@ pub fn desired_status(
                 "a dispatcher cannot decrypt this endpoint's signing secret ({e}): give it the key in HOOKD_ENCRYPTION_KEY or HOOKD_ENCRYPTION_OLD_KEYS, or re-apply the Secret; deliveries are held, not sent and not counted, and tried again every minute"
             ),
         )
-    } else if stats.state == "disabled" {
+    } else if stats.state == EndpointState::Disabled {
         (
             false,
             "EndpointDisabled",
@@ -775,14 +775,14 @@ mod tests {
             changed: false,
             secret_rotated: false,
             active_secrets: 1,
-            state: "active".into(),
+            state: Some(EndpointState::Active),
         }
     }
 
     fn stats(circuit: CircuitState) -> EndpointStats {
         EndpointStats {
             id: Uuid::nil(),
-            state: "active".into(),
+            state: EndpointState::Active,
             state_reason: None,
             circuit_state: circuit,
             circuit_failures: 0,
@@ -867,7 +867,7 @@ mod tests {
         assert_eq!(find(&s.conditions, "Ready").unwrap().reason, "Paused");
 
         let mut st = stats(CircuitState::Closed);
-        st.state = "disabled".into();
+        st.state = EndpointState::Disabled;
         st.state_reason = Some("receiver answered 410 Gone".into());
         let closed = desired_status(&ep(), None, &outcome(), &stats(CircuitState::Closed), &t(1));
         let disabled = desired_status(&ep(), None, &outcome(), &st, &t(2));

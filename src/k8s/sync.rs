@@ -12,6 +12,7 @@ use uuid::Uuid;
 use super::crd::WebhookEndpoint;
 use crate::crypto::Keyring;
 use crate::db::{self, DbError, endpoints::EndpointUpsert};
+use crate::domain::EndpointState;
 use crate::signing::SigningSecret;
 
 pub const DEFAULT_SECRET_GRACE_SECS: u32 = 86_400;
@@ -132,9 +133,13 @@ pub fn desired_endpoint(
     let spec = &ep.spec;
     let tenant = spec.tenant.clone().unwrap_or_else(|| namespace.clone());
     let (state, state_reason, secret) = match (spec.paused, secret) {
-        (_, Err(problem)) => ("paused", Some(problem.to_string()), None),
-        (true, Ok(s)) => ("paused", Some("paused by spec".to_string()), Some(s)),
-        (false, Ok(s)) => ("active", None, Some(s)),
+        (_, Err(problem)) => (EndpointState::Paused, Some(problem.to_string()), None),
+        (true, Ok(s)) => (
+            EndpointState::Paused,
+            Some("paused by spec".to_string()),
+            Some(s),
+        ),
+        (false, Ok(s)) => (EndpointState::Active, None, Some(s)),
     };
     let headers = serde_json::to_value(&spec.headers).unwrap_or_default();
     let to_i32 = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
@@ -143,7 +148,7 @@ pub fn desired_endpoint(
     let mut h = Sha256::new();
     h.update(serde_json::to_vec(spec).unwrap_or_default());
     h.update(tenant.as_bytes());
-    h.update(state.as_bytes());
+    h.update(state.as_str().as_bytes());
     h.update(state_reason.as_deref().unwrap_or("").as_bytes());
     let row = EndpointUpsert {
         namespace,
@@ -180,7 +185,8 @@ pub struct SyncOutcome {
     pub changed: bool,
     pub secret_rotated: bool,
     pub active_secrets: i64,
-    pub state: String,
+    /// None when nothing was written
+    pub state: Option<EndpointState>,
 }
 
 impl SyncOutcome {
@@ -192,7 +198,7 @@ impl SyncOutcome {
             changed: false,
             secret_rotated: false,
             active_secrets: 0,
-            state: String::new(),
+            state: None,
         }
     }
 }
@@ -232,7 +238,7 @@ pub async fn apply_endpoint(
         changed: up.changed,
         secret_rotated: rotated,
         active_secrets: active,
-        state: up.state,
+        state: Some(up.state),
     })
 }
 

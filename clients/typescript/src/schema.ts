@@ -852,14 +852,12 @@ export interface components {
             headers: {
                 [key: string]: string;
             };
-            /** @description `active`, `paused` or `disabled` */
-            state: string;
+            state: components["schemas"]["EndpointState"];
             /** @description why it is paused or disabled (a receiver's 410, a deleted consumer, …) */
             stateReason?: string | null;
             /** @description why it is disabled, when it is */
             disabledReason?: string | null;
-            /** @description `api` (this API may change it) or `kubernetes` (a WebhookEndpoint object owns it) */
-            managedBy: string;
+            managedBy: components["schemas"]["ManagedBy"];
             kubernetes?: null | components["schemas"]["KubernetesRef"];
             circuit: components["schemas"]["CircuitOut"];
             secretUnreadable?: null | components["schemas"]["SecretUnreadableOut"];
@@ -918,9 +916,13 @@ export interface components {
              */
             skippedLeased: number;
         };
+        /**
+         * @description Whether an endpoint is sent to.
+         * @enum {string}
+         */
+        EndpointState: "active" | "paused" | "disabled";
         EndpointStateOut: {
-            /** @description `active`, `paused` or `disabled` */
-            state: string;
+            state: components["schemas"]["EndpointState"];
             /** @description why it is paused or disabled */
             stateReason?: string | null;
             /** @description `closed`, `open` or `half_open` */
@@ -934,7 +936,7 @@ export interface components {
         EndpointStatsOut: {
             /** Format: uuid */
             endpointId: string;
-            state: string;
+            state: components["schemas"]["EndpointState"];
             stateReason?: string | null;
             circuit: components["schemas"]["CircuitOut"];
             /**
@@ -1009,6 +1011,11 @@ export interface components {
             statusCode?: number | null;
             error?: string | null;
         };
+        /**
+         * @description Which door owns an endpoint: a WebhookEndpoint object (or `hookd apply`), or the API.
+         * @enum {string}
+         */
+        ManagedBy: "kubernetes" | "api";
         /**
          * @description One event to enqueue. Unknown fields are refused (422): a misspelt `idempotencyKey`
          *     silently ignored would turn a producer's safe retry into a duplicate event.
