@@ -12,8 +12,8 @@ use serde::Deserialize;
 use sqlx::PgPool;
 
 use crate::crypto::Keyring;
-use crate::domain::EndpointState;
 use crate::db::DbError;
+use crate::domain::EndpointState;
 use crate::k8s::WebhookEndpoint;
 use crate::k8s::sync::{self, SyncOutcome};
 

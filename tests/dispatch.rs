@@ -1928,12 +1928,11 @@ async fn sql_literals_are_the_values_of_the_queue_enums(pool: PgPool) {
         assert_eq!((text.as_str(), back), (c.as_str(), c));
     }
     for s in EndpointState::ALL {
-        let (text, back): (String, EndpointState) =
-            sqlx::query_as("SELECT $1::text, $1::text")
-                .bind(s)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
+        let (text, back): (String, EndpointState) = sqlx::query_as("SELECT $1::text, $1::text")
+            .bind(s)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
         assert_eq!((text.as_str(), back), (s.as_str(), s));
     }
     for m in ManagedBy::ALL {
