@@ -17,8 +17,26 @@ use crate::crypto::Keyring;
 use crate::db::{self, DbError};
 use crate::outbound::{AllowList, check_ip, check_url};
 
-/// Longest accepted URL (the CRD's bound).
+/// Longest accepted URL, in characters (the CRD's bound).
 pub const MAX_URL_LEN: usize = 2048;
+
+/// What an endpoint URL looks like, in the syntax RE2 (the API server's CEL) and the
+/// `regex` crate share: `http` or `https` in lower case, a host of ASCII letters, digits,
+/// `.`, `-`, `_`, `~` (IDN hosts in their `xn--` form) or a bracketed IPv6 address, an
+/// optional port 1-65535, then a path, query or fragment without ASCII spaces, control
+/// characters or backslashes. No `user:password@`: a credential in a URL is shown to
+/// everyone who can read the endpoint. (The `url` crate alone is laxer than the CRD:
+/// it takes `https:example.com`, `HTTPS://…`, backslashes as slashes and port 0.)
+pub const URL_PATTERN: &str = r"^https?://([A-Za-z0-9._~-]+|\[[0-9A-Fa-f:.]+\])(:0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?([/?#][^\x00-\x20\x7f\\]*)?$";
+
+/// The CRD's rule for `spec.url`: [`URL_PATTERN`] in a CEL string (a test ties the two).
+pub const URL_CEL: &str = r"self.matches('^https?://([A-Za-z0-9._~-]+|\\[[0-9A-Fa-f:.]+\\])(:0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?([/?#][^\\x00-\\x20\\x7f\\\\]*)?$')";
+
+/// The one refusal of a URL, in every door (the CRD's message).
+pub const URL_RULE: &str = "url must be an absolute http:// or https:// URL: a host of letters, digits, '.', '-', '_' or '~' (or [an IPv6 address]), an optional port 1-65535, and no credentials, spaces, control characters or backslashes";
+
+static URL_RE: std::sync::LazyLock<regex::Regex> =
+    std::sync::LazyLock::new(|| regex::Regex::new(URL_PATTERN).expect("URL_PATTERN compiles"));
 /// Most entries in `eventTypes` and `headers` (the CRD's bounds).
 pub const MAX_EVENT_TYPES: usize = 64;
 pub const MAX_HEADERS: usize = 32;
@@ -68,21 +86,23 @@ pub const HEADER_VALUE_RULE: &str =
 /// A syntactically valid http(s) URL without credentials, and not a literal private,
 /// loopback, link-local or metadata address unless `allow` admits it.
 pub fn validate_url(url: &str, allow: &AllowList) -> Result<(), String> {
-    if url.len() > MAX_URL_LEN {
-        return Err(format!("url is longer than {MAX_URL_LEN} bytes"));
-    }
-    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("url must not contain spaces or control characters".into());
-    }
-    let parsed =
-        reqwest::Url::parse(url).map_err(|e| format!("url is not an absolute URL: {e}"))?;
-    if parsed.port() == Some(0) {
-        return Err("url must not use port 0".into());
-    }
-    if !parsed.username().is_empty() || parsed.password().is_some() {
-        return Err("url must not carry credentials (user:password@)".into());
-    }
+    let parsed = validate_url_syntax(url)?;
     check_url(&parsed, allow).map_err(|e| format!("url: {e}"))
+}
+
+/// A syntactically valid absolute http(s) URL with a host, no credentials and no port 0:
+/// the part of [`validate_url`] that does not depend on where the process runs (its
+/// allow-list), and so the part the CRD's rule states too.
+pub fn validate_url_syntax(url: &str) -> Result<reqwest::Url, String> {
+    if url.chars().count() > MAX_URL_LEN {
+        return Err(format!("url is longer than {MAX_URL_LEN} characters"));
+    }
+    if !URL_RE.is_match(url) {
+        return Err(URL_RULE.into());
+    }
+    // what the pattern admits and a URL parser still refuses (an IPv6 literal that is
+    // not an address)
+    reqwest::Url::parse(url).map_err(|e| format!("url is not a URL: {e}"))
 }
 
 /// Resolves the URL's host and refuses it when any address it resolves to is forbidden
@@ -108,6 +128,9 @@ pub async fn check_destination(url: &str, allow: &AllowList) -> Result<(), Strin
     Ok(())
 }
 
+/// The one refusal of an event-type filter, in every door (the CRD's message).
+pub const EVENT_TYPES_RULE: &str = "each eventTypes entry must be '*', an event type like 'invoice.paid', or a prefix like 'invoice.*'";
+
 /// `*`, an event type (`invoice.paid`) or a prefix (`invoice.*`), as `hookd.event_type_matches`
 /// understands them.
 pub fn validate_event_types(types: &[String]) -> Result<(), String> {
@@ -120,9 +143,7 @@ pub fn validate_event_types(types: &[String]) -> Result<(), String> {
     for t in types {
         let base = t.strip_suffix(".*").unwrap_or(t);
         if t != "*" && crate::domain::validate_event_type(base).is_err() {
-            return Err(format!(
-                "eventTypes entry {t:?} must be '*', an event type like 'invoice.paid', or a prefix like 'invoice.*'"
-            ));
+            return Err(format!("eventTypes entry {t:?}: {EVENT_TYPES_RULE}"));
         }
     }
     Ok(())
@@ -148,11 +169,84 @@ pub fn validate_headers(headers: &BTreeMap<String, String>) -> Result<(), String
         if v.contains(['\r', '\n']) || http::HeaderValue::from_str(v).is_err() {
             return Err(format!("headers.{k}: {HEADER_VALUE_RULE}"));
         }
-        if v.len() > 4096 {
-            return Err(format!("headers.{k}: values are at most 4096 bytes"));
+        if v.chars().count() > MAX_HEADER_VALUE_LEN {
+            return Err(format!(
+                "headers.{k}: values are at most {MAX_HEADER_VALUE_LEN} characters"
+            ));
         }
     }
     Ok(())
+}
+
+/// Bounds of a declared endpoint's delivery policy (the CRD's schema states the same
+/// numbers; `tests/crd.rs` feeds one corpus to both).
+pub const TIMEOUT_SECONDS: (u32, u32) = (1, 300);
+pub const MAX_ATTEMPTS: (u32, u32) = (1, 100);
+pub const RETRY_DELAY_SECONDS: (u32, u32) = (1, 604_800);
+pub const RETRY_SCHEDULE_LEN: (usize, usize) = (1, 50);
+pub const MAX_IN_FLIGHT: (u32, u32) = (1, 10_000);
+pub const SECRET_GRACE_SECONDS: (u32, u32) = (0, 2_592_000);
+pub const MAX_HEADER_VALUE_LEN: usize = 4096;
+
+/// An endpoint as it is declared (a WebhookEndpoint's spec, or a `hookd apply` document),
+/// borrowed: what [`validate_declared`] judges.
+#[derive(Debug, Clone, Copy)]
+pub struct Declared<'a> {
+    pub url: &'a str,
+    pub event_types: &'a [String],
+    pub headers: &'a BTreeMap<String, String>,
+    pub tenant: Option<&'a str>,
+    pub consumer: Option<&'a str>,
+    pub timeout_seconds: Option<u32>,
+    pub max_attempts: Option<u32>,
+    pub retry_schedule: Option<&'a [u32]>,
+    pub max_in_flight: Option<u32>,
+    pub secret_rotation_grace_seconds: Option<u32>,
+}
+
+/// Every rule of a declared endpoint, in the order of its fields: the first broken one,
+/// as `field: problem` (or the field's own message). The controller holds an object it
+/// refuses (one stored before its CRD said the same); `hookd apply` refuses the file. The
+/// API checks the fields it takes with the same functions. Where the endpoint may send
+/// (private addresses) is the process's policy, not a rule of the spec: see
+/// [`validate_url`].
+pub fn validate_declared(d: &Declared<'_>) -> Result<(), String> {
+    let range = |field: &str, v: Option<u32>, (lo, hi): (u32, u32)| match v {
+        Some(v) if v < lo || v > hi => Err(format!("{field} {v} is outside {lo}-{hi}")),
+        _ => Ok(()),
+    };
+    validate_url_syntax(d.url)?;
+    if d.url.chars().count() < 8 {
+        return Err("url is shorter than 8 characters".into());
+    }
+    validate_event_types(d.event_types)?;
+    if let Some(t) = d.tenant {
+        crate::domain::validate_tenant(t)?;
+    }
+    if let Some(c) = d.consumer {
+        crate::domain::validate_consumer(c)?;
+    }
+    range("timeoutSeconds", d.timeout_seconds, TIMEOUT_SECONDS)?;
+    range("maxAttempts", d.max_attempts, MAX_ATTEMPTS)?;
+    if let Some(schedule) = d.retry_schedule {
+        let (lo, hi) = RETRY_SCHEDULE_LEN;
+        if schedule.len() < lo || schedule.len() > hi {
+            return Err(format!(
+                "retrySchedule has {} entries; it needs {lo}-{hi}",
+                schedule.len()
+            ));
+        }
+        for s in schedule {
+            range("retrySchedule entry", Some(*s), RETRY_DELAY_SECONDS)?;
+        }
+    }
+    range("maxInFlight", d.max_in_flight, MAX_IN_FLIGHT)?;
+    validate_headers(d.headers)?;
+    range(
+        "secretRotationGraceSeconds",
+        d.secret_rotation_grace_seconds,
+        SECRET_GRACE_SECONDS,
+    )
 }
 
 /// Free text bound for Postgres (a description, a name): Postgres text cannot hold U+0000.
@@ -247,6 +341,13 @@ mod tests {
 
     use super::*;
 
+    /// The CRD's URL rule is [`URL_PATTERN`] written as a CEL string literal.
+    #[test]
+    fn the_crd_rule_is_the_url_pattern() {
+        let escaped = URL_PATTERN.replace('\\', "\\\\");
+        assert_eq!(URL_CEL, format!("self.matches('{escaped}')"));
+    }
+
     #[test]
     fn urls() {
         let allow = AllowList::default();
@@ -259,6 +360,12 @@ mod tests {
             "http://169.254.169.254/latest",
             "http://[::1]/",
             "https://exa mple.com/",
+            "https:example.com/",
+            "HTTPS://example.com/",
+            "https://example.com\\@evil.example/",
+            "https://example.com:0/",
+            "https://example.com:65536/",
+            "https://[1:2]/",
         ] {
             assert!(validate_url(bad, &allow).is_err(), "{bad}");
         }

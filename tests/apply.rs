@@ -549,6 +549,60 @@ async fn errors_never_echo_a_signing_secret(pool: PgPool) {
     }
 }
 
+/// YAML the parser refuses (a duplicate key, bad indentation, an alias bomb) is refused as a
+/// whole file, at once, with the line and column, and without quoting the file: a Secret's
+/// base64 `data` next to the mistake would otherwise be printed (the parser's default error
+/// shows the lines around it, and base64 is not recognisable as a secret to redact).
+#[sqlx::test]
+async fn yaml_the_parser_refuses_is_reported_without_quoting_the_file(pool: PgPool) {
+    let b64 = STANDARD.encode(FRESH_SECRET);
+    let secret = |extra: &str| {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: s\n  namespace: team-a\ndata:\n  secret: {b64}\n{extra}"
+        )
+    };
+    let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x]\n");
+    for (i, c) in ('b'..='j').enumerate() {
+        let prev = (b'a' + i as u8) as char;
+        bomb.push_str(&format!(
+            "{c}: &{c} [{}]\n",
+            vec![format!("*{prev}"); 9].join(", ")
+        ));
+    }
+    let cases = [
+        ("a duplicate key", secret("  secret: again\n"), "duplicate"),
+        ("bad indentation", secret("   oops: [\n"), "line"),
+        ("an alias bomb", bomb, "budget"),
+    ];
+    for (what, text, says) in cases {
+        let file = YamlFile::new(&text);
+        let started = std::time::Instant::now();
+        let run = apply(&pool, &file).await;
+        assert!(!run.ok, "{what}: apply succeeded: {}", run.stdout);
+        assert!(
+            run.stderr.contains("not valid YAML"),
+            "{what}: {}",
+            run.stderr
+        );
+        assert!(
+            run.stderr.contains(says),
+            "{what}: says {says:?}: {}",
+            run.stderr
+        );
+        assert!(
+            !run.stderr.contains(&b64[..16]) && !run.stderr.contains("x, x"),
+            "{what}: the file is quoted: {}",
+            run.stderr
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{what}: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(counts(&pool).await, (0, 0), "{what}: nothing is written");
+    }
+}
+
 /// Issue 19: deeply nested YAML is refused at once instead of parsed in quadratic time.
 #[sqlx::test]
 async fn deeply_nested_yaml_is_refused_quickly(pool: PgPool) {

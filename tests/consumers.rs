@@ -371,7 +371,7 @@ async fn endpoint_fields_are_checked_and_kubernetes_endpoints_are_read_only(pool
     bad(
         json!({"url": "ftp://example.com/"}),
         "invalid_field",
-        "scheme",
+        "http:// or https://",
     )
     .await;
     bad(

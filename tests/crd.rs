@@ -85,6 +85,160 @@ fn cel_rules_refuse_bad_specs() {
     );
 }
 
+/// One corpus of specs, two judges: the endpoint rules every door runs
+/// (`hookd::endpoints::validate_declared`, what the controller holds an object for and
+/// `hookd apply` refuses) and what an API server would say (the CRD's CEL rules, evaluated
+/// by kube's CEL library, and its schema bounds). They must agree on every spec, or an
+/// object `kubectl apply` accepts is held by the controller (or the other way round).
+#[test]
+fn the_endpoint_rules_and_the_crd_give_one_verdict_on_a_corpus() {
+    use serde_json::json;
+    let base = json!({
+        "apiVersion": "hookd.dev/v1alpha1", "kind": "WebhookEndpoint",
+        "metadata": {"name": "e", "namespace": "n"},
+        "spec": {"url": "https://example.com/hook", "secretRef": {"name": "s", "key": "secret"}}
+    });
+    let long = |n: usize| "a".repeat(n);
+    let many_headers = |n: usize| {
+        serde_json::Value::Object((0..n).map(|i| (format!("X-H{i}"), json!("v"))).collect())
+    };
+    let corpus: Vec<serde_json::Value> = vec![
+        json!({}),
+        // url
+        json!({"url": "http://example.com"}),
+        json!({"url": "https://example.com:8443/a?b=c#d"}),
+        json!({"url": "https://[2001:db8::1]/x"}),
+        json!({"url": "https://10.0.0.1/private-is-policy-not-syntax"}),
+        json!({"url": "https://example.com/ü"}),
+        json!({"url": "ftp://example.com/x"}),
+        json!({"url": "example.com/hook"}),
+        json!({"url": "https://user:pw@example.com/"}),
+        json!({"url": "https://user@example.com/"}),
+        json!({"url": "https://example.com/a b"}),
+        json!({"url": "https://example.com:0/"}),
+        json!({"url": "https://example.com:99999/"}),
+        json!({"url": "https://exa mple.com/"}),
+        json!({"url": "https:///nohost"}),
+        json!({"url": "HTTPS://EXAMPLE.COM/"}),
+        json!({"url": "https:example.com/x"}),
+        json!({"url": "https:\\\\example.com/x"}),
+        json!({"url": "https://example.com\\@evil.example/"}),
+        json!({"url": "https://example.com/a\\b"}),
+        json!({"url": "https://example.com:/"}),
+        json!({"url": "https://example.com:00080/"}),
+        json!({"url": "https://example.com:65535/"}),
+        json!({"url": "https://example.com:65536/"}),
+        json!({"url": "https://example.com:8x/"}),
+        json!({"url": "https://exa<mple.com/"}),
+        json!({"url": "https://exa%41mple.com/"}),
+        json!({"url": "https://bücher.example/"}),
+        json!({"url": "https://xn--bcher-kva.example/"}),
+        json!({"url": "https://under_score.example/"}),
+        json!({"url": "https://example.com/tab\there"}),
+        json!({"url": "https://example.com/nbsp\u{a0}here"}),
+        json!({"url": "https://example.com/\u{1}"}),
+        json!({"url": "https://example.com?q"}),
+        json!({"url": "https://example.com#f"}),
+        json!({"url": "http://a"}),
+        json!({"url": format!("https://example.com/{}", "ü".repeat(1100))}),
+        json!({"url": format!("https://example.com/{}", long(2030))}),
+        json!({"url": format!("https://example.com/{}", long(2040))}),
+        // eventTypes
+        json!({"eventTypes": ["*"]}),
+        json!({"eventTypes": ["invoice.*", "user.created-v2", "a_b"]}),
+        json!({"eventTypes": ["a..b"]}),
+        json!({"eventTypes": ["a b"]}),
+        json!({"eventTypes": [".a"]}),
+        json!({"eventTypes": ["a.*.b"]}),
+        json!({"eventTypes": ["*.a"]}),
+        json!({"eventTypes": [""]}),
+        json!({"eventTypes": [long(128)]}),
+        json!({"eventTypes": [long(129)]}),
+        json!({"eventTypes": vec!["a"; 64]}),
+        json!({"eventTypes": vec!["a"; 65]}),
+        // tenant and consumer
+        json!({"tenant": "team.a_b-1"}),
+        json!({"tenant": "-x"}),
+        json!({"tenant": ".x"}),
+        json!({"tenant": ""}),
+        json!({"tenant": long(128)}),
+        json!({"tenant": long(129)}),
+        json!({"consumer": "cust_42"}),
+        json!({"consumer": "cust 42"}),
+        json!({"consumer": "ü"}),
+        // policy numbers
+        json!({"timeoutSeconds": 1, "maxAttempts": 100, "maxInFlight": 10000}),
+        json!({"timeoutSeconds": 0}),
+        json!({"timeoutSeconds": 301}),
+        json!({"maxAttempts": 0}),
+        json!({"maxAttempts": 101}),
+        json!({"maxInFlight": 0}),
+        json!({"maxInFlight": 10001}),
+        json!({"retrySchedule": [1, 604800]}),
+        json!({"retrySchedule": []}),
+        json!({"retrySchedule": [0]}),
+        json!({"retrySchedule": [604801]}),
+        json!({"retrySchedule": vec![5; 50]}),
+        json!({"retrySchedule": vec![5; 51]}),
+        json!({"secretRotationGraceSeconds": 0}),
+        json!({"secretRotationGraceSeconds": 2592001}),
+        // headers
+        json!({"headers": {"X-Team": "a b\tc ü"}}),
+        json!({"headers": {"Authorization": "Bearer x"}}),
+        json!({"headers": {"webhook-id": "x"}}),
+        json!({"headers": {"Webhook-Signature": "x"}}),
+        json!({"headers": {"Content-Type": "x"}}),
+        json!({"headers": {"content-encoding": "gzip"}}),
+        json!({"headers": {"Transfer-Encoding": "chunked"}}),
+        json!({"headers": {"Proxy-Authorization": "x"}}),
+        json!({"headers": {"X_Underscore": "x"}}),
+        json!({"headers": {"X A": "x"}}),
+        json!({"headers": {"": "x"}}),
+        json!({"headers": {long(64): "x"}}),
+        json!({"headers": {long(65): "x"}}),
+        json!({"headers": {"X-A": "a\r\nX-Injected: 1"}}),
+        json!({"headers": {"X-A": "a\u{1}"}}),
+        json!({"headers": {"X-A": "a\u{7f}"}}),
+        json!({"headers": {"X-A": ""}}),
+        json!({"headers": {"X-A": long(4096)}}),
+        json!({"headers": {"X-A": long(4097)}}),
+        json!({"headers": many_headers(32)}),
+        json!({"headers": many_headers(33)}),
+    ];
+    let (mut accepted, mut refused) = (0, 0);
+    let mut disagreements = Vec::new();
+    for patch in &corpus {
+        let mut v = base.clone();
+        for (k, val) in patch.as_object().unwrap() {
+            v["spec"][k] = val.clone();
+        }
+        let ep: hookd::k8s::WebhookEndpoint = serde_json::from_value(v).unwrap();
+        let rules = hookd::endpoints::validate_declared(&ep.spec.declared());
+        let api_server = ep.validate_as_api_server();
+        if rules.is_ok() != api_server.is_ok() {
+            disagreements.push(format!(
+                "{patch}: endpoint rules {rules:?}, API server {api_server:?}"
+            ));
+        }
+        if rules.is_ok() {
+            accepted += 1;
+        } else {
+            refused += 1;
+        }
+    }
+    assert!(
+        disagreements.is_empty(),
+        "{} of {} specs judged differently:\n{}",
+        disagreements.len(),
+        corpus.len(),
+        disagreements.join("\n")
+    );
+    assert!(
+        accepted >= 15 && refused >= 40,
+        "{accepted} accepted, {refused} refused"
+    );
+}
+
 // ---- the API server's static CEL cost estimate ----
 //
 // A real API server refuses a CRD whose rules' estimated worst-case cost exceeds 10,000,000
@@ -456,8 +610,7 @@ mod cel_cost {
     /// Prints every rule's figure and returns the problems (over a limit).
     pub fn check(yaml: &str) -> Vec<String> {
         let mut problems = Vec::new();
-        for doc in serde_yaml::Deserializer::from_str(yaml) {
-            let crd: Value = serde::Deserialize::deserialize(doc).unwrap();
+        for crd in serde_saphyr::from_multiple::<Value>(yaml).unwrap() {
             let kind = crd["spec"]["names"]["kind"].as_str().unwrap().to_string();
             let rules = crd_rules(&crd);
             let total = rules.iter().fold(0u64, |s, r| s.saturating_add(r.cost));
@@ -488,8 +641,7 @@ fn cel_rules_fit_the_api_servers_cost_budget() {
     let yaml = hookd::k8s::crds_yaml();
     let problems = cel_cost::check(&yaml);
     assert!(problems.is_empty(), "{problems:#?}");
-    for doc in serde_yaml::Deserializer::from_str(&yaml) {
-        let crd: serde_json::Value = serde::Deserialize::deserialize(doc).unwrap();
+    for crd in serde_saphyr::from_multiple::<serde_json::Value>(&yaml).unwrap() {
         let rules = cel_cost::crd_rules(&crd);
         assert!(!rules.is_empty());
         let total: u64 = rules.iter().map(|r| r.cost).sum();
@@ -529,8 +681,7 @@ fn cel_cost_estimate_refuses_the_unbounded_crds() {
         );
     }
     let crd: serde_json::Value =
-        serde::Deserialize::deserialize(serde_yaml::Deserializer::from_str(old).next().unwrap())
-            .unwrap();
+        serde_saphyr::from_multiple::<serde_json::Value>(old).unwrap()[0].clone();
     let rules = cel_cost::crd_rules(&crd);
     let cost = |p: &str| rules.iter().find(|r| r.path == p).unwrap().cost;
     // 64 items x (ceil(3,145,727 x 0.1) x ceil(48 x 0.25) + 7)
@@ -582,8 +733,7 @@ fn crds_use_only_formats_the_api_server_knows() {
     }
     let mut formats = std::collections::BTreeSet::new();
     let mut unknown = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&hookd::k8s::crds_yaml()) {
-        let crd: serde_json::Value = serde::Deserialize::deserialize(doc).unwrap();
+    for crd in serde_saphyr::from_multiple::<serde_json::Value>(&hookd::k8s::crds_yaml()).unwrap() {
         let kind = crd["spec"]["names"]["kind"].as_str().unwrap().to_string();
         walk(&crd["spec"]["versions"], &kind, &mut unknown);
         collect_formats(&crd, &mut formats);

@@ -40,14 +40,15 @@ pub const EVENT_TYPE_PATTERN_RULE: &str = r"self.all(t, size(t) <= 128 && t.matc
 #[serde(rename_all = "camelCase")]
 pub struct WebhookEndpointSpec {
     /// Where deliveries are POSTed: an absolute http:// or https:// URL.
-    #[x_kube(validation = Rule::new(r"self.matches('^https?://[^/?#\\s@]+([/?#][^\\s]*)?$')").message("url must be an absolute http:// or https:// URL without spaces or credentials"))]
+    // the rule of every door (crate::endpoints), with its message
+    #[x_kube(validation = Rule::new(crate::endpoints::URL_CEL).message(crate::endpoints::URL_RULE))]
     #[schemars(length(min = 8, max = 2048))]
     pub url: String,
 
     /// Event types this endpoint receives: exact (`invoice.paid`), a prefix
     /// (`invoice.*`), or `*`. Empty or absent: every event type of the tenant.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[x_kube(validation = Rule::new(EVENT_TYPE_PATTERN_RULE).message("each eventTypes entry must be '*', an event type like 'invoice.paid', or a prefix like 'invoice.*'"))]
+    #[x_kube(validation = Rule::new(EVENT_TYPE_PATTERN_RULE).message(crate::endpoints::EVENT_TYPES_RULE))]
     // Items are bounded for the API server's CEL cost estimate: an unbounded string is
     // assumed 3 MiB, which priced this rule at ~241 M against a 10 M limit.
     #[schemars(length(max = 64), inner(length(min = 1, max = 128)))]
@@ -76,23 +77,23 @@ pub struct WebhookEndpointSpec {
 
     /// Request timeout in seconds (capped by the dispatcher's own timeout).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 300))]
+    #[schemars(range(min = crate::endpoints::TIMEOUT_SECONDS.0, max = crate::endpoints::TIMEOUT_SECONDS.1))]
     pub timeout_seconds: Option<u32>,
 
     /// Attempts before a delivery is dead-lettered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 100))]
+    #[schemars(range(min = crate::endpoints::MAX_ATTEMPTS.0, max = crate::endpoints::MAX_ATTEMPTS.1))]
     pub max_attempts: Option<u32>,
 
     /// Delays before each retry, in seconds. Default: 5s, 5m, 30m, 2h, 5h, 10h, 10h.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.all(s, s >= 1 && s <= 604800)").message("retrySchedule entries must be between 1 and 604800 seconds"))]
-    #[schemars(length(min = 1, max = 50))]
+    #[schemars(length(min = crate::endpoints::RETRY_SCHEDULE_LEN.0, max = crate::endpoints::RETRY_SCHEDULE_LEN.1))]
     pub retry_schedule: Option<Vec<u32>>,
 
     /// Most deliveries in flight to this endpoint per dispatcher process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 10000))]
+    #[schemars(range(min = crate::endpoints::MAX_IN_FLIGHT.0, max = crate::endpoints::MAX_IN_FLIGHT.1))]
     pub max_in_flight: Option<u32>,
 
     /// Extra headers sent with every delivery (cannot set webhook-*, content or framing headers).
@@ -110,7 +111,7 @@ pub struct WebhookEndpointSpec {
     /// After the Secret changes, how long the previous secret keeps signing (seconds).
     /// Default 86400 (24 h).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0, max = 2592000))]
+    #[schemars(range(min = crate::endpoints::SECRET_GRACE_SECONDS.0, max = crate::endpoints::SECRET_GRACE_SECONDS.1))]
     pub secret_rotation_grace_seconds: Option<u32>,
 }
 
@@ -123,6 +124,35 @@ pub struct SecretKeyRef {
     #[serde(default = "default_secret_key")]
     #[schemars(length(min = 1, max = 253))]
     pub key: String,
+}
+
+impl WebhookEndpointSpec {
+    /// The spec as the endpoint rules (`crate::endpoints`) judge it.
+    pub fn declared(&self) -> crate::endpoints::Declared<'_> {
+        crate::endpoints::Declared {
+            url: &self.url,
+            event_types: &self.event_types,
+            headers: &self.headers,
+            tenant: self.tenant.as_deref(),
+            consumer: self.consumer.as_deref(),
+            timeout_seconds: self.timeout_seconds,
+            max_attempts: self.max_attempts,
+            retry_schedule: self.retry_schedule.as_deref(),
+            max_in_flight: self.max_in_flight,
+            secret_rotation_grace_seconds: self.secret_rotation_grace_seconds,
+        }
+    }
+}
+
+impl WebhookEndpoint {
+    /// What a Kubernetes API server would say of this object: the CRD's CEL rules
+    /// (evaluated locally with kube's `cel` feature) and its schema's bounds, which
+    /// `validate_cel` does not check. `hookd apply` runs it so a file it accepts is one
+    /// `kubectl apply` accepts too.
+    pub fn validate_as_api_server(&self) -> Result<(), String> {
+        self.validate_cel().map_err(|e| e.to_string())?;
+        schema_bounds(&WebhookEndpoint::crd(), self)
+    }
 }
 
 fn default_secret_key() -> String {
@@ -485,5 +515,86 @@ fn known_formats_only(s: &mut JSONSchemaProps) {
     }
     if let Some(not) = s.not.as_mut() {
         known_formats_only(not);
+    }
+}
+
+/// Checks `object` against the OpenAPI bounds of `crd`'s schema (what the API server
+/// refuses before any CEL rule runs: minimum/maximum, lengths, item and entry counts).
+/// Returns every violation, `path: problem`, joined.
+fn schema_bounds(crd: &CustomResourceDefinition, object: &impl Serialize) -> Result<(), String> {
+    use serde_json::Value;
+
+    fn walk(schema: &Value, v: &Value, path: &str, errs: &mut Vec<String>) {
+        let num = |k: &str| schema.get(k).and_then(Value::as_f64);
+        let len = |k: &str| schema.get(k).and_then(Value::as_u64);
+        match v {
+            Value::Number(n) => {
+                let x = n.as_f64().unwrap_or_default();
+                if let Some(min) = num("minimum").filter(|m| x < *m) {
+                    errs.push(format!("{path}: {n} is less than the minimum {min}"));
+                }
+                if let Some(max) = num("maximum").filter(|m| x > *m) {
+                    errs.push(format!("{path}: {n} is greater than the maximum {max}"));
+                }
+            }
+            Value::String(s) => {
+                let n = s.chars().count() as u64;
+                if let Some(min) = len("minLength").filter(|m| n < *m) {
+                    errs.push(format!("{path}: must be at least {min} characters"));
+                }
+                if let Some(max) = len("maxLength").filter(|m| n > *m) {
+                    errs.push(format!("{path}: must be at most {max} characters"));
+                }
+            }
+            Value::Array(items) => {
+                let n = items.len() as u64;
+                if let Some(min) = len("minItems").filter(|m| n < *m) {
+                    errs.push(format!("{path}: must have at least {min} items"));
+                }
+                if let Some(max) = len("maxItems").filter(|m| n > *m) {
+                    errs.push(format!("{path}: must have at most {max} items"));
+                }
+                if let Some(item) = schema.get("items") {
+                    for (i, x) in items.iter().enumerate() {
+                        walk(item, x, &format!("{path}[{i}]"), errs);
+                    }
+                }
+            }
+            Value::Object(map) => {
+                let n = map.len() as u64;
+                if let Some(max) = len("maxProperties").filter(|m| n > *m) {
+                    errs.push(format!("{path}: must have at most {max} entries"));
+                }
+                let props = schema.get("properties").and_then(Value::as_object);
+                let extra = schema.get("additionalProperties").filter(|a| a.is_object());
+                for (k, x) in map {
+                    let sub = props.and_then(|p| p.get(k)).or(extra);
+                    if let Some(sub) = sub {
+                        let p = if path.is_empty() {
+                            k.clone()
+                        } else {
+                            format!("{path}.{k}")
+                        };
+                        walk(sub, x, &p, errs);
+                    }
+                }
+            }
+            Value::Null | Value::Bool(_) => {}
+        }
+    }
+
+    let schema = crd.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .map(|s| serde_json::to_value(s).unwrap_or_default())
+        .unwrap_or_default();
+    let object = serde_json::to_value(object).map_err(|e| e.to_string())?;
+    let mut errs = Vec::new();
+    walk(&schema, &object, "", &mut errs);
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs.join("; "))
     }
 }

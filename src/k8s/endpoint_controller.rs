@@ -104,7 +104,7 @@ async fn apply(ep: &WebhookEndpoint, ctx: &Context) -> Result<Action, Error> {
             &effective
         }
     };
-    if let Err(problem) = crate::endpoints::validate_headers(&ep.spec.headers) {
+    if let Err(problem) = crate::endpoints::validate_declared(&ep.spec.declared()) {
         return refuse_spec(ep, ctx, &problem).await;
     }
     let key = cache_key(&ns, &ep.name_any());

@@ -44,12 +44,14 @@ pub use crd::{
 };
 
 /// Every CRD hookd defines, as one multi-document YAML stream (`hookd crd`, `crds/`).
+/// Long strings (CEL rules, their messages) stay on one line, as `kubectl get -o yaml`
+/// prints them, rather than folded at 80 columns.
 pub fn crds_yaml() -> String {
-    crd::crds()
-        .iter()
-        .map(|c| serde_yaml::to_string(c).expect("CRDs serialize to YAML"))
-        .collect::<Vec<_>>()
-        .join("---\n")
+    let options = serde_saphyr::ser_options! {
+        folded_wrap_chars: usize::MAX,
+    };
+    serde_saphyr::to_string_multiple_with_options(&crd::crds(), options)
+        .expect("CRDs serialize to YAML")
 }
 
 /// Server-side apply field manager of every object and status the controller writes.

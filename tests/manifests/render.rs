@@ -8,12 +8,10 @@ use super::*;
 // ---------------------------------------------------------------------------------------
 
 pub(crate) fn yaml_stream(text: &str, origin: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .map(|doc| {
-            serde::Deserialize::deserialize(doc)
-                .unwrap_or_else(|e| panic!("{origin}: not YAML: {e}"))
-        })
-        .filter(|v: &Value| !v.is_null())
+    serde_saphyr::from_multiple::<Value>(text)
+        .unwrap_or_else(|e| panic!("{origin}: not YAML: {e}"))
+        .into_iter()
+        .filter(|v| !v.is_null())
         .collect()
 }
 
