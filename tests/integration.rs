@@ -21,6 +21,7 @@ mod cancellation;
 mod chaos;
 mod clients;
 mod consumers;
+mod contract;
 mod controller;
 mod controller_process;
 mod crd;
