@@ -129,6 +129,23 @@ $$;
 
 
 --
+-- Name: endpoint_new_url(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.endpoint_new_url() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.circuit_state := 'closed';
+    NEW.circuit_failures := 0;
+    NEW.circuit_open_until := NULL;
+    NEW.config_version := OLD.config_version + 1;
+    RETURN NEW;
+END
+$$;
+
+
+--
 -- Name: endpoint_queue_recheck(integer); Type: FUNCTION; Schema: hookd; Owner: -
 --
 
@@ -995,14 +1012,14 @@ CREATE TABLE hookd.subscriptions (
 -- Name: dead_letters_before_0014; Type: TABLE ATTACH; Schema: hookd; Owner: -
 --
 
-ALTER TABLE ONLY hookd.dead_letters ATTACH PARTITION hookd.dead_letters_before_0014 FOR VALUES FROM (MINVALUE) TO ('01a24380-2000-0000-0000-000000000000');
+ALTER TABLE ONLY hookd.dead_letters ATTACH PARTITION hookd.dead_letters_before_0014 FOR VALUES FROM (MINVALUE) TO ('01a248a6-7c00-0000-0000-000000000000');
 
 
 --
 -- Name: delivery_attempts_before_0014; Type: TABLE ATTACH; Schema: hookd; Owner: -
 --
 
-ALTER TABLE ONLY hookd.delivery_attempts ATTACH PARTITION hookd.delivery_attempts_before_0014 FOR VALUES FROM (MINVALUE) TO ('01a24380-2000-0000-0000-000000000000');
+ALTER TABLE ONLY hookd.delivery_attempts ATTACH PARTITION hookd.delivery_attempts_before_0014 FOR VALUES FROM (MINVALUE) TO ('01a248a6-7c00-0000-0000-000000000000');
 
 
 --
@@ -1016,7 +1033,7 @@ ALTER TABLE ONLY hookd.deliveries ATTACH PARTITION hookd.delivery_history FOR VA
 -- Name: delivery_history_before_0014; Type: TABLE ATTACH; Schema: hookd; Owner: -
 --
 
-ALTER TABLE ONLY hookd.delivery_history ATTACH PARTITION hookd.delivery_history_before_0014 FOR VALUES FROM (MINVALUE) TO ('01a24380-2000-0000-0000-000000000000');
+ALTER TABLE ONLY hookd.delivery_history ATTACH PARTITION hookd.delivery_history_before_0014 FOR VALUES FROM (MINVALUE) TO ('01a248a6-7c00-0000-0000-000000000000');
 
 
 --
@@ -1764,6 +1781,13 @@ CREATE TRIGGER endpoints_history_cascade AFTER DELETE ON hookd.endpoints REFEREN
 
 
 --
+-- Name: endpoints endpoints_new_url; Type: TRIGGER; Schema: hookd; Owner: -
+--
+
+CREATE TRIGGER endpoints_new_url BEFORE UPDATE OF url ON hookd.endpoints FOR EACH ROW WHEN ((new.url IS DISTINCT FROM old.url)) EXECUTE FUNCTION hookd.endpoint_new_url();
+
+
+--
 -- Name: endpoints endpoints_owner_immutable; Type: TRIGGER; Schema: hookd; Owner: -
 --
 
@@ -1774,7 +1798,7 @@ CREATE TRIGGER endpoints_owner_immutable BEFORE UPDATE OF tenant, consumer ON ho
 -- Name: endpoints endpoints_queue_hold; Type: TRIGGER; Schema: hookd; Owner: -
 --
 
-CREATE TRIGGER endpoints_queue_hold AFTER UPDATE OF state, circuit_state, circuit_open_until ON hookd.endpoints FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) OR (old.circuit_state IS DISTINCT FROM new.circuit_state) OR (old.circuit_open_until IS DISTINCT FROM new.circuit_open_until))) EXECUTE FUNCTION hookd.endpoints_queue_hold();
+CREATE TRIGGER endpoints_queue_hold AFTER UPDATE OF state, circuit_state, circuit_open_until, url ON hookd.endpoints FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) OR (old.circuit_state IS DISTINCT FROM new.circuit_state) OR (old.circuit_open_until IS DISTINCT FROM new.circuit_open_until))) EXECUTE FUNCTION hookd.endpoints_queue_hold();
 
 
 --

@@ -1326,3 +1326,119 @@ async fn fan_out_reads_only_the_matching_subscriptions_whatever_the_statistics(p
     );
     tx.rollback().await.unwrap();
 }
+
+/// A new URL is a new destination whichever door changes it: its circuit closes, its
+/// failures are forgotten and its configuration version moves on (outcomes of sends to the
+/// old URL stop counting). One trigger holds the rule (migration 0023); an operator's own
+/// `UPDATE` of the URL got none of it before.
+#[sqlx::test]
+async fn a_new_url_closes_the_circuit_through_every_door(pool: PgPool) {
+    let api = TestApi::start(&pool).await;
+    let token = api.token_for(TENANT).await;
+    let trip = |id: Uuid| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(
+                "UPDATE hookd.endpoints SET circuit_state = 'open', circuit_failures = 7,
+                        circuit_open_until = now() + interval '1 hour' WHERE id = $1",
+            )
+            .bind(id)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    let circuit = |id: Uuid| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_as::<_, (String, i32, bool, i64)>(
+                "SELECT circuit_state, circuit_failures, circuit_open_until IS NULL, config_version
+                 FROM hookd.endpoints WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let fresh = |v: i64| ("closed".to_string(), 0, true, v);
+
+    let held = |id: Uuid| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT coalesce(hold_until > now(), false) FROM hookd.endpoint_queue WHERE endpoint_id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+
+    // the endpoints API, with a delivery waiting, which the open circuit holds
+    let ep = id(&create_endpoint(&api, &token, json!({"url": "https://example.com/a"})).await);
+    let (s, v) = enqueue(&api, &token, json!({"eventType": "x.y", "payload": {}})).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    // the dispatcher's step before each claim: new work becomes a queue entry
+    hookd::db::deliveries::fold_wakeups(&pool).await.unwrap();
+    trip(ep).await;
+    assert!(held(ep).await, "the open circuit holds the queue entry");
+    let (s, v) = call(
+        &api,
+        &token,
+        Method::PATCH,
+        &format!("/v1/endpoints/{ep}"),
+        Some(json!({"url": "https://example.com/b"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["circuit"]["state"], "closed", "{v}");
+    assert_eq!(circuit(ep).await, fresh(2));
+    assert!(
+        !held(ep).await,
+        "the new destination's deliveries are due again"
+    );
+    // the same URL again is no change
+    trip(ep).await;
+    call(
+        &api,
+        &token,
+        Method::PATCH,
+        &format!("/v1/endpoints/{ep}"),
+        Some(json!({"url": "https://example.com/b"})),
+    )
+    .await;
+    assert_eq!(
+        circuit(ep).await.0,
+        "open",
+        "an unchanged URL keeps the circuit"
+    );
+
+    // a declaration (the controller's and `hookd apply`'s sync core)
+    let mut o = EndpointOpts {
+        url: "https://example.com/declared".into(),
+        ..Default::default()
+    };
+    let declared = endpoint(&pool, o.clone()).await;
+    let (s, v) = enqueue(&api, &token, json!({"eventType": "x.y", "payload": {}})).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    hookd::db::deliveries::fold_wakeups(&pool).await.unwrap();
+    trip(declared).await;
+    o.url = "https://example.com/declared-2".into();
+    assert_eq!(endpoint(&pool, o).await, declared);
+    assert_eq!(circuit(declared).await, fresh(2));
+
+    // and an operator's own statement
+    trip(declared).await;
+    sqlx::query("UPDATE hookd.endpoints SET url = 'https://example.com/by-hand' WHERE id = $1")
+        .bind(declared)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(circuit(declared).await, fresh(3));
+    assert!(
+        !held(declared).await,
+        "a statement that names only the URL releases the hold too"
+    );
+}

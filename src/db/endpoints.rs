@@ -42,7 +42,8 @@ pub struct UpsertResult {
 /// Inserts or updates the endpoint declared as namespace/name. The id is fixed at first
 /// insert. An endpoint disabled by its receiver (410) keeps that state while the
 /// declaration is unchanged; a changed declaration resets it. A changed URL closes the
-/// circuit, since the failures belonged to the old destination.
+/// circuit, since the failures belonged to the old destination (the trigger
+/// `endpoints_new_url`, migration 0023, as for every door).
 ///
 /// An endpoint's tenant is fixed for the life of its row (migration 0006 refuses a change):
 /// deliveries follow the row, so a row that changed hands would carry the old tenant's
@@ -170,12 +171,8 @@ async fn upsert_row(
                 headers = EXCLUDED.headers,
                 secret_grace_secs = EXCLUDED.secret_grace_secs,
                 spec_fingerprint = EXCLUDED.spec_fingerprint,
-                circuit_state = CASE WHEN t.url <> EXCLUDED.url THEN 'closed' ELSE t.circuit_state END,
-                circuit_failures = CASE WHEN t.url <> EXCLUDED.url THEN 0 ELSE t.circuit_failures END,
-                circuit_open_until = CASE WHEN t.url <> EXCLUDED.url THEN NULL ELSE t.circuit_open_until END,
-                -- outcomes of sends to the old URL carry the old version and no longer
-                -- touch this endpoint's circuit or state
-                config_version = t.config_version + (t.url <> EXCLUDED.url)::int,
+                -- a new URL closes the circuit and bumps config_version: the trigger
+                -- endpoints_new_url (migration 0023), for every door
                 removed_at = NULL,
                 updated_at = now()
             WHERE t.spec_fingerprint IS DISTINCT FROM EXCLUDED.spec_fingerprint
@@ -884,10 +881,6 @@ pub async fn patch_api(
             state_reason = CASE WHEN $7 IS NULL THEN e.state_reason
                                 WHEN $7 = 'paused' THEN 'paused through the API'
                                 ELSE NULL END,
-            circuit_state = CASE WHEN $2 IS NOT NULL AND $2 <> e.url THEN 'closed' ELSE e.circuit_state END,
-            circuit_failures = CASE WHEN $2 IS NOT NULL AND $2 <> e.url THEN 0 ELSE e.circuit_failures END,
-            circuit_open_until = CASE WHEN $2 IS NOT NULL AND $2 <> e.url THEN NULL ELSE e.circuit_open_until END,
-            config_version = e.config_version + ($2 IS NOT NULL AND $2 <> e.url)::int,
             consumer_deleted_at = CASE WHEN $7 = 'active' THEN NULL ELSE e.consumer_deleted_at END,
             updated_at = now()
         WHERE e.id = $1
