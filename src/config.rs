@@ -228,6 +228,12 @@ pub struct DispatchArgs {
     pub retention: RetentionSettings,
 }
 
+/// Defaults of `hookd dispatch` that the controller also writes into a WebhookDispatcher's
+/// pods (its Deployment's probes and grace period follow the request timeout).
+pub const DISPATCH_LEASE_SECS: u64 = 5;
+pub const DISPATCH_REQUEST_TIMEOUT_SECS: u64 = 15;
+pub const DISPATCH_CONCURRENCY: usize = 256;
+
 #[derive(Debug, Clone, Args)]
 pub struct DispatchSettings {
     /// Address for /healthz, /readyz and /metrics
@@ -236,13 +242,13 @@ pub struct DispatchSettings {
     /// Lease on a claimed delivery, in seconds (at least 2). Renewed every quarter lease
     /// while its request runs, so it bounds how soon another dispatcher takes over the
     /// deliveries of one that died, not how long a request may take
-    #[arg(long, env = "HOOKD_LEASE_SECS", default_value_t = 5)]
+    #[arg(long, env = "HOOKD_LEASE_SECS", default_value_t = DISPATCH_LEASE_SECS)]
     pub lease_secs: u64,
     /// Timeout of one delivery request, in seconds (an endpoint's own timeout may be lower)
-    #[arg(long, env = "HOOKD_REQUEST_TIMEOUT_SECS", default_value_t = 15)]
+    #[arg(long, env = "HOOKD_REQUEST_TIMEOUT_SECS", default_value_t = DISPATCH_REQUEST_TIMEOUT_SECS)]
     pub request_timeout_secs: u64,
     /// Deliveries in flight at once in this process
-    #[arg(long, env = "HOOKD_CONCURRENCY", default_value_t = 256)]
+    #[arg(long, env = "HOOKD_CONCURRENCY", default_value_t = DISPATCH_CONCURRENCY)]
     pub concurrency: usize,
     /// Deliveries in flight at once per endpoint in this process (an endpoint's maxInFlight may be lower)
     #[arg(long, env = "HOOKD_ENDPOINT_CONCURRENCY", default_value_t = 32)]

@@ -810,6 +810,34 @@ fn env_rule_admits_the_allowed_settings_and_nothing_else() {
     }
 }
 
+/// The allow-list of a WebhookDispatcher's `env` is settings `hookd dispatch` reads (a name
+/// it does not read would be accepted and do nothing), and the CEL rule's message lists the
+/// same names.
+#[test]
+fn the_env_allow_list_is_settings_of_hookd_dispatch() {
+    use clap::CommandFactory;
+    let cli = hookd::cli::Cli::command();
+    let dispatch = cli.find_subcommand("dispatch").expect("hookd dispatch");
+    // its own flags, and the global ones (HOOKD_LOG, HOOKD_LOG_FORMAT)
+    let read: Vec<String> = dispatch
+        .get_arguments()
+        .chain(cli.get_arguments().filter(|a| a.is_global_set()))
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .collect();
+    for name in hookd::k8s::crd::DISPATCHER_ENV_ALLOWED {
+        assert!(
+            read.iter().any(|r| r == name),
+            "hookd dispatch reads no {name}"
+        );
+    }
+    let crd = hookd::k8s::crds_yaml();
+    assert!(
+        crd.contains(&hookd::k8s::crd::DISPATCHER_ENV_ALLOWED.join(", ")),
+        "the env rule's message lists the allow-list"
+    );
+}
+
 /// Private registries and placement are part of the schema (additive fields), typed as
 /// Kubernetes types them, so a misspelt toleration is refused like in a Deployment.
 #[test]

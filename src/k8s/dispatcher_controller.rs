@@ -41,9 +41,10 @@ pub const METRICS_PORT: i32 = 8081;
 /// a backlog that drains in bursts does not make pods come and go.
 pub const SCALE_DOWN_STABILIZATION: Duration = Duration::from_secs(120);
 
-pub const DEFAULT_CONCURRENCY: u32 = 256;
-pub const DEFAULT_LEASE_SECS: u32 = 5;
-pub const DEFAULT_REQUEST_TIMEOUT_SECS: u32 = 15;
+// `hookd dispatch`'s own defaults (one home: crate::config), as the spec's types hold them
+const DEFAULT_CONCURRENCY: u32 = crate::config::DISPATCH_CONCURRENCY as u32;
+const DEFAULT_LEASE_SECS: u32 = crate::config::DISPATCH_LEASE_SECS as u32;
+const DEFAULT_REQUEST_TIMEOUT_SECS: u32 = crate::config::DISPATCH_REQUEST_TIMEOUT_SECS as u32;
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "hookd-dispatcher";
 pub const DEFAULT_ENCRYPTION_SECRET: (&str, &str) = ("hookd-encryption", "key");
 /// The key of the encryption Secret holding `HOOKD_ENCRYPTION_OLD_KEYS` during a rotation.
