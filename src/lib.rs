@@ -14,6 +14,7 @@ pub mod dev;
 pub mod dispatch;
 pub mod domain;
 pub mod endpoints;
+pub mod inbound;
 pub mod k8s;
 pub mod metrics;
 pub mod notify;

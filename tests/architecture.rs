@@ -30,6 +30,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("ui", 2),
     // the endpoint rules, the enqueue contract, retention, process plumbing
     ("endpoints", 3),
+    ("inbound", 3),
     ("outbox", 3),
     ("retention", 3),
     ("runtime", 3),
