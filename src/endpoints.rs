@@ -1,6 +1,7 @@
-//! Endpoint rules shared by both sources of endpoints (WebhookEndpoint objects through
-//! `k8s::sync`, and the endpoints API): what a valid URL, event-type filter, header set
-//! and signing secret are, and how a secret reaches the database (sealed, never plain).
+//! The endpoint: its rules for every door (WebhookEndpoint objects through the controller
+//! and `hookd apply`, and the endpoints API): what a valid URL, event-type filter, header
+//! set, policy and signing secret are, how a secret reaches the database (sealed, never
+//! plain), and the operations the API offers (create, change, delete), with typed refusals.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -319,6 +320,267 @@ pub async fn store_secret(
         grace_secs,
     )
     .await
+}
+
+// ---- operations through the endpoints API ----
+//
+// The HTTP handlers (`api::endpoints`) authenticate, read the body and shape the answer;
+// what a change is (its rules, its limits, its transaction) is here, and its refusals are
+// typed so that `api::error` maps them to answers in one place.
+
+/// Why an endpoint operation was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    /// a field breaks a rule; the message names it
+    #[error("{0}")]
+    Invalid(String),
+    /// a signing secret anyone could know (never echoed)
+    #[error("{0}")]
+    WeakSecret(String),
+    /// the consumer does not exist (or is not the caller's generation of that uid)
+    #[error("consumer not found")]
+    ConsumerNotFound,
+    #[error("consumer {consumer:?} has {cap} endpoints, the most one consumer may have")]
+    ConsumerLimit { consumer: String, cap: i64 },
+    #[error("tenant {tenant:?} has {cap} endpoints made through the API, the most it may have")]
+    TenantLimit { tenant: String, cap: i64 },
+    #[error("refused: {0:?}")]
+    Refused(db::endpoints::PatchRefused),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+/// How many endpoints made through the API a consumer and a tenant may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct EndpointLimits {
+    pub per_consumer: i64,
+    pub per_tenant: i64,
+}
+
+/// An endpoint to create through the API; the tenant and consumer are the caller's,
+/// already resolved.
+#[derive(Debug, Clone)]
+pub struct NewEndpoint {
+    pub tenant: String,
+    pub consumer: Option<String>,
+    pub url: String,
+    pub event_types: Vec<String>,
+    pub description: Option<String>,
+    pub headers: BTreeMap<String, String>,
+    pub paused: bool,
+    /// None: hookd generates one
+    pub secret: Option<String>,
+}
+
+/// Checks the fields the API takes, with the rules every door shares, and the URL's
+/// destination against `allow` (literal and resolved addresses).
+pub async fn validate_api_fields(
+    allow: &AllowList,
+    url: Option<&str>,
+    event_types: Option<&[String]>,
+    headers: Option<&BTreeMap<String, String>>,
+    description: Option<&str>,
+) -> Result<(), EndpointError> {
+    if let Some(url) = url {
+        validate_url(url, allow).map_err(EndpointError::Invalid)?;
+        check_destination(url, allow)
+            .await
+            .map_err(EndpointError::Invalid)?;
+    }
+    if let Some(t) = event_types {
+        validate_event_types(t).map_err(EndpointError::Invalid)?;
+    }
+    if let Some(h) = headers {
+        validate_headers(h).map_err(EndpointError::Invalid)?;
+    }
+    if let Some(d) = description {
+        validate_text("description", d, 1000).map_err(EndpointError::Invalid)?;
+    }
+    Ok(())
+}
+
+/// A secret supplied by the caller: `whsec_` + base64 of 24-64 bytes, and not one anyone
+/// can know. Neither refusal echoes the value.
+pub fn check_supplied_secret(secret: &str) -> Result<(), EndpointError> {
+    crate::signing::SigningSecret::parse(secret).map_err(|e| {
+        EndpointError::Invalid(format!(
+            "secret must be whsec_ followed by base64 of 24-64 bytes ({})",
+            e.to_string().replace(secret, "…")
+        ))
+    })?;
+    match crate::signing::weak_secret_reason(secret) {
+        None => Ok(()),
+        Some(why) => Err(EndpointError::WeakSecret(format!(
+            "this secret cannot be used: {why}, so anyone could forge its signatures. Leave secret out to have one generated, or use echo \"whsec_$(openssl rand -base64 32)\""
+        ))),
+    }
+}
+
+/// Creates an endpoint through the API in one transaction: the caller's consumer must
+/// exist (and be the generation a consumer token was minted for), the consumer's and the
+/// tenant's limits are counted under locks (two creates count one after the other), then
+/// the row and its sealed secret. Returns the id and the signing secret (shown once).
+pub async fn create_api(
+    pool: &sqlx::PgPool,
+    keyring: &Keyring,
+    allow: &AllowList,
+    limits: EndpointLimits,
+    audience: db::Audience<'_>,
+    e: NewEndpoint,
+) -> Result<(Uuid, String), EndpointError> {
+    crate::domain::validate_tenant(&e.tenant).map_err(EndpointError::Invalid)?;
+    if let Some(c) = &e.consumer {
+        crate::domain::validate_consumer(c).map_err(EndpointError::Invalid)?;
+    }
+    validate_api_fields(
+        allow,
+        Some(&e.url),
+        Some(&e.event_types),
+        Some(&e.headers),
+        e.description.as_deref(),
+    )
+    .await?;
+    let secret = match e.secret {
+        Some(s) => {
+            check_supplied_secret(&s)?;
+            s
+        }
+        None => generate_secret(),
+    };
+    let id = Uuid::now_v7();
+    let mut tx = db::begin(pool).await?;
+    let consumer_generation = match &e.consumer {
+        None => None,
+        Some(c) => {
+            // A consumer token never brings its consumer back after a delete, nor acts
+            // for a later consumer with its uid (the API caches verdicts for a few
+            // seconds). Held exclusively: two creates count one after the other.
+            let own = audience.consumer_generation;
+            let held =
+                db::consumers::lock_for_endpoints(&mut tx, &e.tenant, c, own.is_none()).await?;
+            let generation = match (held, own) {
+                (Some(g), Some(own)) if g != own => None,
+                (held, _) => held,
+            }
+            .ok_or(EndpointError::ConsumerNotFound)?;
+            let cap = limits.per_consumer;
+            if db::consumers::count_endpoints(&mut tx, &e.tenant, c, generation, cap).await? >= cap
+            {
+                return Err(EndpointError::ConsumerLimit {
+                    consumer: c.clone(),
+                    cap,
+                });
+            }
+            Some(generation)
+        }
+    };
+    let cap = limits.per_tenant;
+    if db::consumers::lock_and_count_tenant_endpoints(&mut tx, &e.tenant, cap).await? >= cap {
+        return Err(EndpointError::TenantLimit {
+            tenant: e.tenant,
+            cap,
+        });
+    }
+    db::endpoints::insert_api(
+        &mut tx,
+        &db::endpoints::NewApiEndpoint {
+            id,
+            tenant: e.tenant,
+            consumer: e.consumer,
+            url: e.url,
+            event_types: e.event_types,
+            description: e.description,
+            headers: serde_json::to_value(&e.headers).unwrap_or_default(),
+            paused: e.paused,
+            consumer_generation,
+        },
+    )
+    .await?;
+    store_secret(&mut tx, keyring, id, &secret, 0).await?;
+    tx.commit().await.map_err(DbError::from)?;
+    Ok((id, secret))
+}
+
+/// Applies a change to an API-managed endpoint `audience` may see, in one transaction
+/// (the derived rules, such as a new URL closing the circuit, are the schema's: see
+/// migration 0023). The fields are checked first, as in [`create_api`].
+pub async fn patch_api(
+    pool: &sqlx::PgPool,
+    allow: &AllowList,
+    audience: db::Audience<'_>,
+    id: Uuid,
+    patch: db::endpoints::EndpointPatch,
+    headers: Option<&BTreeMap<String, String>>,
+) -> Result<db::endpoints::EndpointView, EndpointError> {
+    validate_api_fields(
+        allow,
+        patch.url.as_deref(),
+        patch.event_types.as_deref(),
+        headers,
+        patch.description.as_ref().and_then(|d| d.as_deref()),
+    )
+    .await?;
+    let mut tx = db::begin(pool).await?;
+    let view = db::endpoints::patch_api(&mut tx, id, audience, &patch)
+        .await?
+        .map_err(EndpointError::Refused)?;
+    tx.commit().await.map_err(DbError::from)?;
+    Ok(view)
+}
+
+/// Longest grace a rotated-out secret may keep signing through the API (7 days).
+pub const MAX_ROTATION_GRACE_SECS: i64 = 604_800;
+
+/// Makes a new signing secret current for an API-managed endpoint `audience` may see
+/// (the caller's, or a generated one); the previous keeps signing for `grace_secs`.
+/// Returns the new secret (shown once).
+pub async fn rotate_api(
+    pool: &sqlx::PgPool,
+    keyring: &Keyring,
+    audience: db::Audience<'_>,
+    id: Uuid,
+    secret: Option<String>,
+    grace_secs: i64,
+) -> Result<String, EndpointError> {
+    if !(0..=MAX_ROTATION_GRACE_SECS).contains(&grace_secs) {
+        return Err(EndpointError::Invalid(format!(
+            "graceSeconds must be between 0 and {MAX_ROTATION_GRACE_SECS}"
+        )));
+    }
+    let secret = match secret {
+        Some(s) => {
+            check_supplied_secret(&s)?;
+            s
+        }
+        None => generate_secret(),
+    };
+    let e = db::endpoints::get_visible(pool, id, audience)
+        .await?
+        .ok_or(EndpointError::Refused(
+            db::endpoints::PatchRefused::NotFound,
+        ))?;
+    if e.managed_by != crate::domain::ManagedBy::Api {
+        return Err(EndpointError::Refused(
+            db::endpoints::PatchRefused::ManagedByKubernetes,
+        ));
+    }
+    let mut tx = db::begin(pool).await?;
+    store_secret(&mut tx, keyring, id, &secret, grace_secs as i32).await?;
+    tx.commit().await.map_err(DbError::from)?;
+    Ok(secret)
+}
+
+/// Deletes an API-managed endpoint `audience` may see: it stops receiving, its open
+/// deliveries are cancelled (retried on deadlock). Returns how many were cancelled.
+pub async fn delete_api(
+    pool: &sqlx::PgPool,
+    audience: db::Audience<'_>,
+    id: Uuid,
+) -> Result<i64, EndpointError> {
+    let mut conn = pool.acquire().await.map_err(DbError::from)?;
+    db::endpoints::delete_api(&mut conn, id, audience)
+        .await?
+        .map_err(EndpointError::Refused)
 }
 
 #[cfg(test)]

@@ -213,46 +213,6 @@ fn invalid(e: String) -> ApiError {
     ApiError::unprocessable(ErrorCode::InvalidField, e)
 }
 
-/// Checks the fields every source of endpoints shares (see `crate::endpoints`).
-async fn check_fields(
-    state: &AppState,
-    url: Option<&str>,
-    event_types: Option<&[String]>,
-    headers: Option<&BTreeMap<String, String>>,
-    description: Option<&str>,
-) -> Result<(), ApiError> {
-    if let Some(url) = url {
-        let allow = &state.manage.allow;
-        crate::endpoints::validate_url(url, allow).map_err(invalid)?;
-        crate::endpoints::check_destination(url, allow)
-            .await
-            .map_err(invalid)?;
-    }
-    if let Some(t) = event_types {
-        crate::endpoints::validate_event_types(t).map_err(invalid)?;
-    }
-    if let Some(h) = headers {
-        crate::endpoints::validate_headers(h).map_err(invalid)?;
-    }
-    if let Some(d) = description {
-        crate::endpoints::validate_text("description", d, 1000).map_err(invalid)?;
-    }
-    Ok(())
-}
-
-/// 422 for a secret anyone can know (see `signing::weak_secret_reason`); never echoes it.
-fn refuse_weak_secret(secret: &str) -> Result<(), ApiError> {
-    match crate::signing::weak_secret_reason(secret) {
-        None => Ok(()),
-        Some(why) => Err(ApiError::unprocessable(
-            ErrorCode::WeakSecret,
-            format!(
-                "this secret cannot be used: {why}, so anyone could forge its signatures. Leave secret out to have one generated, or use echo \"whsec_$(openssl rand -base64 32)\""
-            ),
-        )),
-    }
-}
-
 fn keyring(state: &AppState) -> Result<&crate::crypto::Keyring, ApiError> {
     state.manage.keyring.as_ref().map_err(|reason| {
         tracing::warn!(%reason, "a signing secret cannot be stored");
@@ -304,91 +264,30 @@ pub async fn create(
     let tenant = caller
         .resolve_tenant(input.tenant)?
         .ok_or_else(|| ApiError::unprocessable(ErrorCode::MissingField, "tenant is required"))?;
-    domain::validate_tenant(&tenant).map_err(invalid)?;
     let consumer = caller.resolve_consumer(input.consumer)?;
-    if let Some(c) = &consumer {
-        domain::validate_consumer(c).map_err(invalid)?;
-    }
-    let event_types = input.event_types.unwrap_or_default();
-    let hdrs = input.headers.unwrap_or_default();
-    check_fields(
-        &state,
-        Some(&input.url),
-        Some(&event_types),
-        Some(&hdrs),
-        input.description.as_deref(),
-    )
-    .await?;
-    let secret = match input.secret {
-        Some(s) => {
-            crate::signing::SigningSecret::parse(&s).map_err(|e| {
-                // never echo the value
-                invalid(format!(
-                    "secret must be whsec_ followed by base64 of 24-64 bytes ({})",
-                    e.to_string().replace(&s, "…")
-                ))
-            })?;
-            refuse_weak_secret(&s)?;
-            s
-        }
-        None => crate::endpoints::generate_secret(),
-    };
     let keyring = keyring(&state)?;
-    let id = Uuid::now_v7();
-    let mut tx = crate::db::begin(&state.pool).await?;
-    let limits = state.customers;
-    let consumer_generation = match &consumer {
-        None => None,
-        Some(c) => {
-            // A consumer token never brings its consumer back after a delete, nor acts
-            // for a later consumer with its uid (the API caches verdicts for a few
-            // seconds). Held exclusively: two creates count one after the other.
-            let own = caller.audience().consumer_generation;
-            let held =
-                db::consumers::lock_for_endpoints(&mut tx, &tenant, c, own.is_none()).await?;
-            let generation = match (held, own) {
-                (Some(g), Some(own)) if g != own => None,
-                (held, _) => held,
-            }
-            .ok_or_else(|| ApiError::not_found("consumer"))?;
-            let cap = limits.consumer_max_endpoints;
-            if db::consumers::count_endpoints(&mut tx, &tenant, c, generation, cap).await? >= cap {
-                return Err(ApiError::unprocessable(
-                    ErrorCode::ConsumerEndpointLimit,
-                    format!(
-                        "consumer {c:?} has {cap} endpoints, the most one consumer may have (HOOKD_CONSUMER_MAX_ENDPOINTS); delete one first"
-                    ),
-                ));
-            }
-            Some(generation)
-        }
+    let limits = crate::endpoints::EndpointLimits {
+        per_consumer: state.customers.consumer_max_endpoints,
+        per_tenant: state.customers.tenant_max_endpoints,
     };
-    let cap = limits.tenant_max_endpoints;
-    if db::consumers::lock_and_count_tenant_endpoints(&mut tx, &tenant, cap).await? >= cap {
-        return Err(ApiError::unprocessable(
-            ErrorCode::TenantEndpointLimit,
-            format!(
-                "tenant {tenant:?} has {cap} endpoints made through the API, the most one tenant may have (HOOKD_TENANT_MAX_ENDPOINTS); delete one first"
-            ),
-        ));
-    }
-    db::endpoints::insert_api(
-        &mut tx,
-        &db::endpoints::NewApiEndpoint {
-            id,
+    let (id, secret) = crate::endpoints::create_api(
+        &state.pool,
+        keyring,
+        &state.manage.allow,
+        limits,
+        caller.audience(),
+        crate::endpoints::NewEndpoint {
             tenant: tenant.clone(),
             consumer: consumer.clone(),
             url: input.url,
-            event_types,
+            event_types: input.event_types.unwrap_or_default(),
             description: input.description,
-            headers: serde_json::to_value(&hdrs).unwrap_or_default(),
+            headers: input.headers.unwrap_or_default(),
             paused: input.paused.unwrap_or(false),
-            consumer_generation,
+            secret: input.secret,
         },
     )
     .await?;
-    crate::endpoints::store_secret(&mut tx, keyring, id, &secret, 0).await?;
-    tx.commit().await.map_err(db::DbError::from)?;
     let view = db::endpoints::get_visible(&state.pool, id, caller.audience())
         .await?
         .ok_or_else(ApiError::internal)?;
@@ -508,36 +407,26 @@ async fn visible(state: &AppState, caller: &Caller, id: Uuid) -> Result<Endpoint
         .ok_or_else(|| ApiError::not_found("endpoint"))
 }
 
-fn refused(r: PatchRefused) -> ApiError {
-    match r {
-        PatchRefused::NotFound => ApiError::not_found("endpoint"),
-        PatchRefused::ManagedByKubernetes => ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorCode::ManagedByKubernetes,
-            // The declaration is the source of truth: a change made here would be undone by
-            // the controller's next resync or the next `hookd apply` of the same file.
-            "this endpoint is declared by a WebhookEndpoint object; change that object instead: in a cluster with kubectl (kubectl apply, or kubectl delete); without one, where `hookd apply -f FILE` stored it, with `hookd apply -f FILE` (set `paused: true` in its spec to pause it) or `hookd delete -f FILE`",
-        ),
-        PatchRefused::ConsumerDeleted => ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorCode::ConsumerDeleted,
-            "this endpoint's consumer was deleted; it stays disabled for good (a consumer created again with the same uid is another customer and starts without it)",
-        ),
-    }
-}
-
+/// Applies a change through [`crate::endpoints::patch_api`] and answers with the
+/// endpoint; `headers` are the new headers, for their check.
 async fn patch_and_answer(
     state: &AppState,
     caller: &Caller,
     id: Uuid,
     patch: db::endpoints::EndpointPatch,
+    headers: Option<&BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let mut tx = crate::db::begin(&state.pool).await?;
-    let view = db::endpoints::patch_api(&mut tx, id, caller.audience(), &patch)
-        .await?
-        .map_err(refused)?;
-    tx.commit().await.map_err(db::DbError::from)?;
-    if patch.state == Some(ApiState::Active) {
+    let activated = patch.state == Some(ApiState::Active);
+    let view = crate::endpoints::patch_api(
+        &state.pool,
+        &state.manage.allow,
+        caller.audience(),
+        id,
+        patch,
+        headers,
+    )
+    .await?;
+    if activated {
         // held deliveries may be due now
         state.notifier.wake();
     }
@@ -588,19 +477,13 @@ pub async fn update(
     let event_types = not_null("eventTypes", input.event_types)?;
     let hdrs = not_null("headers", input.headers)?;
     let paused = not_null("paused", input.paused)?;
-    check_fields(
-        &state,
-        url.as_deref(),
-        event_types.as_deref(),
-        hdrs.as_ref(),
-        input.description.as_ref().and_then(|d| d.as_deref()),
-    )
-    .await?;
     let patch = db::endpoints::EndpointPatch {
         url,
         event_types,
         description: input.description,
-        headers: hdrs.map(|h| serde_json::to_value(h).unwrap_or_default()),
+        headers: hdrs
+            .as_ref()
+            .map(|h| serde_json::to_value(h).unwrap_or_default()),
         state: paused.map(|p| {
             if p {
                 ApiState::Paused
@@ -609,7 +492,7 @@ pub async fn update(
             }
         }),
     };
-    patch_and_answer(&state, &caller, id, patch).await
+    patch_and_answer(&state, &caller, id, patch, hdrs.as_ref()).await
 }
 
 /// DELETE /v1/endpoints/{id}
@@ -643,11 +526,7 @@ pub async fn delete(
     caller.require(Scope::Manage)?;
     let id = path_id(id, "endpoint")?;
     state.admit_work(&caller, 0)?;
-    let mut tx = crate::db::begin(&state.pool).await?;
-    let cancelled = db::endpoints::delete_api(&mut tx, id, caller.audience())
-        .await?
-        .map_err(refused)?;
-    tx.commit().await.map_err(db::DbError::from)?;
+    let cancelled = crate::endpoints::delete_api(&state.pool, caller.audience(), id).await?;
     tracing::info!(endpoint = %id, cancelled, "endpoint deleted through the API");
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -666,7 +545,7 @@ async fn set_state(
         state: Some(to),
         ..Default::default()
     };
-    patch_and_answer(&state, &caller, id, patch).await
+    patch_and_answer(&state, &caller, id, patch, None).await
 }
 
 /// POST /v1/endpoints/{id}/pause
@@ -819,27 +698,16 @@ pub async fn rotate_secret(
         .read_json_body(&caller, &headers, body, BODY_LIMIT, true)
         .await?;
     let grace = input.grace_seconds.unwrap_or(86_400);
-    if !(0..=604_800).contains(&grace) {
-        return Err(invalid("graceSeconds must be between 0 and 604800".into()));
-    }
-    let secret = match input.secret {
-        Some(s) => {
-            crate::signing::SigningSecret::parse(&s).map_err(|_| {
-                invalid("secret must be whsec_ followed by base64 of 24-64 bytes".into())
-            })?;
-            refuse_weak_secret(&s)?;
-            s
-        }
-        None => crate::endpoints::generate_secret(),
-    };
     let keyring = keyring(&state)?;
-    let e = visible(&state, &caller, id).await?;
-    if e.managed_by != ManagedBy::Api {
-        return Err(refused(PatchRefused::ManagedByKubernetes));
-    }
-    let mut tx = crate::db::begin(&state.pool).await?;
-    crate::endpoints::store_secret(&mut tx, keyring, id, &secret, grace as i32).await?;
-    tx.commit().await.map_err(db::DbError::from)?;
+    let secret = crate::endpoints::rotate_api(
+        &state.pool,
+        keyring,
+        caller.audience(),
+        id,
+        input.secret,
+        grace,
+    )
+    .await?;
     tracing::info!(endpoint = %id, grace_seconds = grace, "signing secret rotated through the API");
     Ok((
         StatusCode::CREATED,
@@ -1046,7 +914,9 @@ pub async fn send_test(
     let e = visible(&state, &caller, id).await?;
     if e.managed_by != ManagedBy::Api {
         // the producer's own endpoint (a WebhookEndpoint object): read-only through this API
-        return Err(refused(PatchRefused::ManagedByKubernetes));
+        return Err(
+            crate::endpoints::EndpointError::Refused(PatchRefused::ManagedByKubernetes).into(),
+        );
     }
     if e.state == EndpointState::Disabled {
         return Err(ApiError::new(

@@ -12,7 +12,9 @@ use utoipa::ToSchema;
 
 use crate::auth::{AuthError, Scope};
 use crate::db::DbError;
+use crate::db::endpoints::PatchRefused;
 use crate::domain::ErrorCode;
+use crate::endpoints::EndpointError;
 use crate::outbox::EnqueueError;
 
 #[derive(Debug)]
@@ -253,6 +255,46 @@ impl From<DbError> for ApiError {
         } else {
             tracing::error!(error = %e, "database error");
             ApiError::internal()
+        }
+    }
+}
+
+impl From<EndpointError> for ApiError {
+    fn from(e: EndpointError) -> Self {
+        match e {
+            EndpointError::Invalid(message) => {
+                ApiError::unprocessable(ErrorCode::InvalidField, message)
+            }
+            EndpointError::WeakSecret(message) => {
+                ApiError::unprocessable(ErrorCode::WeakSecret, message)
+            }
+            EndpointError::ConsumerNotFound => ApiError::not_found("consumer"),
+            EndpointError::ConsumerLimit { consumer, cap } => ApiError::unprocessable(
+                ErrorCode::ConsumerEndpointLimit,
+                format!(
+                    "consumer {consumer:?} has {cap} endpoints, the most one consumer may have (HOOKD_CONSUMER_MAX_ENDPOINTS); delete one first"
+                ),
+            ),
+            EndpointError::TenantLimit { tenant, cap } => ApiError::unprocessable(
+                ErrorCode::TenantEndpointLimit,
+                format!(
+                    "tenant {tenant:?} has {cap} endpoints made through the API, the most one tenant may have (HOOKD_TENANT_MAX_ENDPOINTS); delete one first"
+                ),
+            ),
+            EndpointError::Refused(PatchRefused::NotFound) => ApiError::not_found("endpoint"),
+            EndpointError::Refused(PatchRefused::ManagedByKubernetes) => ApiError::new(
+                StatusCode::CONFLICT,
+                ErrorCode::ManagedByKubernetes,
+                // The declaration is the source of truth: a change made here would be undone
+                // by the controller's next resync or the next `hookd apply` of the same file.
+                "this endpoint is declared by a WebhookEndpoint object; change that object instead: in a cluster with kubectl (kubectl apply, or kubectl delete); without one, where `hookd apply -f FILE` stored it, with `hookd apply -f FILE` (set `paused: true` in its spec to pause it) or `hookd delete -f FILE`",
+            ),
+            EndpointError::Refused(PatchRefused::ConsumerDeleted) => ApiError::new(
+                StatusCode::CONFLICT,
+                ErrorCode::ConsumerDeleted,
+                "this endpoint's consumer was deleted; it stays disabled for good (a consumer created again with the same uid is another customer and starts without it)",
+            ),
+            EndpointError::Db(e) => e.into(),
         }
     }
 }
