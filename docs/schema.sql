@@ -997,6 +997,43 @@ CREATE TABLE hookd.sign_in_codes (
 
 
 --
+-- Name: source_secrets; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.source_secrets (
+    source_id uuid NOT NULL,
+    version integer NOT NULL,
+    key_id text NOT NULL,
+    ciphertext bytea NOT NULL,
+    not_after timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+
+--
+-- Name: sources; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.sources (
+    id uuid NOT NULL,
+    name text NOT NULL,
+    tenant text NOT NULL,
+    consumer text,
+    provider text NOT NULL,
+    hmac jsonb,
+    event_type_prefix text NOT NULL,
+    max_body_bytes integer NOT NULL,
+    description text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT sources_hmac_scheme CHECK (((provider = 'hmac'::text) = (hmac IS NOT NULL))),
+    CONSTRAINT sources_max_body CHECK (((max_body_bytes >= 1) AND (max_body_bytes <= 16777216))),
+    CONSTRAINT sources_name_label CHECK ((name ~ '^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$'::text)),
+    CONSTRAINT sources_provider CHECK ((provider = ANY (ARRAY['standard-webhooks'::text, 'stripe'::text, 'github'::text, 'shopify'::text, 'slack'::text, 'hmac'::text])))
+);
+
+
+--
 -- Name: subscriptions; Type: TABLE; Schema: hookd; Owner: -
 --
 
@@ -1217,6 +1254,30 @@ ALTER TABLE ONLY hookd.producer_roles
 
 ALTER TABLE ONLY hookd.sign_in_codes
     ADD CONSTRAINT sign_in_codes_pkey PRIMARY KEY (code_hash);
+
+
+--
+-- Name: source_secrets source_secrets_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.source_secrets
+    ADD CONSTRAINT source_secrets_pkey PRIMARY KEY (source_id, version);
+
+
+--
+-- Name: sources sources_name_unique; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.sources
+    ADD CONSTRAINT sources_name_unique UNIQUE (name);
+
+
+--
+-- Name: sources sources_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.sources
+    ADD CONSTRAINT sources_pkey PRIMARY KEY (id);
 
 
 --
@@ -1578,6 +1639,13 @@ CREATE INDEX sign_in_codes_expiry ON hookd.sign_in_codes USING btree (expires_at
 
 
 --
+-- Name: sources_tenant_name; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX sources_tenant_name ON hookd.sources USING btree (tenant, name);
+
+
+--
 -- Name: subscriptions_endpoint; Type: INDEX; Schema: hookd; Owner: -
 --
 
@@ -1861,6 +1929,14 @@ ALTER TABLE ONLY hookd.endpoint_secrets
 
 ALTER TABLE ONLY hookd.sign_in_codes
     ADD CONSTRAINT sign_in_codes_token_id_fkey FOREIGN KEY (token_id) REFERENCES hookd.api_tokens(id) ON DELETE CASCADE;
+
+
+--
+-- Name: source_secrets source_secrets_source_id_fkey; Type: FK CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.source_secrets
+    ADD CONSTRAINT source_secrets_source_id_fkey FOREIGN KEY (source_id) REFERENCES hookd.sources(id) ON DELETE CASCADE;
 
 
 --

@@ -157,6 +157,43 @@ pub fn validate_event_type(t: &str) -> Result<(), String> {
     }
 }
 
+/// Free text bound for Postgres (a description, a name): Postgres text cannot hold U+0000.
+pub fn validate_text(field: &str, text: &str, max_chars: usize) -> Result<(), String> {
+    if text.chars().count() > max_chars {
+        return Err(format!("{field} is longer than {max_chars} characters"));
+    }
+    if text.contains('\0') {
+        return Err(format!("{field} must not contain NUL characters (U+0000)"));
+    }
+    Ok(())
+}
+
+/// A JSON document bound for `jsonb`, which cannot hold U+0000 in a key or string.
+pub fn validate_json_text(field: &str, v: &serde_json::Value) -> Result<(), String> {
+    let bad = |s: &str| s.contains('\0');
+    let found = match v {
+        serde_json::Value::String(s) => bad(s),
+        serde_json::Value::Array(a) => {
+            return a.iter().try_for_each(|x| validate_json_text(field, x));
+        }
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                if bad(k) {
+                    return Err(format!("{field} must not contain NUL characters (U+0000)"));
+                }
+                validate_json_text(field, x)?;
+            }
+            false
+        }
+        _ => false,
+    };
+    if found {
+        Err(format!("{field} must not contain NUL characters (U+0000)"))
+    } else {
+        Ok(())
+    }
+}
+
 /// Idempotency keys: 1-255 printable ASCII characters.
 pub fn validate_idempotency_key(k: &str) -> Result<(), String> {
     if !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| (0x21..=0x7e).contains(&b)) {

@@ -7,9 +7,6 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
-use rand::RngCore;
 use sha2::{Digest, Sha256};
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -250,50 +247,6 @@ pub fn validate_declared(d: &Declared<'_>) -> Result<(), String> {
     )
 }
 
-/// Free text bound for Postgres (a description, a name): Postgres text cannot hold U+0000.
-pub fn validate_text(field: &str, text: &str, max_chars: usize) -> Result<(), String> {
-    if text.chars().count() > max_chars {
-        return Err(format!("{field} is longer than {max_chars} characters"));
-    }
-    if text.contains('\0') {
-        return Err(format!("{field} must not contain NUL characters (U+0000)"));
-    }
-    Ok(())
-}
-
-/// A JSON document bound for `jsonb`, which cannot hold U+0000 in a key or string.
-pub fn validate_json_text(field: &str, v: &serde_json::Value) -> Result<(), String> {
-    let bad = |s: &str| s.contains('\0');
-    let found = match v {
-        serde_json::Value::String(s) => bad(s),
-        serde_json::Value::Array(a) => {
-            return a.iter().try_for_each(|x| validate_json_text(field, x));
-        }
-        serde_json::Value::Object(m) => {
-            for (k, x) in m {
-                if bad(k) {
-                    return Err(format!("{field} must not contain NUL characters (U+0000)"));
-                }
-                validate_json_text(field, x)?;
-            }
-            false
-        }
-        _ => false,
-    };
-    if found {
-        Err(format!("{field} must not contain NUL characters (U+0000)"))
-    } else {
-        Ok(())
-    }
-}
-
-/// A fresh signing secret: `whsec_` + base64 of 32 random bytes.
-pub fn generate_secret() -> String {
-    let mut bytes = [0u8; 32];
-    rand::rng().fill_bytes(&mut bytes);
-    format!("whsec_{}", STANDARD.encode(bytes))
-}
-
 /// Makes `secret` the endpoint's current signing secret, sealed under the active key;
 /// the previous one keeps signing for `grace_secs`.
 pub async fn store_secret(
@@ -394,7 +347,7 @@ pub async fn validate_api_fields(
         validate_headers(h).map_err(EndpointError::Invalid)?;
     }
     if let Some(d) = description {
-        validate_text("description", d, 1000).map_err(EndpointError::Invalid)?;
+        crate::domain::validate_text("description", d, 1000).map_err(EndpointError::Invalid)?;
     }
     Ok(())
 }
@@ -445,7 +398,7 @@ pub async fn create_api(
             check_supplied_secret(&s)?;
             s
         }
-        None => generate_secret(),
+        None => crate::signing::generate_secret(),
     };
     let id = Uuid::now_v7();
     let mut tx = db::begin(pool).await?;
@@ -552,7 +505,7 @@ pub async fn rotate_api(
             check_supplied_secret(&s)?;
             s
         }
-        None => generate_secret(),
+        None => crate::signing::generate_secret(),
     };
     let e = db::endpoints::get_visible(pool, id, audience)
         .await?
@@ -655,8 +608,8 @@ mod tests {
 
     #[test]
     fn generated_secrets_parse() {
-        let s = generate_secret();
+        let s = crate::signing::generate_secret();
         assert!(crate::signing::SigningSecret::parse(&s).is_ok(), "{s}");
-        assert_ne!(s, generate_secret());
+        assert_ne!(s, crate::signing::generate_secret());
     }
 }

@@ -20,6 +20,17 @@ pub struct RouteStatus {
     pub status: u16,
 }
 
+/// An inbound request's outcome at a source. `source` is `(unknown)` for a name no
+/// source has, so a scan of made-up names cannot mint series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InboundOutcome {
+    pub source: String,
+    /// `accepted`, `duplicate`, or why it was refused (`unknown_source`,
+    /// `missing_signature`, `bad_signature`, `stale_timestamp`, `malformed_signature`,
+    /// `not_json`)
+    pub outcome: &'static str,
+}
+
 /// A request method as a label: the standard ones by name, anything else as `other`, so a
 /// client cannot mint series with made-up methods.
 pub fn method_label(m: &axum::http::Method) -> &'static str {
@@ -105,6 +116,7 @@ pub struct Reason {
 pub struct Metrics {
     registry: Arc<Registry>,
     pub http_requests: Family<RouteStatus, Counter>,
+    pub inbound_requests: Family<InboundOutcome, Counter>,
     pub events_enqueued: Counter,
     pub deliveries_created: Counter,
     pub ingest_commit_seconds: Histogram,
@@ -164,6 +176,12 @@ impl Metrics {
             "http_requests",
             "HTTP requests by route and status",
             http_requests.clone(),
+        );
+        let inbound_requests = Family::<InboundOutcome, Counter>::default();
+        r.register(
+            "inbound_requests",
+            "Requests to inbound sources (POST /in/{name}) by source and outcome",
+            inbound_requests.clone(),
         );
         let events_enqueued = Counter::default();
         r.register(
@@ -332,6 +350,7 @@ impl Metrics {
         Metrics {
             registry: Arc::new(r),
             http_requests,
+            inbound_requests,
             events_enqueued,
             deliveries_created,
             ingest_commit_seconds,

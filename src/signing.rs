@@ -58,6 +58,13 @@ const PUBLISHED_SECRETS: [&str; 2] = [
     "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD",
 ];
 
+/// A fresh signing secret: `whsec_` + base64 of 32 random bytes.
+pub fn generate_secret() -> String {
+    let mut bytes = [0u8; 32];
+    rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
+    format!("whsec_{}", STANDARD.encode(bytes))
+}
+
 /// Whether `secret` is one of the published test-vector secrets.
 pub fn is_published_test_secret(secret: &str) -> bool {
     PUBLISHED_SECRETS.contains(&secret.trim())

@@ -32,6 +32,7 @@ mod dispatch;
 mod dispatch_crash;
 mod first_hour;
 mod hardening;
+mod inbound;
 mod ingest;
 mod manifests;
 mod outbound;

@@ -140,7 +140,7 @@ pub async fn upsert(
     domain::validate_tenant(&tenant)
         .map_err(|e| ApiError::unprocessable(ErrorCode::InvalidTenant, e))?;
     if let Some(n) = &input.name {
-        crate::endpoints::validate_text("name", n, 200)
+        crate::domain::validate_text("name", n, 200)
             .map_err(|e| ApiError::unprocessable(ErrorCode::InvalidField, e))?;
     }
     let metadata = input
@@ -152,7 +152,7 @@ pub async fn upsert(
             "metadata must be a JSON object",
         ));
     }
-    crate::endpoints::validate_json_text("metadata", &metadata)
+    crate::domain::validate_json_text("metadata", &metadata)
         .map_err(|e| ApiError::unprocessable(ErrorCode::InvalidField, e))?;
     if metadata.to_string().len() > 16 * 1024 {
         return Err(ApiError::unprocessable(

@@ -213,7 +213,7 @@ fn invalid(e: String) -> ApiError {
     ApiError::unprocessable(ErrorCode::InvalidField, e)
 }
 
-fn keyring(state: &AppState) -> Result<&crate::crypto::Keyring, ApiError> {
+pub(super) fn keyring(state: &AppState) -> Result<&crate::crypto::Keyring, ApiError> {
     state.manage.keyring.as_ref().map_err(|reason| {
         tracing::warn!(%reason, "a signing secret cannot be stored");
         ApiError::new(

@@ -15,6 +15,7 @@ use crate::db::DbError;
 use crate::db::endpoints::PatchRefused;
 use crate::domain::ErrorCode;
 use crate::endpoints::EndpointError;
+use crate::inbound::sources::SourceError;
 use crate::outbox::EnqueueError;
 
 #[derive(Debug)]
@@ -295,6 +296,24 @@ impl From<EndpointError> for ApiError {
                 "this endpoint's consumer was deleted; it stays disabled for good (a consumer created again with the same uid is another customer and starts without it)",
             ),
             EndpointError::Db(e) => e.into(),
+        }
+    }
+}
+
+impl From<SourceError> for ApiError {
+    fn from(e: SourceError) -> Self {
+        match e {
+            SourceError::Invalid(message) => {
+                ApiError::unprocessable(ErrorCode::InvalidField, message)
+            }
+            SourceError::NameTaken(name) => ApiError::new(
+                StatusCode::CONFLICT,
+                ErrorCode::SourceExists,
+                format!(
+                    "a source named {name:?} exists (names are unique across tenants: they are the URL providers send to); choose another"
+                ),
+            ),
+            SourceError::Db(e) => e.into(),
         }
     }
 }

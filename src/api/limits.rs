@@ -650,19 +650,26 @@ impl Admitted {
         state: &AppState,
         messages: Vec<crate::outbox::NewMessage>,
     ) -> Result<Vec<crate::outbox::Enqueued>, ApiError> {
+        Ok(self.enqueue_outcome(state, messages).await??)
+    }
+
+    /// [`Admitted::enqueue`] with the outbox's own refusal, for a route that answers one
+    /// of them differently (inbound: a reused key is a duplicate, not a conflict).
+    pub async fn enqueue_outcome(
+        self,
+        state: &AppState,
+        messages: Vec<crate::outbox::NewMessage>,
+    ) -> Result<Result<Vec<crate::outbox::Enqueued>, crate::outbox::EnqueueError>, ApiError> {
         let outbox = state.outbox.clone();
         let committed = tokio::spawn(async move {
             let result = outbox.enqueue(messages).await;
             drop(self);
             result
         });
-        match committed.await {
-            Ok(result) => Ok(result?),
-            Err(e) => {
-                tracing::error!(error = %e, "enqueue task failed");
-                Err(ApiError::internal())
-            }
-        }
+        committed.await.map_err(|e| {
+            tracing::error!(error = %e, "enqueue task failed");
+            ApiError::internal()
+        })
     }
 
     /// Admits the request's events under the rate limit, less the one taken on its head.

@@ -7,6 +7,7 @@ pub mod deletions;
 mod deliveries;
 mod endpoints;
 pub mod error;
+mod inbound;
 pub mod limits;
 mod listing;
 mod messages;
@@ -14,6 +15,7 @@ pub mod openapi;
 pub mod server;
 mod sessions;
 mod settings;
+mod sources;
 mod tokens;
 
 use std::sync::Arc;
@@ -219,6 +221,9 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(consumers::create_token))
         .routes(routes!(consumers::create_portal))
         .routes(routes!(consumers::get_deletion))
+        .routes(routes!(sources::create, sources::list))
+        .routes(routes!(sources::get, sources::delete))
+        .routes(routes!(inbound::receive))
         .routes(routes!(tokens::list))
         .routes(routes!(tokens::revoke))
         .routes(routes!(sessions::create, sessions::end))
@@ -317,6 +322,8 @@ async fn whoami(caller: caller::Caller) -> Response {
             kind: match p.subject {
                 crate::auth::Subject::Token { .. } => "token",
                 crate::auth::Subject::ServiceAccount { .. } => "serviceAccount",
+                // never: a source's caller exists only inside POST /in/{name}
+                crate::auth::Subject::Source { .. } => "source",
             },
         },
     };

@@ -55,6 +55,7 @@ pub const METRICS_TOKEN: &str = "metrics_token";
         (name = "deliveries", description = "Inspect, replay and dead-letter deliveries"),
         (name = "operations", description = "Health, readiness, metrics and this document"),
         (name = "tokens", description = "List and revoke the tenant's API tokens"),
+        (name = "sources", description = "Receive third-party webhooks (Stripe, GitHub, …) at POST /in/{name}, verified and enqueued like produced events"),
     )
 )]
 pub struct ApiDoc;

@@ -92,7 +92,9 @@ pub async fn create(caller: Caller, State(state): State<AppState>) -> Result<Res
     let parent = match &caller {
         Caller::Authenticated(p) => match p.subject {
             Subject::Token { id } => id,
-            Subject::ServiceAccount { .. } => return Err(ApiError::session_needs_token()),
+            Subject::ServiceAccount { .. } | Subject::Source { .. } => {
+                return Err(ApiError::session_needs_token());
+            }
         },
         Caller::Anonymous => return Err(ApiError::session_needs_token()),
     };
@@ -171,7 +173,7 @@ pub async fn end(caller: Caller, State(state): State<AppState>) -> Result<Respon
     let id = match &caller {
         Caller::Authenticated(p) => match p.subject {
             Subject::Token { id } => Some(id),
-            Subject::ServiceAccount { .. } => None,
+            Subject::ServiceAccount { .. } | Subject::Source { .. } => None,
         },
         Caller::Anonymous => None,
     };

@@ -31,8 +31,17 @@ pub use crate::domain::{AuthMode, Scope};
 /// Who a valid credential belongs to (never the credential itself).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Subject {
-    Token { id: Uuid },
-    ServiceAccount { namespace: String, name: String },
+    Token {
+        id: Uuid,
+    },
+    ServiceAccount {
+        namespace: String,
+        name: String,
+    },
+    /// an inbound source's provider, known by its signature (`POST /in/{name}`)
+    Source {
+        id: Uuid,
+    },
 }
 
 impl std::fmt::Display for Subject {
@@ -42,6 +51,7 @@ impl std::fmt::Display for Subject {
             Subject::ServiceAccount { namespace, name } => {
                 write!(f, "serviceaccount {namespace}/{name}")
             }
+            Subject::Source { id } => write!(f, "source {id}"),
         }
     }
 }

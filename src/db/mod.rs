@@ -10,6 +10,7 @@ pub mod events;
 pub mod retention;
 pub mod secrets;
 pub mod sign_in;
+pub mod sources;
 pub mod tokens;
 
 use std::time::Duration;

@@ -21,6 +21,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/in/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * A provider's webhook to an inbound source (no hookd token: the signature is the credential)
+         * @description Verified with the source's provider rules and secrets, then committed with its deliveries before the 202. A provider event taken before answers 202 with duplicate: true and writes nothing. Unknown source and bad signature: the same 401.
+         */
+        post: operations["receiveInbound"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/metrics": {
         parameters: {
             query?: never;
@@ -521,6 +541,48 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sources": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The tenant's inbound sources, by name (scope: manage) */
+        get: operations["listSources"];
+        put?: never;
+        /**
+         * Create an inbound source (scope: manage)
+         * @description Give the provider the answer's url (with HOOKD_PUBLIC_URL set, an absolute one) and, where hookd generated it, the secret. Its secret is stored encrypted.
+         */
+        post: operations["createSource"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sources/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One inbound source (scope: manage) */
+        get: operations["getSource"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete an inbound source (scope: manage)
+         * @description Its URL answers 401 from then on (as for a name that never existed); the events it took in and their deliveries stay.
+         */
+        delete: operations["deleteSource"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tokens": {
         parameters: {
             query?: never;
@@ -690,6 +752,10 @@ export interface components {
         /** @description The endpoint and its signing secret, shown this once. */
         CreatedEndpointOut: components["schemas"]["EndpointOut"] & {
             /** @description the signing secret: store it now, it is never shown again */
+            secret: string;
+        };
+        CreatedSourceOut: components["schemas"]["SourceOut"] & {
+            /** @description the verification secret: shown in this answer only */
             secret: string;
         };
         DeadLetterOut: {
@@ -981,7 +1047,7 @@ export interface components {
          *     codes; none is renamed or removed.
          * @enum {string}
          */
-        ErrorCode: "auth_unavailable" | "batch_too_large" | "body_too_large" | "commit_outcome_unknown" | "consumer_deleted" | "consumer_endpoint_limit" | "consumer_mismatch" | "consumer_rate_limited" | "consumer_read_rate_limited" | "consumer_requests_busy" | "consumer_token" | "database_unavailable" | "delivery_leased" | "duplicate_authorization" | "empty_batch" | "encryption_unavailable" | "endpoint_disabled" | "filter_not_served" | "headers_too_large" | "idempotency_key_conflict" | "idempotency_key_header_on_batch" | "idempotency_key_in_use" | "idempotency_key_mismatch" | "ingest_busy" | "insufficient_scope" | "internal" | "invalid_consumer" | "invalid_content_length" | "invalid_credential" | "invalid_cursor" | "invalid_event_type" | "invalid_field" | "invalid_id" | "invalid_idempotency_key" | "invalid_limit" | "invalid_query" | "invalid_status" | "invalid_tenant" | "invalid_test_event_type" | "malformed_json" | "managed_by_kubernetes" | "method_not_allowed" | "missing_field" | "not_a_session" | "not_found" | "payload_too_large" | "rate_limited" | "request_timeout" | "session_needs_token" | "shutting_down" | "sign_in_code_invalid" | "tenant_endpoint_limit" | "tenant_ingest_busy" | "tenant_mismatch" | "unauthenticated" | "unsupported_media_type" | "uri_too_long" | "weak_secret" | "write_conflict";
+        ErrorCode: "auth_unavailable" | "batch_too_large" | "body_too_large" | "commit_outcome_unknown" | "consumer_deleted" | "consumer_endpoint_limit" | "consumer_mismatch" | "consumer_rate_limited" | "consumer_read_rate_limited" | "consumer_requests_busy" | "consumer_token" | "database_unavailable" | "delivery_leased" | "duplicate_authorization" | "empty_batch" | "encryption_unavailable" | "endpoint_disabled" | "filter_not_served" | "headers_too_large" | "inbound_not_json" | "inbound_unauthorized" | "idempotency_key_conflict" | "idempotency_key_header_on_batch" | "idempotency_key_in_use" | "idempotency_key_mismatch" | "ingest_busy" | "insufficient_scope" | "internal" | "invalid_consumer" | "invalid_content_length" | "invalid_credential" | "invalid_cursor" | "invalid_event_type" | "invalid_field" | "invalid_id" | "invalid_idempotency_key" | "invalid_limit" | "invalid_query" | "invalid_status" | "invalid_tenant" | "invalid_test_event_type" | "malformed_json" | "managed_by_kubernetes" | "method_not_allowed" | "missing_field" | "not_a_session" | "not_found" | "payload_too_large" | "rate_limited" | "request_timeout" | "session_needs_token" | "shutting_down" | "sign_in_code_invalid" | "source_exists" | "tenant_endpoint_limit" | "tenant_ingest_busy" | "tenant_mismatch" | "unauthenticated" | "unsupported_media_type" | "uri_too_long" | "weak_secret" | "write_conflict";
         ErrorDetail: {
             /**
              * @description Stable and machine-readable: one of the codes of the `ErrorCode` schema. A string
@@ -992,6 +1058,23 @@ export interface components {
             /** @description for humans; wording may change */
             message: string;
         };
+        /** @description The generic scheme as the API and a WebhookSource spell it. */
+        HmacSpec: {
+            /** @description the header carrying the signature, e.g. `X-Signature` */
+            header: string;
+            /** @description `sha256` (default) or `sha512` */
+            algorithm?: string | null;
+            /** @description `hex` (default) or `base64` */
+            encoding?: string | null;
+            /** @description text before the signature, e.g. `sha256=` */
+            prefix?: string | null;
+            /** @description a header with a unix timestamp the provider signs as `{timestamp}.{body}` */
+            timestampHeader?: string | null;
+            /** @description the header with the provider's event id */
+            idHeader?: string | null;
+            /** @description the header with the provider's event type */
+            typeHeader?: string | null;
+        };
         HourOut: {
             /** Format: date-time */
             hour: string;
@@ -999,6 +1082,14 @@ export interface components {
             succeeded: number;
             /** Format: int64 */
             failed: number;
+        };
+        /** @description What a source answers a request it took. */
+        InboundOut: {
+            /** Format: uuid */
+            eventId: string;
+            deliveryIds: string[];
+            /** @description true when this provider event was taken before: nothing was written */
+            duplicate: boolean;
         };
         KubernetesRef: {
             namespace: string;
@@ -1153,6 +1244,60 @@ export interface components {
         SignInCodeIn: {
             /** @description the one-time code of a portal link (its `#code=` fragment) */
             code: string;
+        };
+        /** @description A new source. Unknown fields are refused (422). */
+        SourceIn: {
+            /** @description 1-63 lower-case letters, digits or '-'; unique across tenants (it is the route) */
+            name: string;
+            /** @description required with authentication off; otherwise the credential's tenant */
+            tenant?: string | null;
+            /** @description the consumer its events are for (none: the tenant's endpoints without a consumer) */
+            consumer?: string | null;
+            /** @description `standard-webhooks`, `stripe`, `github`, `shopify`, `slack` or `hmac` */
+            provider: string;
+            hmac?: null | components["schemas"]["HmacSpec"];
+            /**
+             * @description the provider's signing secret as it shows it; generated (and returned once) for
+             *     standard-webhooks, github and hmac when left out
+             */
+            secret?: string | null;
+            /** @description its events' types start with this; default: the name */
+            eventTypePrefix?: string | null;
+            /**
+             * Format: int32
+             * @description largest body accepted (default 1 MiB, at most 16 MiB)
+             */
+            maxBodyBytes?: number | null;
+            description?: string | null;
+        };
+        /** @description A source as the API shows it (never its secret). */
+        SourceOut: {
+            /** Format: uuid */
+            id: string;
+            /** @description the last segment of the URL the provider is given: `/in/{name}` */
+            name: string;
+            tenant: string;
+            /** @description events it takes in are for this consumer only */
+            consumer?: string | null;
+            /** @description `standard-webhooks`, `stripe`, `github`, `shopify`, `slack` or `hmac` */
+            provider: string;
+            hmac?: null | components["schemas"]["HmacSpec"];
+            /** @description its events' types start with this (`{prefix}.{provider's type}`) */
+            eventTypePrefix: string;
+            /** Format: int32 */
+            maxBodyBytes: number;
+            description?: string | null;
+            /** @description where the provider must send: relative to the API unless HOOKD_PUBLIC_URL is set */
+            url: string;
+            /** Format: date-time */
+            createdAt: string;
+            /** Format: date-time */
+            updatedAt: string;
+        };
+        SourcePage: {
+            /** @description in name order */
+            items: components["schemas"]["SourceOut"][];
+            nextCursor?: string | null;
         };
         TestEventIn: {
             /**
@@ -1382,6 +1527,43 @@ export interface operations {
             408: components["responses"]["RequestTimeout"];
             414: components["responses"]["UriTooLong"];
             431: components["responses"]["HeadersTooLarge"];
+        };
+    };
+    receiveInbound: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The source's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        /** @description The provider's body, forwarded byte for byte */
+        requestBody: {
+            content: {
+                "application/json": unknown;
+            };
+        };
+        responses: {
+            /** @description Taken (or taken before) */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["InboundOut"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            408: components["responses"]["RequestTimeout"];
+            413: components["responses"]["PayloadTooLarge"];
+            414: components["responses"]["UriTooLong"];
+            415: components["responses"]["UnsupportedMediaType"];
+            429: components["responses"]["TooManyRequests"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
         };
     };
     metrics: {
@@ -2572,6 +2754,142 @@ export interface operations {
             414: components["responses"]["UriTooLong"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    listSources: {
+        parameters: {
+            query?: {
+                /** @description With authentication off: only this tenant's */
+                tenant?: string;
+                /** @description page size, 1 to 1000 (default 100) */
+                limit?: number;
+                /** @description `nextCursor` of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of sources */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SourcePage"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            422: components["responses"]["Unprocessable"];
+            429: components["responses"]["TooManyRequests"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    createSource: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SourceIn"];
+            };
+        };
+        responses: {
+            /** @description Created */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CreatedSourceOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            414: components["responses"]["UriTooLong"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Unprocessable"];
+            429: components["responses"]["TooManyRequests"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    getSource: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The source's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The source */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SourceOut"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            429: components["responses"]["TooManyRequests"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    deleteSource: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The source's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            429: components["responses"]["TooManyRequests"];
             431: components["responses"]["HeadersTooLarge"];
             500: components["responses"]["Internal"];
             503: components["responses"]["Unavailable"];

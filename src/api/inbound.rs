@@ -1,0 +1,199 @@
+//! `POST /in/{name}`: a provider's webhook to an inbound source. Public: the provider's
+//! signature is the credential. The request is verified with the source's secrets, then
+//! its exact body and its deliveries commit in one transaction (the outbox's) before the
+//! 202; a provider's retry of one event is a duplicate that writes nothing. An unknown
+//! source and a bad signature get the same 401 and store nothing.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::AppState;
+use super::caller::Caller;
+use super::error::ApiError;
+use super::openapi::responses;
+use crate::auth::{Principal, Scope, Subject};
+use crate::domain::ErrorCode;
+use crate::inbound::{providers, sources};
+use crate::metrics::InboundOutcome;
+use crate::outbox::EnqueueError;
+
+/// What a source answers a request it took.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InboundOut {
+    event_id: Uuid,
+    delivery_ids: Vec<Uuid>,
+    /// true when this provider event was taken before: nothing was written
+    duplicate: bool,
+}
+
+/// One answer for an unknown source and for a request its provider did not sign: a
+/// scanner learns nothing about which names exist.
+fn unauthorized() -> ApiError {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        ErrorCode::InboundUnauthorized,
+        "no source takes this request: the name is unknown, or the request is not signed with the source's secret (a stale or missing signature included)",
+    )
+}
+
+fn count(state: &AppState, source: &str, outcome: &'static str) {
+    state
+        .metrics
+        .inbound_requests
+        .get_or_create(&InboundOutcome {
+            source: source.to_string(),
+            outcome,
+        })
+        .inc();
+}
+
+/// POST /in/{name}
+#[utoipa::path(
+    post,
+    path = "/in/{name}",
+    tag = "sources",
+    operation_id = "receiveInbound",
+    summary = "A provider's webhook to an inbound source (no hookd token: the signature is the credential)",
+    description = "Verified with the source's provider rules and secrets, then committed with \
+        its deliveries before the 202. A provider event taken before answers 202 with \
+        duplicate: true and writes nothing. Unknown source and bad signature: the same 401.",
+    params(("name" = String, Path, description = "The source's name")),
+    request_body(content = serde_json::Value, content_type = "application/json", description = "The provider's body, forwarded byte for byte"),
+    responses(
+        (status = 202, description = "Taken (or taken before)", body = InboundOut),
+        (status = 401, response = responses::Unauthorized),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 429, response = responses::TooManyRequests),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(())
+)]
+pub async fn receive(
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let name = match name {
+        Ok(Path(n)) if sources::validate_name(&n).is_ok() => n,
+        _ => {
+            count(&state, "(unknown)", "unknown_source");
+            return Err(unauthorized());
+        }
+    };
+    let Some((source, sealed)) = crate::db::sources::for_ingest(&state.pool, &name).await? else {
+        count(&state, "(unknown)", "unknown_source");
+        return Err(unauthorized());
+    };
+    let keyring = super::endpoints::keyring(&state)?;
+    let provider = sources::provider_of(&source).map_err(|e| {
+        tracing::error!(source = %source.name, error = %e, "a stored source cannot be read");
+        ApiError::internal()
+    })?;
+    // admitted as the source's tenant: its share of body bytes in flight and its rate
+    let caller = Caller::Authenticated(Principal {
+        tenant: source.tenant.clone(),
+        consumer: None,
+        consumer_generation: None,
+        consumer_since: None,
+        scopes: vec![Scope::Produce],
+        subject: Subject::Source { id: source.id },
+    });
+    let max = usize::try_from(source.max_body_bytes).unwrap_or(0);
+    let mut admitted =
+        state.admit_upload(&caller, &headers, max.min(state.limits.max_body_bytes))?;
+    let bytes = admitted.read(body).await?;
+    let secrets: Vec<zeroize::Zeroizing<String>> = sealed
+        .iter()
+        .filter_map(|s| match keyring.decrypt(source.id, &s.key_id, &s.ciphertext) {
+            Ok(secret) => Some(secret),
+            Err(e) => {
+                tracing::warn!(source = %source.name, error = %e, "a source secret cannot be opened with this process's keys");
+                None
+            }
+        })
+        .collect();
+    if secrets.is_empty() && !sealed.is_empty() {
+        // every secret is sealed under a key this process lacks: not the sender's fault,
+        // and the provider retries a 503
+        return Err(ApiError::unavailable());
+    }
+    let refs: Vec<&str> = secrets.iter().map(|s| s.as_str()).collect();
+    let verified = providers::verify(&provider, &refs, &headers, &bytes, chrono::Utc::now())
+        .map_err(|refusal| {
+            count(&state, &source.name, refusal.reason());
+            unauthorized()
+        })?;
+    let event = sources::event(&source, &verified, &bytes).map_err(|e| {
+        count(&state, &source.name, "not_json");
+        ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ErrorCode::InboundNotJson,
+            e.to_string(),
+        )
+    })?;
+    drop(bytes);
+    let msg = crate::outbox::NewMessage {
+        tenant: source.tenant.clone(),
+        event_type: event.event_type,
+        payload: event.payload,
+        idempotency_key: Some(event.idempotency_key),
+        consumer: source.consumer.clone(),
+    };
+    admitted.admit_events(&state, &[(msg.tenant.as_str(), 1)])?;
+    let key = (
+        msg.tenant.clone(),
+        msg.idempotency_key.clone().unwrap_or_default(),
+    );
+    let (event_id, delivery_ids, created) =
+        match admitted.enqueue_outcome(&state, vec![msg]).await? {
+            Ok(done) => {
+                let e = done.into_iter().next().expect("one result per message");
+                (e.event_id, e.delivery_ids, e.created)
+            }
+            // the provider sent this event id before with another body: it is the same
+            // event (ids are the provider's promise), taken once
+            Err(EnqueueError::KeyConflict { .. }) => {
+                let mut conn = state
+                    .pool
+                    .acquire()
+                    .await
+                    .map_err(crate::db::DbError::from)?;
+                let found = crate::db::events::find_by_keys(&mut conn, &[key]).await?;
+                let e = found.into_iter().next().ok_or_else(ApiError::internal)?;
+                (e.event_id, e.delivery_ids, false)
+            }
+            Err(e) => return Err(e.into()),
+        };
+    if created {
+        state.metrics.events_enqueued.inc();
+        state
+            .metrics
+            .deliveries_created
+            .inc_by(delivery_ids.len() as u64);
+    }
+    count(
+        &state,
+        &source.name,
+        if created { "accepted" } else { "duplicate" },
+    );
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(InboundOut {
+            event_id,
+            delivery_ids,
+            duplicate: !created,
+        }),
+    )
+        .into_response())
+}

@@ -1,0 +1,155 @@
+//! `hookd.sources` and `hookd.source_secrets`: inbound sources and their sealed
+//! verification secrets.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::{DbError, on};
+
+/// A source as the API shows it and the inbound route uses it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SourceRow {
+    pub id: Uuid,
+    pub name: String,
+    pub tenant: String,
+    pub consumer: Option<String>,
+    pub provider: String,
+    pub hmac: Option<sqlx::types::Json<serde_json::Value>>,
+    pub event_type_prefix: String,
+    pub max_body_bytes: i32,
+    pub description: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+const COLUMNS: &str = "id, name, tenant, consumer, provider, hmac, event_type_prefix, \
+    max_body_bytes, description, created_at, updated_at";
+
+/// A new source with its first secret, sealed by the caller.
+#[derive(Debug, Clone)]
+pub struct NewSource<'a> {
+    pub id: Uuid,
+    pub name: &'a str,
+    pub tenant: &'a str,
+    pub consumer: Option<&'a str>,
+    pub provider: &'a str,
+    pub hmac: Option<serde_json::Value>,
+    pub event_type_prefix: &'a str,
+    pub max_body_bytes: i32,
+    pub description: Option<&'a str>,
+    pub key_id: &'a str,
+    pub ciphertext: &'a [u8],
+}
+
+/// Inserts the source and its current secret. `Ok(false)`: the name is taken (by any
+/// tenant: it is the route's key), and nothing was written.
+pub async fn insert(conn: &mut PgConnection, s: &NewSource<'_>) -> Result<bool, DbError> {
+    let inserted: Option<Uuid> = sqlx::query_scalar(
+        "INSERT INTO hookd.sources (id, name, tenant, consumer, provider, hmac,
+                                    event_type_prefix, max_body_bytes, description)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+         ON CONFLICT (name) DO NOTHING
+         RETURNING id",
+    )
+    .bind(s.id)
+    .bind(s.name)
+    .bind(s.tenant)
+    .bind(s.consumer)
+    .bind(s.provider)
+    .bind(s.hmac.as_ref().map(sqlx::types::Json))
+    .bind(s.event_type_prefix)
+    .bind(s.max_body_bytes)
+    .bind(s.description)
+    .fetch_optional(on(&mut *conn))
+    .await?;
+    if inserted.is_none() {
+        return Ok(false);
+    }
+    sqlx::query(
+        "INSERT INTO hookd.source_secrets (source_id, version, key_id, ciphertext)
+         VALUES ($1, 1, $2, $3)",
+    )
+    .bind(s.id)
+    .bind(s.key_id)
+    .bind(s.ciphertext)
+    .execute(on(&mut *conn))
+    .await?;
+    Ok(true)
+}
+
+/// The tenant's sources in name order, after `after`, at most `limit`.
+pub async fn list(
+    pool: &PgPool,
+    tenant: Option<&str>,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<SourceRow>, DbError> {
+    Ok(sqlx::query_as::<_, SourceRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM hookd.sources
+         WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR name > $2)
+         ORDER BY name LIMIT $3"
+    )))
+    .bind(tenant)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(on(pool))
+    .await?)
+}
+
+/// The source named `name`; with `tenant`, only if it is that tenant's (another tenant's
+/// source is as absent as an unknown name).
+pub async fn get(
+    pool: &PgPool,
+    name: &str,
+    tenant: Option<&str>,
+) -> Result<Option<SourceRow>, DbError> {
+    Ok(sqlx::query_as::<_, SourceRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM hookd.sources
+         WHERE name = $1 AND ($2::text IS NULL OR tenant = $2)"
+    )))
+    .bind(name)
+    .bind(tenant)
+    .fetch_optional(on(pool))
+    .await?)
+}
+
+/// A sealed secret that verifies now.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SealedSecret {
+    pub key_id: String,
+    pub ciphertext: Vec<u8>,
+}
+
+/// The source named `name` with the secrets that verify now (current first), in one
+/// statement: what the inbound route needs per request.
+pub async fn for_ingest(
+    pool: &PgPool,
+    name: &str,
+) -> Result<Option<(SourceRow, Vec<SealedSecret>)>, DbError> {
+    let Some(row) = get(pool, name, None).await? else {
+        return Ok(None);
+    };
+    let secrets = sqlx::query_as::<_, SealedSecret>(
+        "SELECT key_id, ciphertext FROM hookd.source_secrets
+         WHERE source_id = $1 AND (not_after IS NULL OR not_after > now())
+         ORDER BY version DESC",
+    )
+    .bind(row.id)
+    .fetch_all(on(pool))
+    .await?;
+    Ok(Some((row, secrets)))
+}
+
+/// Deletes the source named `name` of `tenant` with its secrets; the events it took in
+/// stay. Returns whether there was one.
+pub async fn delete(pool: &PgPool, name: &str, tenant: Option<&str>) -> Result<bool, DbError> {
+    let r = sqlx::query(
+        "DELETE FROM hookd.sources WHERE name = $1 AND ($2::text IS NULL OR tenant = $2)",
+    )
+    .bind(name)
+    .bind(tenant)
+    .execute(on(pool))
+    .await?;
+    Ok(r.rows_affected() > 0)
+}

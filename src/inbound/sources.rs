@@ -1,0 +1,398 @@
+//! Sources: what one is (its rules, for every door), creating one, and turning a verified
+//! request into the message the outbox commits.
+
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::providers::{HmacAlgorithm, HmacScheme, Provider, SignatureEncoding, Verified};
+use crate::crypto::Keyring;
+use crate::db::{self, DbError, sources::SourceRow};
+
+/// The largest body a source may accept, and the default.
+pub const MAX_BODY_BYTES: i32 = 16 << 20;
+pub const DEFAULT_MAX_BODY_BYTES: i32 = 1 << 20;
+
+/// The providers by their configuration names (`spec.provider`, the API's `provider`).
+pub const PROVIDERS: [&str; 6] = [
+    "standard-webhooks",
+    "stripe",
+    "github",
+    "shopify",
+    "slack",
+    "hmac",
+];
+
+/// The generic scheme as the API and a WebhookSource spell it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HmacSpec {
+    /// the header carrying the signature, e.g. `X-Signature`
+    pub header: String,
+    /// `sha256` (default) or `sha512`
+    #[serde(default)]
+    pub algorithm: Option<String>,
+    /// `hex` (default) or `base64`
+    #[serde(default)]
+    pub encoding: Option<String>,
+    /// text before the signature, e.g. `sha256=`
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// a header with a unix timestamp the provider signs as `{timestamp}.{body}`
+    #[serde(default)]
+    pub timestamp_header: Option<String>,
+    /// the header with the provider's event id
+    #[serde(default)]
+    pub id_header: Option<String>,
+    /// the header with the provider's event type
+    #[serde(default)]
+    pub type_header: Option<String>,
+}
+
+/// Why a source operation was refused (mapped to answers in `api::error`).
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("a source named {0:?} exists")]
+    NameTaken(String),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+/// A source name: a lower-case DNS label, since it is the last segment of the URL the
+/// provider is given (`/in/{name}`) and the default prefix of its event types.
+pub fn validate_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "name {name:?} must be 1-63 lower-case letters, digits or '-', starting and ending with a letter or digit"
+        ))
+    }
+}
+
+fn header_name(field: &str, v: &str) -> Result<(), String> {
+    http::HeaderName::from_bytes(v.as_bytes())
+        .map(|_| ())
+        .map_err(|_| format!("hmac.{field} {v:?} is not a header name"))
+}
+
+/// The provider a source's configuration names, with the generic scheme's parameters.
+pub fn provider(name: &str, hmac: Option<&HmacSpec>) -> Result<Provider, String> {
+    let p = match (name, hmac) {
+        ("standard-webhooks", None) => Provider::StandardWebhooks,
+        ("stripe", None) => Provider::Stripe,
+        ("github", None) => Provider::Github,
+        ("shopify", None) => Provider::Shopify,
+        ("slack", None) => Provider::Slack,
+        ("hmac", Some(h)) => {
+            header_name("header", &h.header)?;
+            for (field, v) in [
+                ("timestampHeader", &h.timestamp_header),
+                ("idHeader", &h.id_header),
+                ("typeHeader", &h.type_header),
+            ] {
+                if let Some(v) = v {
+                    header_name(field, v)?;
+                }
+            }
+            let algorithm = match h.algorithm.as_deref().unwrap_or("sha256") {
+                "sha256" => HmacAlgorithm::Sha256,
+                "sha512" => HmacAlgorithm::Sha512,
+                other => {
+                    return Err(format!("hmac.algorithm {other:?} must be sha256 or sha512"));
+                }
+            };
+            let encoding = match h.encoding.as_deref().unwrap_or("hex") {
+                "hex" => SignatureEncoding::Hex,
+                "base64" => SignatureEncoding::Base64,
+                other => return Err(format!("hmac.encoding {other:?} must be hex or base64")),
+            };
+            let prefix = h.prefix.clone().unwrap_or_default();
+            if prefix.len() > 64 || !prefix.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err("hmac.prefix must be at most 64 visible ASCII characters".into());
+            }
+            Provider::Hmac(HmacScheme {
+                header: h.header.clone(),
+                algorithm,
+                encoding,
+                prefix,
+                timestamp_header: h.timestamp_header.clone(),
+                id_header: h.id_header.clone(),
+                type_header: h.type_header.clone(),
+            })
+        }
+        ("hmac", None) => return Err("provider hmac needs the hmac object (header, …)".into()),
+        (p, Some(_)) if PROVIDERS.contains(&p) => {
+            return Err(format!("hmac is only for provider hmac, not {p}"));
+        }
+        (other, _) => {
+            return Err(format!(
+                "provider {other:?} must be one of {}",
+                PROVIDERS.join(", ")
+            ));
+        }
+    };
+    Ok(p)
+}
+
+/// A secret for a provider that lets its user choose one (Standard Webhooks, GitHub, the
+/// generic scheme); the others (Stripe, Shopify, Slack) issue theirs, and it must be given.
+pub fn generate_secret(provider: &Provider) -> Option<String> {
+    match provider {
+        Provider::StandardWebhooks => Some(crate::signing::generate_secret()),
+        Provider::Github | Provider::Hmac(_) => {
+            let mut bytes = [0u8; 32];
+            rand::rng().fill_bytes(&mut bytes);
+            Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
+        }
+        Provider::Stripe | Provider::Shopify | Provider::Slack => None,
+    }
+}
+
+/// The event type of an inbound event: the source's prefix, then the provider's type with
+/// every character hookd's event types do not allow turned into a dot (`orders/create`
+/// becomes `orders.create`); the prefix alone when the provider sends none or it does not
+/// fit in 128 characters.
+pub fn event_type(prefix: &str, provider_type: Option<&str>) -> String {
+    let Some(t) = provider_type else {
+        return prefix.to_string();
+    };
+    let mapped: String = t
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '.'
+            }
+        })
+        .collect();
+    let segments: Vec<&str> = mapped.split('.').filter(|s| !s.is_empty()).collect();
+    if segments.is_empty() {
+        return prefix.to_string();
+    }
+    let full = format!("{prefix}.{}", segments.join("."));
+    if crate::domain::validate_event_type(&full).is_ok() {
+        full
+    } else {
+        prefix.to_string()
+    }
+}
+
+/// The idempotency key that makes a provider's retry of one event a duplicate: the
+/// source and the provider's event id, or the exact body when the provider sends no id.
+/// Hashed, so any id a provider uses fits the key's syntax.
+pub fn dedupe_key(source: Uuid, verified: &Verified, body: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update(source.as_bytes());
+    match &verified.event_id {
+        Some(id) => {
+            h.update(b"id\0");
+            h.update(id.as_bytes());
+        }
+        None => {
+            h.update(b"body\0");
+            h.update(body);
+        }
+    }
+    let digest = h.finalize();
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("in:{hex}")
+}
+
+/// Why a verified request cannot become an event.
+#[derive(Debug, thiserror::Error)]
+pub enum Unacceptable {
+    #[error("an inbound body must be JSON (it is forwarded byte for byte as application/json)")]
+    NotJson,
+}
+
+/// What a verified request becomes, for the source's tenant and consumer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboundEvent {
+    /// `{prefix}.{provider's type}` (see [`event_type`])
+    pub event_type: String,
+    /// the exact body
+    pub payload: String,
+    /// see [`dedupe_key`]
+    pub idempotency_key: String,
+}
+
+/// The event a verified request becomes: the mapped event type, the exact body, and the
+/// dedupe key. The body must be JSON: it is forwarded byte for byte as application/json.
+pub fn event(
+    source: &SourceRow,
+    verified: &Verified,
+    body: &[u8],
+) -> Result<InboundEvent, Unacceptable> {
+    let text = std::str::from_utf8(body).map_err(|_| Unacceptable::NotJson)?;
+    serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|_| Unacceptable::NotJson)?;
+    Ok(InboundEvent {
+        event_type: event_type(&source.event_type_prefix, verified.event_type.as_deref()),
+        payload: text.to_string(),
+        idempotency_key: dedupe_key(source.id, verified, body),
+    })
+}
+
+/// A source as stored: its provider rebuilt from the row.
+pub fn provider_of(source: &SourceRow) -> Result<Provider, String> {
+    let hmac = match &source.hmac {
+        None => None,
+        Some(v) => Some(
+            serde_json::from_value::<HmacSpec>(v.0.clone())
+                .map_err(|e| format!("stored hmac scheme: {e}"))?,
+        ),
+    };
+    provider(&source.provider, hmac.as_ref())
+}
+
+/// A source to create.
+#[derive(Debug, Clone)]
+pub struct NewSource {
+    pub name: String,
+    pub tenant: String,
+    pub consumer: Option<String>,
+    pub provider: String,
+    pub hmac: Option<HmacSpec>,
+    pub secret: Option<String>,
+    pub event_type_prefix: Option<String>,
+    pub max_body_bytes: Option<i32>,
+    pub description: Option<String>,
+}
+
+/// Creates a source with its secret sealed (given, or generated where the provider lets
+/// its user choose). Returns the row and the secret (shown once).
+pub async fn create(
+    pool: &sqlx::PgPool,
+    keyring: &Keyring,
+    s: NewSource,
+) -> Result<(SourceRow, String), SourceError> {
+    let invalid = SourceError::Invalid;
+    validate_name(&s.name).map_err(invalid)?;
+    crate::domain::validate_tenant(&s.tenant).map_err(invalid)?;
+    if let Some(c) = &s.consumer {
+        crate::domain::validate_consumer(c).map_err(invalid)?;
+    }
+    let provider = provider(&s.provider, s.hmac.as_ref()).map_err(invalid)?;
+    let prefix = s.event_type_prefix.unwrap_or_else(|| s.name.clone());
+    crate::domain::validate_event_type(&prefix)
+        .map_err(|e| invalid(format!("eventTypePrefix: {e}")))?;
+    let max_body = s.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+    if !(1..=MAX_BODY_BYTES).contains(&max_body) {
+        return Err(invalid(format!(
+            "maxBodyBytes must be between 1 and {MAX_BODY_BYTES}"
+        )));
+    }
+    if let Some(d) = &s.description {
+        crate::domain::validate_text("description", d, 1000).map_err(invalid)?;
+    }
+    let secret = match s.secret {
+        Some(secret) => {
+            if secret.len() > 1024 || !super::providers::secret_is_usable(&provider, &secret) {
+                // never echo it
+                return Err(invalid(format!(
+                    "secret cannot verify {} signatures (empty, too long, or for standard-webhooks not whsec_ + base64)",
+                    provider.name()
+                )));
+            }
+            secret
+        }
+        None => generate_secret(&provider).ok_or_else(|| {
+            invalid(format!(
+                "{} issues the signing secret: copy it from the provider into secret",
+                provider.name()
+            ))
+        })?,
+    };
+    let id = Uuid::now_v7();
+    let sealed = keyring.encrypt(id, &secret);
+    let hmac = s
+        .hmac
+        .as_ref()
+        .map(|h| serde_json::to_value(h).unwrap_or_default());
+    let mut tx = db::begin(pool).await?;
+    let inserted = db::sources::insert(
+        &mut tx,
+        &db::sources::NewSource {
+            id,
+            name: &s.name,
+            tenant: &s.tenant,
+            consumer: s.consumer.as_deref(),
+            provider: provider.name(),
+            hmac,
+            event_type_prefix: &prefix,
+            max_body_bytes: max_body,
+            description: s.description.as_deref(),
+            key_id: &sealed.key_id,
+            ciphertext: &sealed.ciphertext,
+        },
+    )
+    .await?;
+    if !inserted {
+        return Err(SourceError::NameTaken(s.name));
+    }
+    tx.commit().await.map_err(DbError::from)?;
+    let row = db::sources::get(pool, &s.name, None)
+        .await?
+        .ok_or_else(|| SourceError::Invalid("the source vanished after its creation".into()))?;
+    Ok((row, secret))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_types_map_to_event_types() {
+        assert_eq!(
+            event_type("stripe", Some("invoice.paid")),
+            "stripe.invoice.paid"
+        );
+        assert_eq!(
+            event_type("shop", Some("orders/create")),
+            "shop.orders.create"
+        );
+        assert_eq!(event_type("gh", Some("push")), "gh.push");
+        assert_eq!(event_type("gh", None), "gh");
+        assert_eq!(event_type("gh", Some("//")), "gh");
+        assert_eq!(event_type("gh", Some(&"a".repeat(200))), "gh");
+        assert_eq!(event_type("x", Some("a b..c")), "x.a.b.c");
+    }
+
+    #[test]
+    fn names_are_dns_labels() {
+        for ok in ["stripe", "a", "gh-main-1"] {
+            assert!(validate_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-a", "a-", "A", "a_b", "a.b", &"a".repeat(64)] {
+            assert!(validate_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn dedupe_keys_are_per_source_and_fit_the_key_syntax() {
+        let v = Verified {
+            event_id: Some("evt_\u{1}ü".into()),
+            event_type: None,
+        };
+        let a = dedupe_key(Uuid::from_u128(1), &v, b"{}");
+        assert!(crate::domain::validate_idempotency_key(&a).is_ok(), "{a}");
+        assert_ne!(a, dedupe_key(Uuid::from_u128(2), &v, b"{}"));
+        assert_eq!(a, dedupe_key(Uuid::from_u128(1), &v, b"{\"other\":1}"));
+        let none = Verified::default();
+        assert_ne!(
+            dedupe_key(Uuid::from_u128(1), &none, b"{}"),
+            dedupe_key(Uuid::from_u128(1), &none, b"{ }")
+        );
+    }
+}

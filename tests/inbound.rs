@@ -1,0 +1,318 @@
+//! Inbound sources (issue 33): `/v1/sources` and `POST /in/{name}` through the real API,
+//! with providers' signatures computed here as each provider documents them (and by the
+//! `standardwebhooks` crate for that scheme), a real dispatcher and a real receiver.
+
+use crate::common;
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use common::*;
+use hmac::{Hmac, Mac};
+use reqwest::Method;
+use serde_json::{Value, json};
+use sha2::Sha256;
+use sqlx::PgPool;
+
+const TENANT: &str = DEFAULT_TENANT;
+const ENDPOINT_SECRET: &str = "whsec_RzJH00HTPAJeFtgT0NteobsaX6JniEw0YX6Ro3Uz0HA=";
+const STRIPE_SECRET: &str = "whsec_test_5hX2qJv0Yk3mNpR7sT9uVwXy1zA4bC6d";
+
+fn hmac_hex(key: &[u8], content: &[u8]) -> String {
+    let mut m = Hmac::<Sha256>::new_from_slice(key).unwrap();
+    m.update(content);
+    m.finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Stripe's scheme: `t={unix}`, `v1=` hex HMAC-SHA256 of `{t}.{body}` keyed with the
+/// secret as shown (`whsec_…` included).
+fn stripe_signature(secret: &str, t: i64, body: &str) -> String {
+    format!(
+        "t={t},v1={}",
+        hmac_hex(secret.as_bytes(), format!("{t}.{body}").as_bytes())
+    )
+}
+
+async fn post_in(
+    api: &TestApi,
+    name: &str,
+    headers: &[(&str, String)],
+    body: &str,
+) -> (StatusCode, Value) {
+    let mut r = api
+        .client
+        .post(format!("{}/in/{name}", api.base))
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    for (k, v) in headers {
+        r = r.header(*k, v);
+    }
+    send(r).await
+}
+
+async fn events(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM hookd.events")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test]
+async fn a_stripe_source_takes_a_signed_event_once_and_delivers_it_byte_for_byte(pool: PgPool) {
+    let api = TestApi::start(&pool).await;
+    let token = api.token_for(TENANT).await;
+    let (s, src) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/sources",
+        Some(json!({"name": "stripe-main", "provider": "stripe", "secret": STRIPE_SECRET})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{src}");
+    assert_eq!(src["url"], "/in/stripe-main");
+    assert_eq!(src["eventTypePrefix"], "stripe-main");
+    assert_eq!(src["tenant"], TENANT);
+    let rx = Receiver::start(&[ENDPOINT_SECRET]).await;
+    let (s, ep) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/endpoints",
+        Some(json!({"url": rx.url("/billing"), "eventTypes": ["stripe-main.invoice.*"], "secret": ENDPOINT_SECRET})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{ep}");
+
+    // the provider's exact bytes, spacing included
+    let body = r#"{ "id": "evt_1NqW", "type": "invoice.paid",  "data": {"amount": 4200} }"#;
+    let now = chrono::Utc::now().timestamp();
+    let signed =
+        |body: &str, t: i64| vec![("stripe-signature", stripe_signature(STRIPE_SECRET, t, body))];
+    let (s, first) = post_in(&api, "stripe-main", &signed(body, now), body).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{first}");
+    assert_eq!(first["duplicate"], false);
+    assert_eq!(first["deliveryIds"].as_array().unwrap().len(), 1, "{first}");
+
+    // Stripe's retry: a new signature and timestamp over the same event
+    let (s, again) = post_in(&api, "stripe-main", &signed(body, now + 1), body).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{again}");
+    assert_eq!(again["duplicate"], true);
+    assert_eq!(again["eventId"], first["eventId"]);
+    // the same event id with other bytes is still that event
+    let other = r#"{"id": "evt_1NqW", "type": "invoice.paid"}"#;
+    let (s, v) = post_in(&api, "stripe-main", &signed(other, now), other).await;
+    assert_eq!(
+        (s, &v["duplicate"]),
+        (StatusCode::ACCEPTED, &json!(true)),
+        "{v}"
+    );
+    assert_eq!(v["eventId"], first["eventId"]);
+    assert_eq!(events(&pool).await, 1);
+
+    // refusals: one 401 for a wrong secret, a stale or missing signature and an unknown
+    // source, and nothing stored
+    let (s, unknown) = post_in(&api, "nobody-here", &signed(body, now), body).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{unknown}");
+    assert_eq!(unknown["error"]["code"], "inbound_unauthorized");
+    let forged = vec![(
+        "stripe-signature",
+        stripe_signature("whsec_not_the_secret", now, body),
+    )];
+    for (what, headers) in [
+        ("wrong secret", forged),
+        ("stale", signed(body, now - 600)),
+        ("from the future", signed(body, now + 600)),
+        ("unsigned", vec![]),
+    ] {
+        let (s, v) = post_in(&api, "stripe-main", &headers, body).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{what}: {v}");
+        assert_eq!(v, unknown, "{what}: the same answer as an unknown source");
+    }
+    // signed, but not JSON: refused, never forwarded as something else
+    let text = "id=evt_2&type=x";
+    let (s, v) = post_in(&api, "stripe-main", &signed(text, now), text).await;
+    assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{v}");
+    assert_eq!(v["error"]["code"], "inbound_not_json");
+    assert_eq!(
+        events(&pool).await,
+        1,
+        "nothing of a refused request is stored"
+    );
+
+    // the event goes out like a produced one: signed by hookd, the provider's bytes as is
+    let _d = TestDispatcher::start(&pool, dispatch_settings()).await;
+    assert!(wait_until(Duration::from_secs(10), || async { rx.count() == 1 }).await);
+    let got = rx.received.lock().unwrap()[0].clone();
+    assert_eq!(&got.body[..], body.as_bytes());
+    assert_eq!(got.verified_by, vec![true]);
+    assert_eq!(got.event_type.as_deref(), Some("stripe-main.invoice.paid"));
+
+    let metrics = api
+        .client
+        .get(format!("{}/metrics", api.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for (source, outcome, n) in [
+        ("stripe-main", "accepted", 1),
+        ("stripe-main", "duplicate", 2),
+        ("stripe-main", "bad_signature", 1),
+        ("stripe-main", "stale_timestamp", 2),
+        ("stripe-main", "missing_signature", 1),
+        ("stripe-main", "not_json", 1),
+        ("(unknown)", "unknown_source", 1),
+    ] {
+        let line = format!(
+            "hookd_inbound_requests_total{{source=\"{source}\",outcome=\"{outcome}\"}} {n}"
+        );
+        assert!(metrics.contains(&line), "{line} in:\n{metrics}");
+    }
+}
+
+#[sqlx::test]
+async fn sources_belong_to_their_tenant_and_a_deleted_one_takes_nothing(pool: PgPool) {
+    let api = TestApi::start(&pool).await;
+    let token = api.token_for(TENANT).await;
+    let other = api.token_for("team-b").await;
+    // GitHub lets its user choose the secret: hookd generates one
+    let (s, gh) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/sources",
+        Some(json!({"name": "gh", "provider": "github"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{gh}");
+    let secret = gh["secret"].as_str().unwrap().to_string();
+    assert_eq!(secret.len(), 64);
+    // Stripe issues its own: it must be given
+    let (s, v) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/sources",
+        Some(json!({"name": "st", "provider": "stripe"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    // names are the route: unique across tenants
+    let (s, v) = call(
+        &api,
+        &other,
+        Method::POST,
+        "/v1/sources",
+        Some(json!({"name": "gh", "provider": "github"})),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (StatusCode::CONFLICT, Some("source_exists"))
+    );
+    for bad in [
+        json!({"name": "Upper", "provider": "github"}),
+        json!({"name": "x", "provider": "gitlab"}),
+        json!({"name": "x", "provider": "hmac"}),
+        json!({"name": "x", "provider": "github", "hmac": {"header": "X-Sig"}}),
+        json!({"name": "x", "provider": "hmac", "hmac": {"header": "bad header"}}),
+        json!({"name": "x", "provider": "standard-webhooks", "secret": "whsec_!!"}),
+        json!({"name": "x", "provider": "github", "maxBodyBytes": 0}),
+        json!({"name": "x", "provider": "github", "eventTypePrefix": "a..b"}),
+    ] {
+        let (s, v) = call(&api, &token, Method::POST, "/v1/sources", Some(bad.clone())).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {v}");
+        assert!(
+            !v.to_string().contains("whsec_!!"),
+            "never echoes a secret: {v}"
+        );
+    }
+    // another tenant sees nothing
+    let (s, _) = call(&api, &other, Method::GET, "/v1/sources/gh", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (_, page) = call(&api, &other, Method::GET, "/v1/sources", None).await;
+    assert_eq!(page["items"], json!([]));
+    let (_, page) = call(&api, &token, Method::GET, "/v1/sources", None).await;
+    assert_eq!(page["items"][0]["name"], "gh");
+    assert!(page["items"][0].get("secret").is_none());
+
+    let body = r#"{"ref":"refs/heads/main"}"#;
+    let sig = format!("sha256={}", hmac_hex(secret.as_bytes(), body.as_bytes()));
+    let headers = vec![
+        ("x-hub-signature-256", sig),
+        ("x-github-event", "push".to_string()),
+        (
+            "x-github-delivery",
+            "72d3162e-cc78-11e3-81ab-4c9367dc0958".to_string(),
+        ),
+    ];
+    let (s, v) = post_in(&api, "gh", &headers, body).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let event_type: String = sqlx::query_scalar("SELECT event_type FROM hookd.events")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(event_type, "gh.push");
+
+    let (s, _) = call(&api, &other, Method::DELETE, "/v1/sources/gh", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "another tenant cannot delete it");
+    let (s, _) = call(&api, &token, Method::DELETE, "/v1/sources/gh", None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, v) = post_in(&api, "gh", &headers, body).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
+    assert_eq!(events(&pool).await, 1, "the event it took stays");
+}
+
+/// Standard Webhooks, signed by the official `standardwebhooks` crate (a real signer).
+#[sqlx::test]
+async fn a_standard_webhooks_source_verifies_what_the_official_library_signs(pool: PgPool) {
+    let api = TestApi::start(&pool).await;
+    let token = api.token_for(TENANT).await;
+    let (s, src) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/sources",
+        Some(json!({"name": "partner", "provider": "standard-webhooks", "consumer": "cust_1"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{src}");
+    let secret = src["secret"].as_str().unwrap();
+    let wh = standardwebhooks::Webhook::new(secret).unwrap();
+    let body = r#"{"type":"user.created","data":{"id":7}}"#;
+    let ts = chrono::Utc::now().timestamp();
+    let sig = wh.sign("msg_2Lx", ts, body.as_bytes()).unwrap();
+    let headers = vec![
+        ("webhook-id", "msg_2Lx".to_string()),
+        ("webhook-timestamp", ts.to_string()),
+        ("webhook-signature", sig),
+    ];
+    let (s, v) = post_in(&api, "partner", &headers, body).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let (event_type, consumer): (String, Option<String>) =
+        sqlx::query_as("SELECT event_type, consumer FROM hookd.events")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(event_type, "partner.user.created");
+    assert_eq!(consumer.as_deref(), Some("cust_1"));
+    // a body over the source's limit is refused before it is read
+    let (s, _) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/sources",
+        Some(json!({"name": "tiny", "provider": "standard-webhooks", "maxBodyBytes": 16})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, v) = post_in(&api, "tiny", &headers, body).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
+}
