@@ -316,3 +316,142 @@ async fn a_standard_webhooks_source_verifies_what_the_official_library_signs(poo
     let (s, v) = post_in(&api, "tiny", &headers, body).await;
     assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
 }
+
+/// A source's secret rotates with a grace period (both verify, so the provider can be
+/// switched over without a refused request), at most 4 verify at once, and a change of its
+/// prefix changes the types of the events it takes from then on.
+#[sqlx::test]
+async fn a_source_secret_rotates_with_grace_and_a_source_changes(pool: PgPool) {
+    let api = TestApi::start(&pool).await;
+    let token = api.token_for(TENANT).await;
+    let (s, gh) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/sources",
+        Some(json!({"name": "gh", "provider": "github"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{gh}");
+    let old = gh["secret"].as_str().unwrap().to_string();
+    let mut n = 0;
+    let mut post = |secret: String| {
+        n += 1;
+        let body = format!(r#"{{"n":{n}}}"#);
+        let headers = vec![
+            (
+                "x-hub-signature-256",
+                format!("sha256={}", hmac_hex(secret.as_bytes(), body.as_bytes())),
+            ),
+            ("x-github-event", "push".to_string()),
+            ("x-github-delivery", format!("d-{n}")),
+        ];
+        let api = &api;
+        async move { post_in(api, "gh", &headers, &body).await.0 }
+    };
+    let (s, r) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/sources/gh/secret/rotate",
+        Some(json!({"graceSeconds": 3600})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{r}");
+    let new = r["secret"].as_str().unwrap().to_string();
+    assert_ne!(new, old);
+    assert_eq!(
+        post(old.clone()).await,
+        StatusCode::ACCEPTED,
+        "the old secret in its grace"
+    );
+    assert_eq!(
+        post(new.clone()).await,
+        StatusCode::ACCEPTED,
+        "the new secret"
+    );
+    // without grace the previous one stops at once
+    let (s, r) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/sources/gh/secret/rotate",
+        Some(json!({"graceSeconds": 0})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{r}");
+    let newest = r["secret"].as_str().unwrap().to_string();
+    assert_eq!(post(new).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(post(old).await, StatusCode::ACCEPTED, "still in its hour");
+    assert_eq!(post(newest).await, StatusCode::ACCEPTED);
+    for _ in 0..6 {
+        let (s, _) = call(
+            &api,
+            &token,
+            Method::POST,
+            "/v1/sources/gh/secret/rotate",
+            Some(json!({})),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED);
+    }
+    let live: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM hookd.source_secrets WHERE not_after IS NULL OR not_after > now()",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        live <= hookd::db::sources::MAX_SOURCE_SECRETS,
+        "{live} secrets verify"
+    );
+    let (s, v) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/sources/gh/secret/rotate",
+        Some(json!({"graceSeconds": 604801})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+
+    // a change
+    let (s, v) = call(
+        &api,
+        &token,
+        Method::PATCH,
+        "/v1/sources/gh",
+        Some(
+            json!({"eventTypePrefix": "github", "consumer": "cust_9", "description": "main repo"}),
+        ),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["eventTypePrefix"], "github");
+    for bad in [
+        json!({"eventTypePrefix": null}),
+        json!({"eventTypePrefix": "a b"}),
+        json!({"maxBodyBytes": 0}),
+        json!({"hmac": {"header": "X-Sig"}}),
+        json!({"provider": "stripe"}),
+    ] {
+        let (s, v) = call(
+            &api,
+            &token,
+            Method::PATCH,
+            "/v1/sources/gh",
+            Some(bad.clone()),
+        )
+        .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {v}");
+    }
+    let (s, _) = call(
+        &api,
+        &token,
+        Method::PATCH,
+        "/v1/sources/nope",
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}

@@ -13,6 +13,7 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use super::AppState;
+use super::body::nullable;
 use super::caller::Caller;
 use super::error::ApiError;
 use super::listing::{page_limit, query};
@@ -319,4 +320,174 @@ pub async fn delete(
     }
     tracing::info!(source = %name, "source deleted through the API");
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// A change; absent fields stay as they are. The name and provider stay: a new provider
+/// is a new source.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SourcePatchIn {
+    /// `null`: its events are for no consumer
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<String>)]
+    consumer: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<String>)]
+    event_type_prefix: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<i32>)]
+    max_body_bytes: Option<Option<i32>>,
+    /// `null` clears it
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<String>)]
+    description: Option<Option<String>>,
+    /// for provider `hmac` only
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<HmacSpec>)]
+    hmac: Option<Option<HmacSpec>>,
+}
+
+/// A field that may be absent but not `null`.
+fn not_null<T>(field: &str, v: Option<Option<T>>) -> Result<Option<T>, ApiError> {
+    match v {
+        Some(None) => Err(ApiError::unprocessable(
+            ErrorCode::InvalidField,
+            format!("{field} cannot be null; leave it out to keep it"),
+        )),
+        Some(Some(x)) => Ok(Some(x)),
+        None => Ok(None),
+    }
+}
+
+/// PATCH /v1/sources/{name}
+#[utoipa::path(
+    patch,
+    path = "/v1/sources/{name}",
+    tag = "sources",
+    operation_id = "updateSource",
+    summary = "Change an inbound source (scope: manage)",
+    description = "Its consumer, event-type prefix, body limit, description, or (provider \
+        hmac) its scheme. Requests already verified are not affected.",
+    params(("name" = String, Path, description = "The source's name")),
+    request_body(content = SourcePatchIn, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The source as changed", body = SourceOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, response = responses::Unprocessable),
+        (status = 429, response = responses::TooManyRequests),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn update(
+    caller: Caller,
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Manage)?;
+    caller.require_tenant_wide()?;
+    state.admit_work(&caller, 0)?;
+    let name = path_name(name)?;
+    let input: SourcePatchIn = state
+        .read_json_body(&caller, &headers, body, BODY_LIMIT, false)
+        .await?;
+    let change = rules::SourceChange {
+        consumer: input.consumer,
+        event_type_prefix: not_null("eventTypePrefix", input.event_type_prefix)?,
+        max_body_bytes: not_null("maxBodyBytes", input.max_body_bytes)?,
+        description: input.description,
+        hmac: not_null("hmac", input.hmac)?,
+    };
+    let row = rules::change(&state.pool, caller.tenant_scope(), &name, change)
+        .await?
+        .ok_or_else(|| ApiError::not_found("source"))?;
+    Ok(Json(out(&state, row)).into_response())
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SourceRotateIn {
+    /// the provider's new secret; generated when left out (standard-webhooks, github, hmac)
+    secret: Option<String>,
+    /// how long the previous secret keeps verifying, 0 to 604800 (default 86400)
+    #[schema(minimum = 0, maximum = 604800)]
+    grace_seconds: Option<i64>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceSecretOut {
+    /// the new secret: shown in this answer only
+    secret: String,
+    previous_valid_until: DateTime<Utc>,
+}
+
+/// POST /v1/sources/{name}/secret/rotate
+#[utoipa::path(
+    post,
+    path = "/v1/sources/{name}/secret/rotate",
+    tag = "sources",
+    operation_id = "rotateSourceSecret",
+    summary = "Make a new verification secret current (scope: manage)",
+    description = "The previous secret keeps verifying for graceSeconds, so the provider can be \
+        switched to the new one without a refused request. At most 4 secrets verify at once.",
+    params(("name" = String, Path, description = "The source's name")),
+    request_body(content = Option<SourceRotateIn>, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Rotated", body = SourceSecretOut),
+        (status = 400, response = responses::BadRequest),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 413, response = responses::PayloadTooLarge),
+        (status = 415, response = responses::UnsupportedMediaType),
+        (status = 422, response = responses::Unprocessable),
+        (status = 429, response = responses::TooManyRequests),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn rotate_secret(
+    caller: Caller,
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Manage)?;
+    caller.require_tenant_wide()?;
+    state.admit_work(&caller, 0)?;
+    let name = path_name(name)?;
+    let input: SourceRotateIn = state
+        .read_json_body(&caller, &headers, body, BODY_LIMIT, true)
+        .await?;
+    let keyring = super::endpoints::keyring(&state)?;
+    let (secret, until) = rules::rotate(
+        &state.pool,
+        keyring,
+        caller.tenant_scope(),
+        &name,
+        input.secret,
+        input.grace_seconds.unwrap_or(86_400),
+    )
+    .await?
+    .ok_or_else(|| ApiError::not_found("source"))?;
+    tracing::info!(source = %name, "source secret rotated through the API");
+    Ok((
+        StatusCode::CREATED,
+        Json(SourceSecretOut {
+            secret,
+            previous_valid_until: until,
+        }),
+    )
+        .into_response())
 }

@@ -153,3 +153,102 @@ pub async fn delete(pool: &PgPool, name: &str, tenant: Option<&str>) -> Result<b
     .await?;
     Ok(r.rows_affected() > 0)
 }
+
+/// Most secrets of one source that verify at once (the current one and those in their
+/// grace period): each is one more HMAC per request, and a loop of rotations must not
+/// make a source's every request cost more.
+pub const MAX_SOURCE_SECRETS: i64 = 4;
+
+/// Makes a new sealed secret current for the source `id`: the current one verifies for
+/// `grace_secs` more, expired ones are dropped, and past [`MAX_SOURCE_SECRETS`] the oldest
+/// in grace stop at once. Rotations of one source run one at a time (the source row is
+/// locked). Returns when the previous secret stops verifying.
+pub async fn rotate(
+    conn: &mut PgConnection,
+    id: Uuid,
+    key_id: &str,
+    ciphertext: &[u8],
+    grace_secs: i32,
+) -> Result<DateTime<Utc>, DbError> {
+    sqlx::query("SELECT 1 FROM hookd.sources WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(id)
+        .execute(on(&mut *conn))
+        .await?;
+    let until: DateTime<Utc> = sqlx::query_scalar(
+        r#"
+        WITH pruned AS (
+            DELETE FROM hookd.source_secrets
+            WHERE source_id = $1 AND not_after IS NOT NULL AND not_after <= now()
+        ), retired AS (
+            UPDATE hookd.source_secrets SET not_after = now() + make_interval(secs => $4)
+            WHERE source_id = $1 AND not_after IS NULL
+        ), ins AS (
+            INSERT INTO hookd.source_secrets (source_id, version, key_id, ciphertext)
+            SELECT $1, coalesce(max(version), 0) + 1, $2, $3
+            FROM hookd.source_secrets WHERE source_id = $1
+        )
+        SELECT now() + make_interval(secs => $4)
+        "#,
+    )
+    .bind(id)
+    .bind(key_id)
+    .bind(ciphertext)
+    .bind(grace_secs)
+    .fetch_one(on(&mut *conn))
+    .await?;
+    // the statement's parts see one snapshot, so the bound is kept in a second one: the
+    // oldest secrets in grace beyond the most allowed stop now
+    sqlx::query(
+        "UPDATE hookd.source_secrets SET not_after = now()
+         WHERE source_id = $1 AND not_after > now()
+           AND version NOT IN (SELECT version FROM hookd.source_secrets
+                               WHERE source_id = $1 AND (not_after IS NULL OR not_after > now())
+                               ORDER BY version DESC LIMIT $2)",
+    )
+    .bind(id)
+    .bind(MAX_SOURCE_SECRETS)
+    .execute(on(&mut *conn))
+    .await?;
+    Ok(until)
+}
+
+/// A change to a source; `None` leaves a field as it is (`Some(None)` clears it).
+#[derive(Debug, Clone, Default)]
+pub struct SourcePatch {
+    pub consumer: Option<Option<String>>,
+    pub event_type_prefix: Option<String>,
+    pub max_body_bytes: Option<i32>,
+    pub description: Option<Option<String>>,
+    pub hmac: Option<serde_json::Value>,
+}
+
+/// Applies `patch` to the source named `name` of `tenant`; None when there is none.
+pub async fn patch(
+    pool: &PgPool,
+    name: &str,
+    tenant: Option<&str>,
+    p: &SourcePatch,
+) -> Result<Option<SourceRow>, DbError> {
+    Ok(sqlx::query_as::<_, SourceRow>(sqlx::AssertSqlSafe(format!(
+        "UPDATE hookd.sources SET
+            consumer = CASE WHEN $3 THEN $4 ELSE consumer END,
+            event_type_prefix = coalesce($5, event_type_prefix),
+            max_body_bytes = coalesce($6, max_body_bytes),
+            description = CASE WHEN $7 THEN $8 ELSE description END,
+            hmac = coalesce($9, hmac),
+            updated_at = now()
+         WHERE name = $1 AND ($2::text IS NULL OR tenant = $2)
+         RETURNING {COLUMNS}"
+    )))
+    .bind(name)
+    .bind(tenant)
+    .bind(p.consumer.is_some())
+    .bind(p.consumer.clone().flatten())
+    .bind(&p.event_type_prefix)
+    .bind(p.max_body_bytes)
+    .bind(p.description.is_some())
+    .bind(p.description.clone().flatten())
+    .bind(p.hmac.as_ref().map(sqlx::types::Json))
+    .fetch_optional(on(pool))
+    .await?)
+}

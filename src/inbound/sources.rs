@@ -296,24 +296,7 @@ pub async fn create(
     if let Some(d) = &s.description {
         crate::domain::validate_text("description", d, 1000).map_err(invalid)?;
     }
-    let secret = match s.secret {
-        Some(secret) => {
-            if secret.len() > 1024 || !super::providers::secret_is_usable(&provider, &secret) {
-                // never echo it
-                return Err(invalid(format!(
-                    "secret cannot verify {} signatures (empty, too long, or for standard-webhooks not whsec_ + base64)",
-                    provider.name()
-                )));
-            }
-            secret
-        }
-        None => generate_secret(&provider).ok_or_else(|| {
-            invalid(format!(
-                "{} issues the signing secret: copy it from the provider into secret",
-                provider.name()
-            ))
-        })?,
-    };
+    let secret = checked_or_generated(&provider, s.secret)?;
     let id = Uuid::now_v7();
     let sealed = keyring.encrypt(id, &secret);
     let hmac = s
@@ -346,6 +329,128 @@ pub async fn create(
         .await?
         .ok_or_else(|| SourceError::Invalid("the source vanished after its creation".into()))?;
     Ok((row, secret))
+}
+
+/// Longest grace a rotated-out source secret keeps verifying (7 days).
+pub const MAX_ROTATION_GRACE_SECS: i64 = 604_800;
+
+/// Makes a new secret current for the source `name` of `tenant` (the caller's, or a
+/// generated one where the provider lets its user choose); the previous one verifies for
+/// `grace_secs` more, so the provider can be switched over without a refused request.
+/// Returns the new secret (shown once) and when the previous stops verifying; None when
+/// there is no such source.
+pub async fn rotate(
+    pool: &sqlx::PgPool,
+    keyring: &Keyring,
+    tenant: Option<&str>,
+    name: &str,
+    secret: Option<String>,
+    grace_secs: i64,
+) -> Result<Option<(String, chrono::DateTime<chrono::Utc>)>, SourceError> {
+    if !(0..=MAX_ROTATION_GRACE_SECS).contains(&grace_secs) {
+        return Err(SourceError::Invalid(format!(
+            "graceSeconds must be between 0 and {MAX_ROTATION_GRACE_SECS}"
+        )));
+    }
+    let Some(source) = db::sources::get(pool, name, tenant).await? else {
+        return Ok(None);
+    };
+    let provider = provider_of(&source).map_err(SourceError::Invalid)?;
+    let secret = checked_or_generated(&provider, secret)?;
+    let sealed = keyring.encrypt(source.id, &secret);
+    let mut tx = db::begin(pool).await?;
+    let until = db::sources::rotate(
+        &mut tx,
+        source.id,
+        &sealed.key_id,
+        &sealed.ciphertext,
+        grace_secs as i32,
+    )
+    .await?;
+    tx.commit().await.map_err(DbError::from)?;
+    Ok(Some((secret, until)))
+}
+
+/// A change to a source (its provider and name stay: a new provider is a new source).
+#[derive(Debug, Clone, Default)]
+pub struct SourceChange {
+    pub consumer: Option<Option<String>>,
+    pub event_type_prefix: Option<String>,
+    pub max_body_bytes: Option<i32>,
+    pub description: Option<Option<String>>,
+    pub hmac: Option<HmacSpec>,
+}
+
+/// Applies a change to the source `name` of `tenant` with the rules of [`create`]; None
+/// when there is no such source.
+pub async fn change(
+    pool: &sqlx::PgPool,
+    tenant: Option<&str>,
+    name: &str,
+    c: SourceChange,
+) -> Result<Option<SourceRow>, SourceError> {
+    let invalid = SourceError::Invalid;
+    let Some(source) = db::sources::get(pool, name, tenant).await? else {
+        return Ok(None);
+    };
+    if let Some(Some(consumer)) = &c.consumer {
+        crate::domain::validate_consumer(consumer).map_err(invalid)?;
+    }
+    if let Some(prefix) = &c.event_type_prefix {
+        crate::domain::validate_event_type(prefix)
+            .map_err(|e| invalid(format!("eventTypePrefix: {e}")))?;
+    }
+    if let Some(max) = c.max_body_bytes
+        && !(1..=MAX_BODY_BYTES).contains(&max)
+    {
+        return Err(invalid(format!(
+            "maxBodyBytes must be between 1 and {MAX_BODY_BYTES}"
+        )));
+    }
+    if let Some(Some(d)) = &c.description {
+        crate::domain::validate_text("description", d, 1000).map_err(invalid)?;
+    }
+    if let Some(h) = &c.hmac {
+        provider(&source.provider, Some(h)).map_err(invalid)?;
+    }
+    Ok(db::sources::patch(
+        pool,
+        name,
+        tenant,
+        &db::sources::SourcePatch {
+            consumer: c.consumer,
+            event_type_prefix: c.event_type_prefix,
+            max_body_bytes: c.max_body_bytes,
+            description: c.description,
+            hmac: c.hmac.map(|h| serde_json::to_value(h).unwrap_or_default()),
+        },
+    )
+    .await?)
+}
+
+/// The caller's secret if `provider` can verify with it (never echoed), else a generated
+/// one where the provider lets its user choose.
+fn checked_or_generated(
+    provider: &Provider,
+    secret: Option<String>,
+) -> Result<String, SourceError> {
+    match secret {
+        Some(secret) => {
+            if secret.len() > 1024 || !super::providers::secret_is_usable(provider, &secret) {
+                return Err(SourceError::Invalid(format!(
+                    "secret cannot verify {} signatures (empty, too long, or for standard-webhooks not whsec_ + base64)",
+                    provider.name()
+                )));
+            }
+            Ok(secret)
+        }
+        None => generate_secret(provider).ok_or_else(|| {
+            SourceError::Invalid(format!(
+                "{} issues the signing secret: copy it from the provider into secret",
+                provider.name()
+            ))
+        }),
+    }
 }
 
 #[cfg(test)]

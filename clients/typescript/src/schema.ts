@@ -580,6 +580,30 @@ export interface paths {
         delete: operations["deleteSource"];
         options?: never;
         head?: never;
+        /**
+         * Change an inbound source (scope: manage)
+         * @description Its consumer, event-type prefix, body limit, description, or (provider hmac) its scheme. Requests already verified are not affected.
+         */
+        patch: operations["updateSource"];
+        trace?: never;
+    };
+    "/v1/sources/{name}/secret/rotate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Make a new verification secret current (scope: manage)
+         * @description The previous secret keeps verifying for graceSeconds, so the provider can be switched to the new one without a refused request. At most 4 secrets verify at once.
+         */
+        post: operations["rotateSourceSecret"];
+        delete?: never;
+        options?: never;
+        head?: never;
         patch?: never;
         trace?: never;
     };
@@ -1298,6 +1322,35 @@ export interface components {
             /** @description in name order */
             items: components["schemas"]["SourceOut"][];
             nextCursor?: string | null;
+        };
+        /**
+         * @description A change; absent fields stay as they are. The name and provider stay: a new provider
+         *     is a new source.
+         */
+        SourcePatchIn: {
+            /** @description `null`: its events are for no consumer */
+            consumer?: string | null;
+            eventTypePrefix?: string | null;
+            /** Format: int32 */
+            maxBodyBytes?: number | null;
+            /** @description `null` clears it */
+            description?: string | null;
+            hmac?: null | components["schemas"]["HmacSpec"];
+        };
+        SourceRotateIn: {
+            /** @description the provider's new secret; generated when left out (standard-webhooks, github, hmac) */
+            secret?: string | null;
+            /**
+             * Format: int64
+             * @description how long the previous secret keeps verifying, 0 to 604800 (default 86400)
+             */
+            graceSeconds?: number | null;
+        };
+        SourceSecretOut: {
+            /** @description the new secret: shown in this answer only */
+            secret: string;
+            /** Format: date-time */
+            previousValidUntil: string;
         };
         TestEventIn: {
             /**
@@ -2889,6 +2942,86 @@ export interface operations {
             404: components["responses"]["NotFound"];
             408: components["responses"]["RequestTimeout"];
             414: components["responses"]["UriTooLong"];
+            429: components["responses"]["TooManyRequests"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    updateSource: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The source's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SourcePatchIn"];
+            };
+        };
+        responses: {
+            /** @description The source as changed */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SourceOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            413: components["responses"]["PayloadTooLarge"];
+            414: components["responses"]["UriTooLong"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Unprocessable"];
+            429: components["responses"]["TooManyRequests"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    rotateSourceSecret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The source's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": null | components["schemas"]["SourceRotateIn"];
+            };
+        };
+        responses: {
+            /** @description Rotated */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SourceSecretOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            413: components["responses"]["PayloadTooLarge"];
+            414: components["responses"]["UriTooLong"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Unprocessable"];
             429: components["responses"]["TooManyRequests"];
             431: components["responses"]["HeadersTooLarge"];
             500: components["responses"]["Internal"];
