@@ -368,7 +368,7 @@ async fn connection_cap_queues_further_clients(pool: PgPool) {
 // ---- OpenAPI ----
 
 /// Every route the router serves, as (method, OpenAPI path).
-const ROUTES: [(&str, &str); 37] = [
+const ROUTES: [(&str, &str); 44] = [
     ("post", "/v1/messages"),
     ("get", "/v1/messages"),
     ("post", "/v1/messages/batch"),
@@ -402,6 +402,13 @@ const ROUTES: [(&str, &str); 37] = [
     ("delete", "/v1/sessions"),
     ("post", "/v1/sessions/from-code"),
     ("get", "/v1/whoami"),
+    ("post", "/v1/sources"),
+    ("get", "/v1/sources"),
+    ("get", "/v1/sources/{name}"),
+    ("patch", "/v1/sources/{name}"),
+    ("delete", "/v1/sources/{name}"),
+    ("post", "/v1/sources/{name}/secret/rotate"),
+    ("post", "/in/{name}"),
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/metrics"),
@@ -550,7 +557,8 @@ async fn openapi_document_is_3_1_and_lists_exactly_the_routes(pool: PgPool) {
     for path in paths {
         let concrete = path
             .replace("{id}", &Uuid::now_v7().to_string())
-            .replace("{uid}", "cust_1");
+            .replace("{uid}", "cust_1")
+            .replace("{name}", "src-1");
         let served = |m: &str| ROUTES.contains(&(m, path));
         // DELETE and PUT change state; GET and POST tell served from 405 well enough
         for (method, documented) in [("get", served("get")), ("post", served("post"))] {
