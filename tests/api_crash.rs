@@ -1,6 +1,6 @@
-//! Crash safety of the ingest API (issue 3, DESIGN.md §1.1 and §6): a real `hookd api`
-//! process under concurrent load is SIGKILLed; every event it acknowledged with a 2xx
-//! must exist afterwards with all of its deliveries.
+//! Crash safety of the ingest API (issue 3, DESIGN.md §1.1 and §6) and of inbound sources
+//! (issue 33): a real `hookd api` process under concurrent load is SIGKILLed; every event
+//! it acknowledged with a 2xx must exist afterwards with all of its deliveries.
 
 use crate::common;
 
@@ -52,8 +52,77 @@ async fn sigkill_under_load_loses_no_acknowledged_event(pool: PgPool) {
         .to_string();
     assert!(token.starts_with("hookd_"), "{token}");
 
+    let request: Request = Arc::new(move |client, base, c, n| {
+        client
+            .post(format!("{base}/v1/messages"))
+            .bearer_auth(&token)
+            .header("content-type", "application/json")
+            .body(format!(
+                r#"{{"tenant":"team-a","eventType":"load.tick","payload":{{"client":{c},"n":{n}}}}}"#
+            ))
+    });
+    load_kill_and_check(&pool, request, &[a, b]).await;
+}
+
+/// The same for inbound webhooks (issue 33): providers (GitHub's scheme, signed here)
+/// posting to a source of a real `hookd api` that is SIGKILLed; every request answered
+/// 202 exists with its deliveries, none twice.
+#[sqlx::test]
+async fn sigkill_under_inbound_load_loses_no_accepted_request(pool: PgPool) {
+    init();
+    let a = endpoint(&pool, EndpointOpts::default()).await;
+    let b = endpoint(&pool, EndpointOpts::default()).await;
+    let (_, secret) = hookd::inbound::sources::create(
+        &pool,
+        &test_keyring(),
+        hookd::inbound::sources::NewSource {
+            name: "gh".into(),
+            tenant: "team-a".into(),
+            consumer: None,
+            provider: "github".into(),
+            hmac: None,
+            secret: None,
+            event_type_prefix: Some("load".into()),
+            max_body_bytes: None,
+            description: None,
+        },
+    )
+    .await
+    .unwrap();
+    let request: Request = Arc::new(move |client, base, c, n| {
+        use hmac::Mac;
+        let body = format!(r#"{{"client":{c},"n":{n}}}"#);
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+        mac.update(body.as_bytes());
+        let sig: String = mac
+            .finalize()
+            .into_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        client
+            .post(format!("{base}/in/gh"))
+            .header("content-type", "application/json")
+            .header("x-hub-signature-256", format!("sha256={sig}"))
+            .header("x-github-event", "tick")
+            .header("x-github-delivery", format!("{c}-{n}"))
+            .body(body)
+    });
+    load_kill_and_check(&pool, request, &[a, b]).await;
+}
+
+/// How a load client makes its `n`th request: (client, API base, client number, n).
+type Request =
+    Arc<dyn Fn(&reqwest::Client, &str, usize, u64) -> reqwest::RequestBuilder + Send + Sync>;
+
+/// Starts a real `hookd api`, runs 32 clients of `request` against it, SIGKILLs it with
+/// requests in flight, and checks that every 2xx answer's event exists with exactly the
+/// deliveries it listed (one to each of `endpoints`), and that no event was committed
+/// with a partial fan-out.
+async fn load_kill_and_check(pool: &PgPool, request: Request, endpoints: &[Uuid]) {
     let mut child = HookdCommand::new(["api"])
-        .database(&pool)
+        .database(pool)
+        .test_key()
         .listen(free_port())
         .env("HOOKD_LOG", "warn")
         .start()
@@ -73,12 +142,14 @@ async fn sigkill_under_load_loses_no_acknowledged_event(pool: PgPool) {
     let errors = Arc::new(AtomicU64::new(0));
     let non_2xx = Arc::new(AtomicU64::new(0));
     let acked: Acked = Arc::default();
+    let first_refusal: Arc<Mutex<Option<String>>> = Arc::default();
     let mut clients = Vec::new();
     for c in 0..CLIENTS {
-        let (client, base, token, stop, killed, unanswered) = (
+        let first_refusal = first_refusal.clone();
+        let (client, base, request, stop, killed, unanswered) = (
             client.clone(),
             base.clone(),
-            token.clone(),
+            request.clone(),
             stop.clone(),
             killed.clone(),
             unanswered.clone(),
@@ -97,19 +168,10 @@ async fn sigkill_under_load_loses_no_acknowledged_event(pool: PgPool) {
                     break;
                 }
                 n += 1;
-                let body = format!(
-                    r#"{{"tenant":"team-a","eventType":"load.tick","payload":{{"client":{c},"n":{n}}}}}"#
-                );
                 in_flight.fetch_add(1, Ordering::SeqCst);
                 let before_kill = !killed.load(Ordering::SeqCst);
                 let result = async {
-                    let r = client
-                        .post(format!("{base}/v1/messages"))
-                        .bearer_auth(&token)
-                        .header("content-type", "application/json")
-                        .body(body)
-                        .send()
-                        .await?;
+                    let r = request(&client, &base, c, n).send().await?;
                     let status = r.status();
                     let text = r.text().await?;
                     Ok::<_, reqwest::Error>((status, text))
@@ -121,8 +183,12 @@ async fn sigkill_under_load_loses_no_acknowledged_event(pool: PgPool) {
                         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
                         acked.lock().await.push(ids(&v));
                     }
-                    Ok(_) => {
+                    Ok((status, text)) => {
                         non_2xx.fetch_add(1, Ordering::SeqCst);
+                        first_refusal
+                            .lock()
+                            .await
+                            .get_or_insert_with(|| format!("{status}: {text}"));
                     }
                     Err(_) => {
                         errors.fetch_add(1, Ordering::SeqCst);
@@ -173,9 +239,15 @@ async fn sigkill_under_load_loses_no_acknowledged_event(pool: PgPool) {
     );
     assert!(
         !acked.is_empty(),
-        "some requests were acknowledged before the kill"
+        "some requests were acknowledged before the kill; first refusal: {:?}",
+        first_refusal.lock().await
     );
-    assert_eq!(non_2xx, 0, "the API answered only 2xx before it died");
+    assert_eq!(
+        non_2xx,
+        0,
+        "the API answered only 2xx before it died; first refusal: {:?}",
+        first_refusal.lock().await
+    );
 
     // every acknowledged event exists with exactly the deliveries it was answered with
     let event_ids: Vec<Uuid> = acked.iter().map(|(e, _)| *e).collect();
@@ -185,18 +257,22 @@ async fn sigkill_under_load_loses_no_acknowledged_event(pool: PgPool) {
          WHERE e.id = ANY($1)",
     )
     .bind(&event_ids)
-    .fetch_all(&pool)
+    .fetch_all(pool)
     .await
     .unwrap();
     let mut stored: HashMap<Uuid, BTreeSet<Uuid>> = HashMap::new();
     for (e, d, endpoint) in &rows {
-        assert!(*endpoint == a || *endpoint == b);
+        assert!(endpoints.contains(endpoint));
         stored.entry(*e).or_default().insert(*d);
     }
     let mut lost = 0;
     let mut incomplete = 0;
     for (event, deliveries) in &acked {
-        assert_eq!(deliveries.len(), 2, "fan-out is 2");
+        assert_eq!(
+            deliveries.len(),
+            endpoints.len(),
+            "fan-out to every endpoint"
+        );
         match stored.get(event) {
             None => lost += 1,
             Some(s) if *s != deliveries.iter().copied().collect::<BTreeSet<_>>() => incomplete += 1,
@@ -204,7 +280,7 @@ async fn sigkill_under_load_loses_no_acknowledged_event(pool: PgPool) {
         }
     }
     let total: i64 = sqlx::query_scalar("SELECT count(*) FROM hookd.events")
-        .fetch_one(&pool)
+        .fetch_one(pool)
         .await
         .unwrap();
     println!(
@@ -217,9 +293,10 @@ async fn sigkill_under_load_loses_no_acknowledged_event(pool: PgPool) {
     // no event was committed with a partial fan-out either
     let partial: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM hookd.events e
-         WHERE (SELECT count(*) FROM hookd.deliveries d WHERE d.event_id = e.id) <> 2",
+         WHERE (SELECT count(*) FROM hookd.deliveries d WHERE d.event_id = e.id) <> $1",
     )
-    .fetch_one(&pool)
+    .bind(endpoints.len() as i64)
+    .fetch_one(pool)
     .await
     .unwrap();
     assert_eq!(partial, 0);

@@ -455,3 +455,34 @@ async fn a_source_secret_rotates_with_grace_and_a_source_changes(pool: PgPool) {
     .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
 }
+
+/// A source whose secrets this process cannot open (sealed under a key it lacks) answers
+/// 503, which providers retry, and says why: never a 401 that blames the sender.
+#[sqlx::test]
+async fn a_source_sealed_under_an_unknown_key_answers_503(pool: PgPool) {
+    let api = TestApi::start(&pool).await;
+    let token = api.token_for(TENANT).await;
+    let (s, _) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/sources",
+        Some(json!({"name": "gh", "provider": "github"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    sqlx::query("UPDATE hookd.source_secrets SET key_id = 'retired-key'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (s, v) = post_in(
+        &api,
+        "gh",
+        &[("x-hub-signature-256", "sha256=00".into())],
+        "{}",
+    )
+    .await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    assert_eq!(v["error"]["code"], "encryption_unavailable");
+    assert_eq!(events(&pool).await, 0);
+}

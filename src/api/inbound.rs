@@ -126,7 +126,11 @@ pub async fn receive(
     if secrets.is_empty() && !sealed.is_empty() {
         // every secret is sealed under a key this process lacks: not the sender's fault,
         // and the provider retries a 503
-        return Err(ApiError::unavailable());
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::EncryptionUnavailable,
+            "this API process cannot open the source's secrets (its HOOKD_ENCRYPTION_KEY or HOOKD_ENCRYPTION_OLD_KEYS lacks the key they were sealed with); nothing was written, retry later",
+        ));
     }
     let refs: Vec<&str> = secrets.iter().map(|s| s.as_str()).collect();
     let verified = providers::verify(&provider, &refs, &headers, &bytes, chrono::Utc::now())
