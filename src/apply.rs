@@ -365,13 +365,7 @@ fn known_fields(object: &serde_json::Value) -> Result<(), String> {
         }
     }
 
-    let crd = WebhookEndpoint::crd();
-    let schema = crd.spec.versions[0]
-        .schema
-        .as_ref()
-        .and_then(|s| s.open_api_v3_schema.as_ref())
-        .map(|s| serde_json::to_value(s).unwrap_or_default())
-        .unwrap_or_default();
+    let schema = crate::k8s::crd::openapi_schema(&WebhookEndpoint::crd());
     let mut errs = Vec::new();
     let mut top: Vec<&str> = vec!["apiVersion", "kind", "metadata"];
     if let Some(props) = schema.get("properties").and_then(Value::as_object) {

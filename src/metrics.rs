@@ -169,6 +169,12 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// One event committed with `deliveries` deliveries (a repeat of a key counts nothing).
+    pub fn count_enqueued(&self, deliveries: usize) {
+        self.events_enqueued.inc();
+        self.deliveries_created.inc_by(deliveries as u64);
+    }
+
     pub fn new() -> Self {
         let mut r = Registry::with_prefix("hookd");
         let http_requests = Family::<RouteStatus, Counter>::default();

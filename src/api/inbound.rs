@@ -180,11 +180,7 @@ pub async fn receive(
             Err(e) => return Err(e.into()),
         };
     if created {
-        state.metrics.events_enqueued.inc();
-        state
-            .metrics
-            .deliveries_created
-            .inc_by(delivery_ids.len() as u64);
+        state.metrics.count_enqueued(delivery_ids.len());
     }
     count(
         &state,

@@ -380,11 +380,7 @@ pub async fn create(
         created,
     } = result.into_iter().next().expect("one result per message");
     if created {
-        state.metrics.events_enqueued.inc();
-        state
-            .metrics
-            .deliveries_created
-            .inc_by(delivery_ids.len() as u64);
+        state.metrics.count_enqueued(delivery_ids.len());
     }
     let status = if created {
         StatusCode::CREATED
@@ -466,11 +462,7 @@ pub async fn create_batch(
         .observe(started.elapsed().as_secs_f64());
     let any_created = results.iter().any(|r| r.created);
     for r in results.iter().filter(|r| r.created) {
-        state.metrics.events_enqueued.inc();
-        state
-            .metrics
-            .deliveries_created
-            .inc_by(r.delivery_ids.len() as u64);
+        state.metrics.count_enqueued(r.delivery_ids.len());
     }
     let out = BatchOut {
         results: results

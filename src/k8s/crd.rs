@@ -518,6 +518,16 @@ fn known_formats_only(s: &mut JSONSchemaProps) {
     }
 }
 
+/// The OpenAPI schema of `crd`'s (first and only) version, as JSON; null when it has none.
+pub fn openapi_schema(crd: &CustomResourceDefinition) -> serde_json::Value {
+    crd.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .map(|s| serde_json::to_value(s).unwrap_or_default())
+        .unwrap_or_default()
+}
+
 /// Checks `object` against the OpenAPI bounds of `crd`'s schema (what the API server
 /// refuses before any CEL rule runs: minimum/maximum, lengths, item and entry counts).
 /// Returns every violation, `path: problem`, joined.
@@ -583,12 +593,7 @@ fn schema_bounds(crd: &CustomResourceDefinition, object: &impl Serialize) -> Res
         }
     }
 
-    let schema = crd.spec.versions[0]
-        .schema
-        .as_ref()
-        .and_then(|s| s.open_api_v3_schema.as_ref())
-        .map(|s| serde_json::to_value(s).unwrap_or_default())
-        .unwrap_or_default();
+    let schema = openapi_schema(crd);
     let object = serde_json::to_value(object).map_err(|e| e.to_string())?;
     let mut errs = Vec::new();
     walk(&schema, &object, "", &mut errs);
