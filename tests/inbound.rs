@@ -486,3 +486,46 @@ async fn a_source_sealed_under_an_unknown_key_answers_503(pool: PgPool) {
     assert_eq!(v["error"]["code"], "encryption_unavailable");
     assert_eq!(events(&pool).await, 0);
 }
+
+/// Requests nobody signed, however many, cost the source they are sent to and never its
+/// tenant's rate: the tenant's producers keep enqueueing while a source is flooded.
+#[sqlx::test]
+async fn unsigned_floods_do_not_spend_the_tenants_rate(pool: PgPool) {
+    let mut settings = api_settings();
+    settings.tenant_rate_limit = Some(5.0);
+    let api = TestApi::start_with(&pool, settings).await;
+    let token = api.token_for(TENANT).await;
+    let (s, _) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/sources",
+        Some(json!({"name": "gh", "provider": "github"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let mut refused = 0;
+    for n in 0..40 {
+        let headers = vec![("x-hub-signature-256", format!("sha256={:064x}", n))];
+        let (s, _) = post_in(&api, "gh", &headers, "{}").await;
+        assert!(
+            s == StatusCode::UNAUTHORIZED || s == StatusCode::TOO_MANY_REQUESTS,
+            "{s}"
+        );
+        refused += 1;
+    }
+    assert_eq!(refused, 40);
+    let (s, v) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/messages",
+        Some(json!({"eventType": "order.paid", "payload": {}})),
+    )
+    .await;
+    assert_eq!(
+        s,
+        StatusCode::CREATED,
+        "the tenant's own events still go in: {v}"
+    );
+}

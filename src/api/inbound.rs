@@ -100,9 +100,12 @@ pub async fn receive(
         tracing::error!(source = %source.name, error = %e, "a stored source cannot be read");
         ApiError::internal()
     })?;
-    // admitted as the source's tenant: its share of body bytes in flight and its rate
+    // Admitted on its head as the source itself (`in:{name}`, never a tenant's name: a
+    // tenant has no ':'): its own share of body bytes in flight and its own rate bucket,
+    // so requests nobody signed, slow or many, cost the source they are sent to and not
+    // its tenant's producers. The tenant's rate is charged once the request is verified.
     let caller = Caller::Authenticated(Principal {
-        tenant: source.tenant.clone(),
+        tenant: format!("in:{}", source.name),
         consumer: None,
         consumer_generation: None,
         consumer_since: None,
