@@ -85,6 +85,7 @@ async fn sigkill_under_inbound_load_loses_no_accepted_request(pool: PgPool) {
             event_type_prefix: Some("load".into()),
             max_body_bytes: None,
             description: None,
+            max_body_allowed: 256 * 1024,
         },
     )
     .await

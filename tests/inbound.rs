@@ -529,3 +529,151 @@ async fn unsigned_floods_do_not_spend_the_tenants_rate(pool: PgPool) {
         "the tenant's own events still go in: {v}"
     );
 }
+
+/// Held requests to a source (headers sent, the body never) take the source's own share
+/// of the inbound budget, never its tenant's: the producers' ingest is untouched. Also the
+/// settings a provider cannot live with are refused when the source is made, and Slack's
+/// check of a Request URL gets its challenge back.
+#[sqlx::test]
+async fn held_requests_cost_the_source_and_sources_are_made_usable(pool: PgPool) {
+    use tokio::io::AsyncWriteExt;
+    let mut settings = api_settings();
+    settings.api_tenant_inflight_bytes = Some(1 << 20);
+    let max_payload = settings.max_payload_bytes;
+    let api = TestApi::start_with(&pool, settings).await;
+    let token = api.token_for(TENANT).await;
+    let create = |body: Value| call(&api, &token, Method::POST, "/v1/sources", Some(body));
+    let (s, _) = create(json!({"name": "gh", "provider": "github"})).await;
+    assert_eq!(s, StatusCode::CREATED);
+
+    let addr = api.base.trim_start_matches("http://").to_string();
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        c.write_all(
+            format!(
+                "POST /in/gh HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {max_payload}\r\nx-hub-signature-256: sha256=00\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        held.push(c);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (s, v) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/messages",
+        Some(json!({"eventType": "order.paid", "payload": {}})),
+    )
+    .await;
+    assert_eq!(
+        s,
+        StatusCode::CREATED,
+        "held inbound requests cost the producer: {v}"
+    );
+    drop(held);
+
+    for (bad, says) in [
+        (
+            json!({"name": "b1", "provider": "github", "secret": "a"}),
+            "16 to 1024",
+        ),
+        (
+            json!({"name": "b2", "provider": "standard-webhooks", "secret": "whsec_QQ=="}),
+            "16 to 1024",
+        ),
+        (
+            json!({"name": "b3", "provider": "hmac", "hmac": {"header": "content-length"}}),
+            "header name",
+        ),
+        (
+            json!({"name": "b4", "provider": "hmac", "hmac": {"header": "x-sig", "timestampHeader": "X-Sig"}}),
+            "differ",
+        ),
+        (
+            json!({"name": "b5", "provider": "github", "maxBodyBytes": max_payload + 1}),
+            "HOOKD_MAX_PAYLOAD_BYTES",
+        ),
+    ] {
+        let (s, v) = create(bad.clone()).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(says),
+            "{bad}: {v}"
+        );
+    }
+    let (s, v) = create(json!({"name": "big", "provider": "github"})).await;
+    assert_eq!(s, StatusCode::CREATED);
+    assert_eq!(
+        v["maxBodyBytes"],
+        json!(max_payload),
+        "the default fits the API's limit"
+    );
+
+    // Slack: a signed url_verification is answered with its challenge and stored nowhere
+    let slack_secret = "8f742231b10e8888abcd99yyyzzz85a5";
+    let (s, _) = create(json!({"name": "sl", "provider": "slack", "secret": slack_secret})).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let body = r#"{"token":"x","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P","type":"url_verification"}"#;
+    let ts = chrono::Utc::now().timestamp();
+    let sig = format!(
+        "v0={}",
+        hmac_hex(
+            slack_secret.as_bytes(),
+            format!("v0:{ts}:{body}").as_bytes()
+        )
+    );
+    let (s, v) = post_in(
+        &api,
+        "sl",
+        &[
+            ("x-slack-request-timestamp", ts.to_string()),
+            ("x-slack-signature", sig),
+        ],
+        body,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        v["challenge"],
+        "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"
+    );
+    let events: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM hookd.events WHERE event_type LIKE 'sl%'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(events, 0);
+}
+
+/// A tenant holds at most 100 sources: each is a public URL and a name no other tenant
+/// can take.
+#[sqlx::test]
+async fn a_tenant_holds_at_most_100_sources(pool: PgPool) {
+    let api = TestApi::start(&pool).await;
+    let token = api.token_for(TENANT).await;
+    for n in 0..hookd::inbound::sources::MAX_SOURCES_PER_TENANT {
+        let (s, v) = call(
+            &api,
+            &token,
+            Method::POST,
+            "/v1/sources",
+            Some(json!({"name": format!("s{n}"), "provider": "github"})),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+    }
+    let (s, v) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/sources",
+        Some(json!({"name": "one-more", "provider": "github"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_eq!(v["error"]["code"], "tenant_source_limit");
+}

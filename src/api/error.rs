@@ -313,6 +313,12 @@ impl From<SourceError> for ApiError {
                     "a source named {name:?} exists (names are unique across tenants: they are the URL providers send to); choose another"
                 ),
             ),
+            SourceError::TenantLimit { tenant, cap } => ApiError::unprocessable(
+                ErrorCode::TenantSourceLimit,
+                format!(
+                    "tenant {tenant:?} has {cap} sources, the most one tenant may have; delete one first"
+                ),
+            ),
             SourceError::Db(e) => e.into(),
         }
     }

@@ -112,10 +112,16 @@ pub async fn receive(
         scopes: vec![Scope::Produce],
         subject: Subject::Source { id: source.id },
     });
+    // a body is at most what an event's payload may be
     let max = usize::try_from(source.max_body_bytes).unwrap_or(0);
-    let mut admitted =
-        state.admit_upload(&caller, &headers, max.min(state.limits.max_body_bytes))?;
-    let bytes = admitted.read(body).await?;
+    let refused = |e: ApiError| {
+        count(&state, &source.name, "not_admitted");
+        e
+    };
+    let mut admitted = state
+        .admit_inbound(&caller, &headers, max.min(state.limits.max_payload_bytes))
+        .map_err(refused)?;
+    let bytes = admitted.read(body).await.map_err(refused)?;
     let secrets: Vec<zeroize::Zeroizing<String>> = sealed
         .iter()
         .filter_map(|s| match keyring.decrypt(source.id, &s.key_id, &s.ciphertext) {
@@ -141,6 +147,12 @@ pub async fn receive(
             count(&state, &source.name, refusal.reason());
             unauthorized()
         })?;
+    if let Some(challenge) = sources::slack_url_verification(&provider, &bytes) {
+        // Slack checks a Request URL once, with a signed challenge it wants echoed; it is
+        // not an event
+        count(&state, &source.name, "url_verification");
+        return Ok(Json(serde_json::json!({ "challenge": challenge })).into_response());
+    }
     let event = sources::event(&source, &verified, &bytes).map_err(|e| {
         count(&state, &source.name, "not_json");
         ApiError::new(

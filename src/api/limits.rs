@@ -349,6 +349,29 @@ impl AppState {
         headers: &HeaderMap,
         limit: usize,
     ) -> Result<Admitted, ApiError> {
+        self.admit_upload_on(&self.ingest_budget, caller, headers, limit)
+    }
+
+    /// [`AppState::admit_upload`] for `POST /in/{name}`, before its signature is checked:
+    /// from the inbound budget, a quarter of the process's, so requests nobody has to sign
+    /// can never hold the bytes producers' ingest needs; `caller` is the source (its own
+    /// share and rate bucket, see `api::inbound`).
+    pub(crate) fn admit_inbound(
+        &self,
+        caller: &Caller,
+        headers: &HeaderMap,
+        limit: usize,
+    ) -> Result<Admitted, ApiError> {
+        self.admit_upload_on(&self.inbound_budget, caller, headers, limit)
+    }
+
+    fn admit_upload_on(
+        &self,
+        budget: &Arc<IngestBudget>,
+        caller: &Caller,
+        headers: &HeaderMap,
+        limit: usize,
+    ) -> Result<Admitted, ApiError> {
         let tenant = caller.tenant_scope();
         let declared = match headers.get(header::CONTENT_LENGTH) {
             None => None,
@@ -364,7 +387,7 @@ impl AppState {
                     })?,
             ),
         };
-        let limit = limit.min(self.ingest_budget.tenant_share());
+        let limit = limit.min(budget.tenant_share());
         if let Some(n) = declared
             && n > limit
         {
@@ -374,8 +397,7 @@ impl AppState {
                 format!("request body is {n} bytes; the limit is {limit}"),
             ));
         }
-        let permit = self
-            .ingest_budget
+        let permit = budget
             .try_reserve(tenant, declared.unwrap_or(limit))
             .map_err(|refusal| match refusal {
                 BudgetRefusal::Tenant { in_flight, share } => {

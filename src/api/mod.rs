@@ -67,6 +67,9 @@ pub struct AppState {
     pub rate_limiter: Option<Arc<TenantRateLimiter>>,
     /// request-body bytes in flight, per tenant and per process
     pub ingest_budget: Arc<IngestBudget>,
+    /// `POST /in/{name}`'s bytes in flight before a signature is checked: a quarter of the
+    /// process's, a source's share a quarter of a tenant's
+    pub inbound_budget: Arc<IngestBudget>,
     /// what the endpoints API needs beyond the database
     pub manage: Arc<ManageDeps>,
     /// who may embed the customer portal (`HOOKD_PORTAL_FRAME_ANCESTORS`)
@@ -154,6 +157,11 @@ impl AppState {
                 IngestBudget::new(process_bytes, tenant_bytes, metrics.clone())
                     .with_consumer_share(settings.consumer_inflight_bytes),
             ),
+            inbound_budget: Arc::new(IngestBudget::new(
+                (process_bytes / 4).max(1),
+                (tenant_bytes / 4).max(settings.limits().max_payload_bytes),
+                metrics.clone(),
+            )),
             consumer_rate: Arc::new(TenantRateLimiter::new(settings.consumer_rate_limit)),
             consumer_reads: Arc::new(TenantRateLimiter::new(settings.consumer_read_rate_limit)),
             customers: CustomerLimits {

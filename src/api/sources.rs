@@ -25,6 +25,11 @@ use crate::inbound::sources::{self as rules, HmacSpec};
 
 const BODY_LIMIT: usize = 64 * 1024;
 
+/// The largest body a source of this API may take: an event's payload limit.
+fn max_body_allowed(state: &AppState) -> i32 {
+    i32::try_from(state.limits.max_payload_bytes).unwrap_or(i32::MAX)
+}
+
 /// A source as the API shows it (never its secret).
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -161,6 +166,7 @@ pub async fn create(
             event_type_prefix: input.event_type_prefix,
             max_body_bytes: input.max_body_bytes,
             description: input.description,
+            max_body_allowed: max_body_allowed(&state),
         },
     )
     .await?;
@@ -406,9 +412,15 @@ pub async fn update(
         description: input.description,
         hmac: not_null("hmac", input.hmac)?,
     };
-    let row = rules::change(&state.pool, caller.tenant_scope(), &name, change)
-        .await?
-        .ok_or_else(|| ApiError::not_found("source"))?;
+    let row = rules::change(
+        &state.pool,
+        caller.tenant_scope(),
+        &name,
+        change,
+        max_body_allowed(&state),
+    )
+    .await?
+    .ok_or_else(|| ApiError::not_found("source"))?;
     Ok(Json(out(&state, row)).into_response())
 }
 

@@ -42,6 +42,21 @@ pub struct NewSource<'a> {
     pub ciphertext: &'a [u8],
 }
 
+/// How many sources `tenant` has, counted under a lock that makes two creates of one
+/// tenant count one after the other (held to the end of the caller's transaction).
+pub async fn lock_and_count(conn: &mut PgConnection, tenant: &str) -> Result<i64, DbError> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('hookd.sources:' || $1, 0))")
+        .bind(tenant)
+        .execute(on(&mut *conn))
+        .await?;
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM hookd.sources WHERE tenant = $1")
+            .bind(tenant)
+            .fetch_one(on(&mut *conn))
+            .await?,
+    )
+}
+
 /// Inserts the source and its current secret. `Ok(false)`: the name is taken (by any
 /// tenant: it is the route's key), and nothing was written.
 pub async fn insert(conn: &mut PgConnection, s: &NewSource<'_>) -> Result<bool, DbError> {

@@ -10,9 +10,16 @@ use super::providers::{HmacAlgorithm, HmacScheme, Provider, SignatureEncoding, V
 use crate::crypto::Keyring;
 use crate::db::{self, DbError, sources::SourceRow};
 
-/// The largest body a source may accept, and the default.
-pub const MAX_BODY_BYTES: i32 = 16 << 20;
+/// The default largest body of a source; a source may accept at most what an event's
+/// payload may be (the API's HOOKD_MAX_PAYLOAD_BYTES), since the body is the payload.
 pub const DEFAULT_MAX_BODY_BYTES: i32 = 1 << 20;
+
+/// The shortest secret a source takes from its user.
+pub const MIN_SECRET_LEN: usize = 16;
+
+/// Most sources one tenant may have: each is a public URL, a series in the metrics and a
+/// name taken for every tenant.
+pub const MAX_SOURCES_PER_TENANT: i64 = 100;
 
 /// The providers by their configuration names (`spec.provider`, the API's `provider`).
 pub const PROVIDERS: [&str; 6] = [
@@ -57,6 +64,8 @@ pub enum SourceError {
     Invalid(String),
     #[error("a source named {0:?} exists")]
     NameTaken(String),
+    #[error("tenant {tenant:?} has {cap} sources, the most it may have")]
+    TenantLimit { tenant: String, cap: i64 },
     #[error(transparent)]
     Db(#[from] DbError),
 }
@@ -80,10 +89,33 @@ pub fn validate_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// Headers that carry the request's framing or routing, never a provider's signature,
+/// time, id or type: a scheme naming one could never verify, or would read what a proxy
+/// sets.
+const NOT_A_SIGNATURE_HEADER: [&str; 9] = [
+    "content-length",
+    "content-type",
+    "content-encoding",
+    "transfer-encoding",
+    "host",
+    "connection",
+    "authorization",
+    "cookie",
+    "te",
+];
+
 fn header_name(field: &str, v: &str) -> Result<(), String> {
-    http::HeaderName::from_bytes(v.as_bytes())
-        .map(|_| ())
-        .map_err(|_| format!("hmac.{field} {v:?} is not a header name"))
+    let ok = v.len() <= 64
+        && http::HeaderName::from_bytes(v.as_bytes()).is_ok()
+        && !NOT_A_SIGNATURE_HEADER.contains(&v.to_ascii_lowercase().as_str());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "hmac.{field} {v:?} must be a header name of at most 64 characters, not one of {}",
+            NOT_A_SIGNATURE_HEADER.join(", ")
+        ))
+    }
 }
 
 /// The provider a source's configuration names, with the generic scheme's parameters.
@@ -104,6 +136,12 @@ pub fn provider(name: &str, hmac: Option<&HmacSpec>) -> Result<Provider, String>
                 if let Some(v) = v {
                     header_name(field, v)?;
                 }
+            }
+            if h.timestamp_header
+                .as_deref()
+                .is_some_and(|t| t.eq_ignore_ascii_case(&h.header))
+            {
+                return Err("hmac.timestampHeader must differ from hmac.header".into());
             }
             let algorithm = match h.algorithm.as_deref().unwrap_or("sha256") {
                 "sha256" => HmacAlgorithm::Sha256,
@@ -210,6 +248,21 @@ pub fn dedupe_key(source: Uuid, verified: &Verified, body: &[u8]) -> String {
     format!("in:{hex}")
 }
 
+/// The challenge of a Slack `url_verification` request (its check of a Request URL, which
+/// wants the challenge echoed and is not an event), when `body` is one.
+pub fn slack_url_verification(provider: &Provider, body: &[u8]) -> Option<String> {
+    if !matches!(provider, Provider::Slack) {
+        return None;
+    }
+    #[derive(Deserialize)]
+    struct Check {
+        r#type: String,
+        challenge: String,
+    }
+    let c: Check = serde_json::from_slice(body).ok()?;
+    (c.r#type == "url_verification" && c.challenge.len() <= 1024).then_some(c.challenge)
+}
+
 /// Why a verified request cannot become an event.
 #[derive(Debug, thiserror::Error)]
 pub enum Unacceptable {
@@ -268,6 +321,20 @@ pub struct NewSource {
     pub event_type_prefix: Option<String>,
     pub max_body_bytes: Option<i32>,
     pub description: Option<String>,
+    /// the largest body this API takes (its HOOKD_MAX_PAYLOAD_BYTES): a source may not
+    /// promise a provider more
+    pub max_body_allowed: i32,
+}
+
+/// A body limit between 1 and what this API takes.
+fn check_max_body(max: i32, allowed: i32) -> Result<(), SourceError> {
+    if (1..=allowed).contains(&max) {
+        Ok(())
+    } else {
+        Err(SourceError::Invalid(format!(
+            "maxBodyBytes must be between 1 and {allowed} (the API's HOOKD_MAX_PAYLOAD_BYTES: the body becomes the event's payload)"
+        )))
+    }
 }
 
 /// Creates a source with its secret sealed (given, or generated where the provider lets
@@ -287,12 +354,10 @@ pub async fn create(
     let prefix = s.event_type_prefix.unwrap_or_else(|| s.name.clone());
     crate::domain::validate_event_type(&prefix)
         .map_err(|e| invalid(format!("eventTypePrefix: {e}")))?;
-    let max_body = s.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
-    if !(1..=MAX_BODY_BYTES).contains(&max_body) {
-        return Err(invalid(format!(
-            "maxBodyBytes must be between 1 and {MAX_BODY_BYTES}"
-        )));
-    }
+    let max_body = s
+        .max_body_bytes
+        .unwrap_or(DEFAULT_MAX_BODY_BYTES.min(s.max_body_allowed));
+    check_max_body(max_body, s.max_body_allowed)?;
     if let Some(d) = &s.description {
         crate::domain::validate_text("description", d, 1000).map_err(invalid)?;
     }
@@ -304,6 +369,12 @@ pub async fn create(
         .as_ref()
         .map(|h| serde_json::to_value(h).unwrap_or_default());
     let mut tx = db::begin(pool).await?;
+    if db::sources::lock_and_count(&mut tx, &s.tenant).await? >= MAX_SOURCES_PER_TENANT {
+        return Err(SourceError::TenantLimit {
+            tenant: s.tenant,
+            cap: MAX_SOURCES_PER_TENANT,
+        });
+    }
     let inserted = db::sources::insert(
         &mut tx,
         &db::sources::NewSource {
@@ -388,6 +459,7 @@ pub async fn change(
     tenant: Option<&str>,
     name: &str,
     c: SourceChange,
+    max_body_allowed: i32,
 ) -> Result<Option<SourceRow>, SourceError> {
     let invalid = SourceError::Invalid;
     let Some(source) = db::sources::get(pool, name, tenant).await? else {
@@ -400,12 +472,8 @@ pub async fn change(
         crate::domain::validate_event_type(prefix)
             .map_err(|e| invalid(format!("eventTypePrefix: {e}")))?;
     }
-    if let Some(max) = c.max_body_bytes
-        && !(1..=MAX_BODY_BYTES).contains(&max)
-    {
-        return Err(invalid(format!(
-            "maxBodyBytes must be between 1 and {MAX_BODY_BYTES}"
-        )));
+    if let Some(max) = c.max_body_bytes {
+        check_max_body(max, max_body_allowed)?;
     }
     if let Some(Some(d)) = &c.description {
         crate::domain::validate_text("description", d, 1000).map_err(invalid)?;
@@ -436,9 +504,12 @@ fn checked_or_generated(
 ) -> Result<String, SourceError> {
     match secret {
         Some(secret) => {
-            if secret.len() > 1024 || !super::providers::secret_is_usable(provider, &secret) {
+            if secret.len() < MIN_SECRET_LEN
+                || secret.len() > 1024
+                || !super::providers::secret_is_usable(provider, &secret)
+            {
                 return Err(SourceError::Invalid(format!(
-                    "secret cannot verify {} signatures (empty, too long, or for standard-webhooks not whsec_ + base64)",
+                    "secret cannot verify {} signatures: it must be {MIN_SECRET_LEN} to 1024 characters (a guessable secret lets anyone sign), and for standard-webhooks whsec_ + base64",
                     provider.name()
                 )));
             }
