@@ -34,6 +34,13 @@ pub struct InboundOut {
     duplicate: bool,
 }
 
+/// Slack's check of a Request URL, answered.
+#[derive(Serialize, ToSchema)]
+pub struct ChallengeOut {
+    /// the challenge of the signed `url_verification` request, echoed
+    challenge: String,
+}
+
 /// One answer for an unknown source and for a request its provider did not sign: a
 /// scanner learns nothing about which names exist.
 fn unauthorized() -> ApiError {
@@ -68,6 +75,7 @@ fn count(state: &AppState, source: &str, outcome: &'static str) {
     params(("name" = String, Path, description = "The source's name")),
     request_body(content = serde_json::Value, content_type = "application/json", description = "The provider's body, forwarded byte for byte"),
     responses(
+        (status = 200, description = "A Slack source's signed url_verification: its challenge (not an event)", body = ChallengeOut),
         (status = 202, description = "Taken (or taken before)", body = InboundOut),
         (status = 401, response = responses::Unauthorized),
         (status = 413, response = responses::PayloadTooLarge),
@@ -101,9 +109,10 @@ pub async fn receive(
         ApiError::internal()
     })?;
     // Admitted on its head as the source itself (`in:{name}`, never a tenant's name: a
-    // tenant has no ':'): its own share of body bytes in flight and its own rate bucket,
-    // so requests nobody signed, slow or many, cost the source they are sent to and not
-    // its tenant's producers. The tenant's rate is charged once the request is verified.
+    // tenant has no ':'), from the inbound budget: its own share of body bytes in flight
+    // and its own rate bucket, so requests nobody signed, slow or many, cost the source
+    // they are sent to and never the producers' ingest. The tenant's rate is charged once
+    // the request is verified.
     let caller = Caller::Authenticated(Principal {
         tenant: format!("in:{}", source.name),
         consumer: None,
@@ -151,7 +160,7 @@ pub async fn receive(
         // Slack checks a Request URL once, with a signed challenge it wants echoed; it is
         // not an event
         count(&state, &source.name, "url_verification");
-        return Ok(Json(serde_json::json!({ "challenge": challenge })).into_response());
+        return Ok(Json(ChallengeOut { challenge }).into_response());
     }
     let event = sources::event(&source, &verified, &bytes).map_err(|e| {
         count(&state, &source.name, "not_json");

@@ -700,6 +700,11 @@ export interface components {
             /** @description Only when `deliveryIds` is empty: why nothing will be sent */
             hint?: string | null;
         };
+        /** @description Slack's check of a Request URL, answered. */
+        ChallengeOut: {
+            /** @description the challenge of the signed `url_verification` request, echoed */
+            challenge: string;
+        };
         CircuitOut: {
             /** @description `closed`, `open` or `half_open` */
             state: string;
@@ -1599,6 +1604,15 @@ export interface operations {
             };
         };
         responses: {
+            /** @description A Slack source's signed url_verification: its challenge (not an event) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ChallengeOut"];
+                };
+            };
             /** @description Taken (or taken before) */
             202: {
                 headers: {
