@@ -14,6 +14,7 @@ use uuid::Uuid;
 use crate::crypto::Keyring;
 use crate::db::{self, DbError};
 use crate::outbound::{AllowList, check_ip, check_url};
+use crate::signing::MAX_ROTATION_GRACE_SECS;
 
 /// Longest accepted URL, in characters (the CRD's bound).
 pub const MAX_URL_LEN: usize = 2048;
@@ -369,6 +370,17 @@ pub fn check_supplied_secret(secret: &str) -> Result<(), EndpointError> {
     }
 }
 
+/// The caller's secret once [`check_supplied_secret`] takes it, or a fresh one.
+fn supplied_or_generated(secret: Option<String>) -> Result<String, EndpointError> {
+    match secret {
+        Some(s) => {
+            check_supplied_secret(&s)?;
+            Ok(s)
+        }
+        None => Ok(crate::signing::generate_secret()),
+    }
+}
+
 /// Creates an endpoint through the API in one transaction: the caller's consumer must
 /// exist (and be the generation a consumer token was minted for), the consumer's and the
 /// tenant's limits are counted under locks (two creates count one after the other), then
@@ -393,13 +405,7 @@ pub async fn create_api(
         e.description.as_deref(),
     )
     .await?;
-    let secret = match e.secret {
-        Some(s) => {
-            check_supplied_secret(&s)?;
-            s
-        }
-        None => crate::signing::generate_secret(),
-    };
+    let secret = supplied_or_generated(e.secret)?;
     let id = Uuid::now_v7();
     let mut tx = db::begin(pool).await?;
     let consumer_generation = match &e.consumer {
@@ -481,9 +487,6 @@ pub async fn patch_api(
     Ok(view)
 }
 
-/// Longest grace a rotated-out secret may keep signing through the API (7 days).
-pub const MAX_ROTATION_GRACE_SECS: i64 = 604_800;
-
 /// Makes a new signing secret current for an API-managed endpoint `audience` may see
 /// (the caller's, or a generated one); the previous keeps signing for `grace_secs`.
 /// Returns the new secret (shown once).
@@ -500,13 +503,7 @@ pub async fn rotate_api(
             "graceSeconds must be between 0 and {MAX_ROTATION_GRACE_SECS}"
         )));
     }
-    let secret = match secret {
-        Some(s) => {
-            check_supplied_secret(&s)?;
-            s
-        }
-        None => crate::signing::generate_secret(),
-    };
+    let secret = supplied_or_generated(secret)?;
     let e = db::endpoints::get_visible(pool, id, audience)
         .await?
         .ok_or(EndpointError::Refused(

@@ -58,6 +58,12 @@ const PUBLISHED_SECRETS: [&str; 2] = [
     "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD",
 ];
 
+/// How long a rotated-out secret keeps signing or verifying unless told otherwise (1 day),
+/// and at most when told through the API (7 days): one policy for endpoints' signing
+/// secrets and sources' verification secrets.
+pub const DEFAULT_ROTATION_GRACE_SECS: u32 = 86_400;
+pub const MAX_ROTATION_GRACE_SECS: i64 = 604_800;
+
 /// A fresh signing secret: `whsec_` + base64 of 32 random bytes.
 pub fn generate_secret() -> String {
     let mut bytes = [0u8; 32];

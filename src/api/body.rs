@@ -122,6 +122,18 @@ where
     Option::<T>::deserialize(d).map(Some)
 }
 
+/// A PATCH field that may be absent but not `null` (422 `invalid_field` naming it).
+pub fn not_null<T>(field: &str, v: Option<Option<T>>) -> Result<Option<T>, ApiError> {
+    match v {
+        Some(None) => Err(ApiError::unprocessable(
+            ErrorCode::InvalidField,
+            format!("{field} cannot be null; leave it out to keep it"),
+        )),
+        Some(Some(x)) => Ok(Some(x)),
+        None => Ok(None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

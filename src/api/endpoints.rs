@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-use super::body::nullable;
+use super::body::{not_null, nullable};
 use super::caller::Caller;
 use super::error::ApiError;
 use super::listing::{check_consumer_filter, page_limit, parse_status, query, uuid_cursor};
@@ -195,17 +195,6 @@ pub struct EndpointPatchIn {
     #[serde(default, deserialize_with = "nullable")]
     #[schema(value_type = Option<bool>)]
     paused: Option<Option<bool>>,
-}
-
-/// A PATCH field that may be absent but not `null`.
-fn not_null<T>(field: &str, v: Option<Option<T>>) -> Result<Option<T>, ApiError> {
-    match v {
-        Some(None) => Err(invalid(format!(
-            "{field} cannot be null; leave it out to keep it"
-        ))),
-        Some(Some(x)) => Ok(Some(x)),
-        None => Ok(None),
-    }
 }
 
 /// 422 `invalid_field`; the message names the field.
@@ -697,7 +686,9 @@ pub async fn rotate_secret(
     let input: RotateIn = state
         .read_json_body(&caller, &headers, body, BODY_LIMIT, true)
         .await?;
-    let grace = input.grace_seconds.unwrap_or(86_400);
+    let grace = input
+        .grace_seconds
+        .unwrap_or(crate::signing::DEFAULT_ROTATION_GRACE_SECS.into());
     let keyring = keyring(&state)?;
     let secret = crate::endpoints::rotate_api(
         &state.pool,

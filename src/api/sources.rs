@@ -13,7 +13,7 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use super::AppState;
-use super::body::nullable;
+use super::body::{not_null, nullable};
 use super::caller::Caller;
 use super::error::ApiError;
 use super::listing::{page_limit, query};
@@ -353,18 +353,6 @@ pub struct SourcePatchIn {
     hmac: Option<Option<HmacSpec>>,
 }
 
-/// A field that may be absent but not `null`.
-fn not_null<T>(field: &str, v: Option<Option<T>>) -> Result<Option<T>, ApiError> {
-    match v {
-        Some(None) => Err(ApiError::unprocessable(
-            ErrorCode::InvalidField,
-            format!("{field} cannot be null; leave it out to keep it"),
-        )),
-        Some(Some(x)) => Ok(Some(x)),
-        None => Ok(None),
-    }
-}
-
 /// PATCH /v1/sources/{name}
 #[utoipa::path(
     patch,
@@ -489,7 +477,9 @@ pub async fn rotate_secret(
         caller.tenant_scope(),
         &name,
         input.secret,
-        input.grace_seconds.unwrap_or(86_400),
+        input
+            .grace_seconds
+            .unwrap_or(crate::signing::DEFAULT_ROTATION_GRACE_SECS.into()),
     )
     .await?
     .ok_or_else(|| ApiError::not_found("source"))?;

@@ -57,16 +57,19 @@ pub async fn lock_and_count(conn: &mut PgConnection, tenant: &str) -> Result<i64
     )
 }
 
-/// Inserts the source and its current secret. `Ok(false)`: the name is taken (by any
-/// tenant: it is the route's key), and nothing was written.
-pub async fn insert(conn: &mut PgConnection, s: &NewSource<'_>) -> Result<bool, DbError> {
-    let inserted: Option<Uuid> = sqlx::query_scalar(
+/// Inserts the source and its current secret, and returns it. `None`: the name is taken
+/// (by any tenant: it is the route's key), and nothing was written.
+pub async fn insert(
+    conn: &mut PgConnection,
+    s: &NewSource<'_>,
+) -> Result<Option<SourceRow>, DbError> {
+    let inserted = sqlx::query_as::<_, SourceRow>(sqlx::AssertSqlSafe(format!(
         "INSERT INTO hookd.sources (id, name, tenant, consumer, provider, hmac,
                                     event_type_prefix, max_body_bytes, description)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
          ON CONFLICT (name) DO NOTHING
-         RETURNING id",
-    )
+         RETURNING {COLUMNS}"
+    )))
     .bind(s.id)
     .bind(s.name)
     .bind(s.tenant)
@@ -78,9 +81,9 @@ pub async fn insert(conn: &mut PgConnection, s: &NewSource<'_>) -> Result<bool, 
     .bind(s.description)
     .fetch_optional(on(&mut *conn))
     .await?;
-    if inserted.is_none() {
-        return Ok(false);
-    }
+    let Some(row) = inserted else {
+        return Ok(None);
+    };
     sqlx::query(
         "INSERT INTO hookd.source_secrets (source_id, version, key_id, ciphertext)
          VALUES ($1, 1, $2, $3)",
@@ -90,7 +93,7 @@ pub async fn insert(conn: &mut PgConnection, s: &NewSource<'_>) -> Result<bool, 
     .bind(s.ciphertext)
     .execute(on(&mut *conn))
     .await?;
-    Ok(true)
+    Ok(Some(row))
 }
 
 /// The tenant's sources in name order, after `after`, at most `limit`.
@@ -136,24 +139,42 @@ pub struct SealedSecret {
     pub ciphertext: Vec<u8>,
 }
 
+#[derive(sqlx::FromRow)]
+struct IngestRow {
+    #[sqlx(flatten)]
+    source: SourceRow,
+    key_ids: Vec<String>,
+    ciphertexts: Vec<Vec<u8>>,
+}
+
 /// The source named `name` with the secrets that verify now (current first), in one
 /// statement: what the inbound route needs per request.
 pub async fn for_ingest(
     pool: &PgPool,
     name: &str,
 ) -> Result<Option<(SourceRow, Vec<SealedSecret>)>, DbError> {
-    let Some(row) = get(pool, name, None).await? else {
-        return Ok(None);
-    };
-    let secrets = sqlx::query_as::<_, SealedSecret>(
-        "SELECT key_id, ciphertext FROM hookd.source_secrets
-         WHERE source_id = $1 AND (not_after IS NULL OR not_after > now())
-         ORDER BY version DESC",
-    )
-    .bind(row.id)
-    .fetch_all(on(pool))
+    let row = sqlx::query_as::<_, IngestRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS},
+                ARRAY(SELECT key_id FROM hookd.source_secrets ss
+                      WHERE ss.source_id = s.id AND (not_after IS NULL OR not_after > now())
+                      ORDER BY version DESC) AS key_ids,
+                ARRAY(SELECT ciphertext FROM hookd.source_secrets ss
+                      WHERE ss.source_id = s.id AND (not_after IS NULL OR not_after > now())
+                      ORDER BY version DESC) AS ciphertexts
+         FROM hookd.sources s WHERE name = $1"
+    )))
+    .bind(name)
+    .fetch_optional(on(pool))
     .await?;
-    Ok(Some((row, secrets)))
+    Ok(row.map(|r| {
+        let secrets = r
+            .key_ids
+            .into_iter()
+            .zip(r.ciphertexts)
+            .map(|(key_id, ciphertext)| SealedSecret { key_id, ciphertext })
+            .collect();
+        (r.source, secrets)
+    }))
 }
 
 /// Deletes the source named `name` of `tenant` with its secrets; the events it took in

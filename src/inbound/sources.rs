@@ -9,6 +9,7 @@ use uuid::Uuid;
 use super::providers::{HmacAlgorithm, HmacScheme, Provider, SignatureEncoding, Verified};
 use crate::crypto::Keyring;
 use crate::db::{self, DbError, sources::SourceRow};
+use crate::signing::MAX_ROTATION_GRACE_SECS;
 
 /// The default largest body of a source; a source may accept at most what an event's
 /// payload may be (the API's HOOKD_MAX_PAYLOAD_BYTES), since the body is the payload.
@@ -392,18 +393,12 @@ pub async fn create(
         },
     )
     .await?;
-    if !inserted {
+    let Some(row) = inserted else {
         return Err(SourceError::NameTaken(s.name));
-    }
+    };
     tx.commit().await.map_err(DbError::from)?;
-    let row = db::sources::get(pool, &s.name, None)
-        .await?
-        .ok_or_else(|| SourceError::Invalid("the source vanished after its creation".into()))?;
     Ok((row, secret))
 }
-
-/// Longest grace a rotated-out source secret keeps verifying (7 days).
-pub const MAX_ROTATION_GRACE_SECS: i64 = 604_800;
 
 /// Makes a new secret current for the source `name` of `tenant` (the caller's, or a
 /// generated one where the provider lets its user choose); the previous one verifies for

@@ -15,8 +15,6 @@ use crate::db::{self, DbError, endpoints::EndpointUpsert};
 use crate::domain::EndpointState;
 use crate::signing::SigningSecret;
 
-pub const DEFAULT_SECRET_GRACE_SECS: u32 = 86_400;
-
 /// Why an endpoint's signing secret cannot be used. Each becomes a `SecretResolved=False`
 /// reason in the controller and a refusal in `hookd apply`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -170,7 +168,7 @@ pub fn desired_endpoint(
         headers,
         secret_grace_secs: to_i32(
             spec.secret_rotation_grace_seconds
-                .unwrap_or(DEFAULT_SECRET_GRACE_SECS),
+                .unwrap_or(crate::signing::DEFAULT_ROTATION_GRACE_SECS),
         ),
         spec_fingerprint: h.finalize().to_vec(),
     };
