@@ -292,13 +292,13 @@ CREATE FUNCTION hookd.enqueue(tenant text, event_type text, payload text, idempo
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
     SET jit TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $_$
 #variable_conflict use_column
 DECLARE
   v_id   uuid;
   v_hash bytea;
   v_existing_hash bytea;
-  v_keys text[];
 BEGIN
   IF tenant IS NULL OR tenant !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$' THEN
     RAISE EXCEPTION 'hookd.enqueue: invalid tenant %', coalesce(quote_literal(tenant), 'NULL') USING ERRCODE = '22023';
@@ -324,7 +324,6 @@ BEGIN
     RAISE EXCEPTION 'hookd.enqueue: payload is required' USING ERRCODE = '22023';
   END IF;
   PERFORM payload::json;  -- validates JSON without re-serializing what is stored
-  v_keys := hookd.event_type_keys(event_type);
   PERFORM set_config('synchronous_commit', 'on', true);
   -- the consumer is part of what a key stands for: the same key re-sent for another
   -- consumer is different content (the API hashes the same way, outbox::request_hash)
@@ -359,13 +358,7 @@ BEGIN
 
   INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, consumer)
   SELECT hookd.uuid_v7(), v_id, s.endpoint_id, enqueue.tenant, enqueue.consumer
-  FROM (SELECT DISTINCT m.endpoint_id
-        FROM unnest(v_keys) AS k(pattern)
-        CROSS JOIN LATERAL (
-            SELECT s.endpoint_id FROM hookd.subscriptions s
-            WHERE s.tenant = enqueue.tenant AND s.consumer = coalesce(enqueue.consumer, '')
-              AND s.pattern = k.pattern
-            OFFSET 0) m) s;
+  FROM hookd.subscribers(enqueue.tenant, enqueue.consumer, enqueue.event_type) AS s(endpoint_id);
 
   PERFORM pg_notify('hookd_deliveries', '');
   RETURN v_id;
@@ -492,6 +485,24 @@ BEGIN
     WHERE parent_id = NEW.id AND revoked_at IS NULL;
     RETURN NULL;
 END
+$$;
+
+
+--
+-- Name: subscribers(text, text, text); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.subscribers(tenant text, consumer text, event_type text) RETURNS SETOF uuid
+    LANGUAGE sql STABLE
+    AS $$
+  SELECT DISTINCT m.endpoint_id
+  FROM unnest(hookd.event_type_keys(subscribers.event_type)) AS k(pattern)
+  CROSS JOIN LATERAL (
+      SELECT s.endpoint_id FROM hookd.subscriptions s
+      WHERE s.tenant = subscribers.tenant
+        AND s.consumer = coalesce(subscribers.consumer, '')
+        AND s.pattern = k.pattern
+      OFFSET 0) m
 $$;
 
 

@@ -1442,3 +1442,27 @@ async fn a_new_url_closes_the_circuit_through_every_door(pool: PgPool) {
         "a statement that names only the URL releases the hold too"
     );
 }
+
+/// Who an event goes to is one rule, `hookd.subscribers`, for the API's group commit and
+/// for `hookd.enqueue` alike; Postgres inlines it into the calling statement, so the rule
+/// costs what the two copies it replaced cost (probes of the subscriptions' key).
+#[sqlx::test]
+async fn fan_out_is_one_rule_inlined_into_both_doors(pool: PgPool) {
+    let enqueue: String = sqlx::query_scalar(
+        "SELECT prosrc FROM pg_proc WHERE oid = 'hookd.enqueue(text, text, text, text, text)'::regprocedure",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(enqueue.contains("hookd.subscribers("), "{enqueue}");
+    assert!(!enqueue.contains("hookd.subscriptions"), "{enqueue}");
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN SELECT * FROM hookd.subscribers('t', NULL, 'a.b.c')",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let plan = plan.join("\n");
+    assert!(!plan.contains("Function Scan on subscribers"), "not inlined:\n{plan}");
+    assert!(plan.contains("subscriptions_pkey"), "{plan}");
+}

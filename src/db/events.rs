@@ -40,8 +40,9 @@ pub struct ExistingByKey {
 
 /// Inserts events and fans each out, in one statement: an event for a consumer to that
 /// consumer's live endpoints whose event-type filter matches, an event without one to the
-/// tenant's live endpoints without a consumer. The match is a few probes of the
-/// `subscriptions` index (see migration 0007), never a scan of the tenant's endpoints. Events whose idempotency key already
+/// tenant's live endpoints without a consumer. Who that is, is `hookd.subscribers`
+/// (migration 0025), the rule `hookd.enqueue` uses too: a few probes of the
+/// `subscriptions` index, never a scan of the tenant's endpoints. Events whose idempotency key already
 /// exists are skipped (ON CONFLICT DO NOTHING, which also waits for a concurrent
 /// inserter of the same key to finish, so concurrent duplicates end as one event).
 /// Returns the inserted events only.
@@ -76,27 +77,13 @@ pub async fn insert_with_fanout(
             SELECT id, tenant, event_type, payload, idempotency_key, request_hash, consumer
             FROM input ORDER BY tenant, idempotency_key NULLS LAST
             ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-            -- the patterns each type matches, computed once per event (see below)
-            RETURNING id, tenant, event_type, consumer, hookd.event_type_keys(event_type) AS keys
+            RETURNING id, tenant, event_type, consumer
         ), dl AS (
             INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, consumer)
             SELECT hookd.uuid_v7(), ev.id, s.endpoint_id, ev.tenant, ev.consumer
-            FROM ev CROSS JOIN LATERAL (
-                -- The patterns drive: one probe of the subscriptions' primary key on
-                -- (tenant, consumer, pattern) per pattern the type matches, whatever the
-                -- tenant holds. OFFSET 0 keeps the planner from flattening the probe into
-                -- a join it may reorder: the tenant and consumer come from the row, so it
-                -- estimates their subscriptions at the average, one row when a tenant has
-                -- many consumers, and then scanned all of a tenant's tenant-wide
-                -- subscriptions per event and filtered by pattern (0.05 x the ingest rate
-                -- among 10,000 endpoints of distinct types, `hookd-bench --only consumers`).
-                SELECT DISTINCT m.endpoint_id
-                FROM unnest(ev.keys) AS k(pattern)
-                CROSS JOIN LATERAL (
-                    SELECT s.endpoint_id FROM hookd.subscriptions s
-                    WHERE s.tenant = ev.tenant AND s.consumer = coalesce(ev.consumer, '')
-                      AND s.pattern = k.pattern
-                    OFFSET 0) m) s
+            -- the one fan-out rule, shared with hookd.enqueue (migration 0025), inlined
+            -- into this statement: a probe of the subscriptions per pattern the type matches
+            FROM ev CROSS JOIN LATERAL hookd.subscribers(ev.tenant, ev.consumer, ev.event_type) AS s(endpoint_id)
             RETURNING id, event_id
         )
         SELECT ev.id AS event_id,
