@@ -1456,13 +1456,15 @@ async fn fan_out_is_one_rule_inlined_into_both_doors(pool: PgPool) {
     .unwrap();
     assert!(enqueue.contains("hookd.subscribers("), "{enqueue}");
     assert!(!enqueue.contains("hookd.subscriptions"), "{enqueue}");
-    let plan: Vec<String> = sqlx::query_scalar(
-        "EXPLAIN SELECT * FROM hookd.subscribers('t', NULL, 'a.b.c')",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let plan: Vec<String> =
+        sqlx::query_scalar("EXPLAIN SELECT * FROM hookd.subscribers('t', NULL, 'a.b.c')")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
     let plan = plan.join("\n");
-    assert!(!plan.contains("Function Scan on subscribers"), "not inlined:\n{plan}");
+    assert!(
+        !plan.contains("Function Scan on subscribers"),
+        "not inlined:\n{plan}"
+    );
     assert!(plan.contains("subscriptions_pkey"), "{plan}");
 }
