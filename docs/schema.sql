@@ -977,7 +977,10 @@ CREATE TABLE hookd.events (
     idempotency_key text,
     request_hash bytea NOT NULL,
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    consumer text
+    consumer text,
+    source text,
+    source_event_id text,
+    source_headers jsonb
 )
 WITH (autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02');
 

@@ -31,6 +31,8 @@ pub struct NewMessage {
     pub idempotency_key: Option<String>,
     /// the consumer the event is for (`None`: the tenant's endpoints without a consumer)
     pub consumer: Option<String>,
+    /// where an inbound event came from (`POST /in/{name}`); `None` for a produced one
+    pub origin: Option<crate::db::events::Origin>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -512,6 +514,7 @@ async fn insert_messages(
             idempotency_key: m.idempotency_key.clone(),
             request_hash: request_hash(&m.event_type, &m.payload, m.consumer.as_deref()),
             consumer: m.consumer.clone(),
+            origin: m.origin.clone(),
         })
         .collect();
     if rows.is_empty() {

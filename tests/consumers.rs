@@ -1281,6 +1281,7 @@ async fn fan_out_reads_only_the_matching_subscriptions_whatever_the_statistics(p
             idempotency_key: None,
             request_hash: vec![0],
             consumer: None,
+            origin: None,
         })
         .collect();
     let mut tx = pool.begin().await.unwrap();

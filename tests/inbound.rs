@@ -93,8 +93,35 @@ async fn a_stripe_source_takes_a_signed_event_once_and_delivers_it_byte_for_byte
     let now = chrono::Utc::now().timestamp();
     let signed =
         |body: &str, t: i64| vec![("stripe-signature", stripe_signature(STRIPE_SECRET, t, body))];
-    let (s, first) = post_in(&api, "stripe-main", &signed(body, now), body).await;
+    // what a proxy in front adds is not the provider's, and is not kept
+    let mut with_proxy = signed(body, now);
+    with_proxy.push(("x-forwarded-for", "203.0.113.9".into()));
+    with_proxy.push((
+        "user-agent",
+        "Stripe/1.0 (+https://stripe.com/docs/webhooks)".into(),
+    ));
+    let (s, first) = post_in(&api, "stripe-main", &with_proxy, body).await;
     assert_eq!(s, StatusCode::ACCEPTED, "{first}");
+    // the request as it came: its source, the provider's event id, the headers Stripe
+    // documents
+    let (source, source_event_id, kept): (Option<String>, Option<String>, Option<Value>) =
+        sqlx::query_as(
+            "SELECT source, source_event_id, source_headers FROM hookd.events WHERE id = $1::text::uuid",
+        )
+        .bind(first["eventId"].as_str().unwrap())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(source.as_deref(), Some("stripe-main"));
+    assert_eq!(source_event_id.as_deref(), Some("evt_1NqW"));
+    assert_eq!(
+        kept.unwrap(),
+        json!({
+            "content-type": "application/json",
+            "stripe-signature": with_proxy[0].1,
+            "user-agent": "Stripe/1.0 (+https://stripe.com/docs/webhooks)",
+        })
+    );
     assert_eq!(first["duplicate"], false);
     assert_eq!(first["deliveryIds"].as_array().unwrap().len(), 1, "{first}");
 
@@ -151,6 +178,9 @@ async fn a_stripe_source_takes_a_signed_event_once_and_delivers_it_byte_for_byte
     assert_eq!(&got.body[..], body.as_bytes());
     assert_eq!(got.verified_by, vec![true]);
     assert_eq!(got.event_type.as_deref(), Some("stripe-main.invoice.paid"));
+    // and says where it came from
+    assert_eq!(got.headers["hookd-source"], "stripe-main");
+    assert_eq!(got.headers["hookd-source-event-id"], "evt_1NqW");
 
     let metrics = api
         .client

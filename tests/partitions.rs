@@ -142,6 +142,7 @@ async fn a_lock_timeout_in_ingest_is_retried(pool: PgPool) {
                 payload: "{}".into(),
                 idempotency_key: None,
                 consumer: None,
+                origin: None,
             }])
             .await
     });

@@ -932,6 +932,7 @@ pub async fn send_test(
         payload,
         idempotency_key: None,
         consumer: e.consumer,
+        origin: None,
     };
     let (event_id, delivery_id) = db::events::insert_for_endpoint(&state.pool, &event, id).await?;
     state.notifier.wake();

@@ -162,7 +162,7 @@ pub async fn receive(
         count(&state, &source.name, "url_verification");
         return Ok(Json(ChallengeOut { challenge }).into_response());
     }
-    let event = sources::event(&source, &verified, &bytes).map_err(|e| {
+    let event = sources::event(&source, &provider, &verified, &headers, &bytes).map_err(|e| {
         count(&state, &source.name, "not_json");
         ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -177,6 +177,7 @@ pub async fn receive(
         payload: event.payload,
         idempotency_key: Some(event.idempotency_key),
         consumer: source.consumer.clone(),
+        origin: Some(event.origin),
     };
     admitted.admit_events(&state, &[(msg.tenant.as_str(), 1)])?;
     let key = (

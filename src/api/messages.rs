@@ -209,6 +209,7 @@ fn validate(
         payload: payload.to_owned(),
         idempotency_key,
         consumer,
+        origin: None,
     })
 }
 

@@ -57,6 +57,9 @@ pub struct ClaimedDelivery {
     pub event_type: String,
     pub payload: String,
     pub event_created_at: DateTime<Utc>,
+    /// an inbound event's source and the provider's id for it (migration 0026)
+    pub source: Option<String>,
+    pub source_event_id: Option<String>,
     pub url: String,
     pub headers: sqlx::types::Json<serde_json::Value>,
     pub timeout_ms: Option<i32>,
@@ -234,10 +237,12 @@ const CLAIM_SQL: &str = r#"
                   AND (s.not_after IS NULL OR s.not_after > (SELECT now FROM clock))
             ) x
         ), rows AS (
-            SELECT p.*, ev.event_type, ev.payload, ev.created_at AS event_created_at
+            SELECT p.*, ev.event_type, ev.payload, ev.created_at AS event_created_at,
+                   ev.source, ev.source_event_id
             FROM picked p
             CROSS JOIN LATERAL (
-                SELECT ev.event_type, ev.payload, ev.created_at FROM hookd.events ev
+                SELECT ev.event_type, ev.payload, ev.created_at, ev.source, ev.source_event_id
+                FROM hookd.events ev
                 WHERE ev.id = p.event_id LIMIT 1
             ) ev
         )
@@ -260,7 +265,7 @@ const CLAIM_SQL: &str = r#"
         RETURNING d.id, d.event_id, d.endpoint_id, d.tenant, d.consumer, d.attempts,
                   d.claim_token, d.attempt_seq, r.config_version,
                   d.visible_at AS lease_until,
-                  r.event_type, r.payload, r.event_created_at,
+                  r.event_type, r.payload, r.event_created_at, r.source, r.source_event_id,
                   r.url, r.headers, r.timeout_ms, r.max_attempts, r.retry_schedule_secs,
                   sec.secret_ids, sec.secret_key_ids, sec.secret_ciphertexts
         "#;

@@ -20,6 +20,19 @@ pub struct NewEvent {
     pub request_hash: Vec<u8>,
     /// the consumer the event is for; `None`: the tenant's endpoints without a consumer
     pub consumer: Option<String>,
+    /// where an inbound event came from; `None` for a produced one
+    pub origin: Option<Origin>,
+}
+
+/// Where an inbound event came from (issue 33, migration 0026).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Origin {
+    /// the source's name (its route, `/in/{name}`)
+    pub source: String,
+    /// the provider's own id for the event, when it sends one
+    pub source_event_id: Option<String>,
+    /// the request headers its provider documents, by lower-case name
+    pub headers: serde_json::Map<String, serde_json::Value>,
 }
 
 /// An event as stored, with its delivery ids (an existing event found by idempotency key).
@@ -57,6 +70,9 @@ pub async fn insert_with_fanout(
     let mut keys = Vec::with_capacity(events.len());
     let mut hashes = Vec::with_capacity(events.len());
     let mut consumers = Vec::with_capacity(events.len());
+    let mut sources = Vec::with_capacity(events.len());
+    let mut source_ids = Vec::with_capacity(events.len());
+    let mut source_headers = Vec::with_capacity(events.len());
     for e in events {
         ids.push(e.id);
         tenants.push(e.tenant.as_str());
@@ -65,16 +81,25 @@ pub async fn insert_with_fanout(
         keys.push(e.idempotency_key.as_deref());
         hashes.push(e.request_hash.as_slice());
         consumers.push(e.consumer.as_deref());
+        let origin = e.origin.as_ref();
+        sources.push(origin.map(|o| o.source.as_str()));
+        source_ids.push(origin.and_then(|o| o.source_event_id.as_deref()));
+        source_headers
+            .push(origin.map(|o| serde_json::Value::Object(o.headers.clone()).to_string()));
     }
     let rows = sqlx::query_as::<_, EventIds>(
         r#"
         WITH input AS (
-            SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[])
-                AS i(id, tenant, event_type, payload, idempotency_key, request_hash, consumer)
+            SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[],
+                                 $8::text[], $9::text[], $10::text[])
+                AS i(id, tenant, event_type, payload, idempotency_key, request_hash, consumer,
+                     source, source_event_id, source_headers)
         ), ev AS (
-            INSERT INTO hookd.events (id, tenant, event_type, payload, idempotency_key, request_hash, consumer)
+            INSERT INTO hookd.events (id, tenant, event_type, payload, idempotency_key, request_hash, consumer,
+                                      source, source_event_id, source_headers)
             -- a stable key order keeps two concurrent groups sharing keys from deadlocking
-            SELECT id, tenant, event_type, payload, idempotency_key, request_hash, consumer
+            SELECT id, tenant, event_type, payload, idempotency_key, request_hash, consumer,
+                   source, source_event_id, source_headers::jsonb
             FROM input ORDER BY tenant, idempotency_key NULLS LAST
             ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
             RETURNING id, tenant, event_type, consumer
@@ -99,6 +124,9 @@ pub async fn insert_with_fanout(
     .bind(&keys)
     .bind(&hashes)
     .bind(&consumers)
+    .bind(&sources)
+    .bind(&source_ids)
+    .bind(&source_headers)
     .fetch_all(on(conn))
     .await?;
     Ok(rows)

@@ -130,7 +130,8 @@ fn preflight(
     Ok(Cleared { url, secrets })
 }
 
-/// The endpoint's static headers, then the protocol's: ids, timestamp and signature.
+/// The endpoint's static headers, then the protocol's: ids, timestamp and signature, and
+/// an inbound event's source and provider event id.
 fn signed_headers(d: &ClaimedDelivery, secrets: &[SigningSecret]) -> HeaderMap {
     let id = d.id.to_string();
     let ts = Utc::now().timestamp();
@@ -164,6 +165,15 @@ fn signed_headers(d: &ClaimedDelivery, secrets: &[SigningSecret]) -> HeaderMap {
         headers.insert("hookd-event-type", v);
     }
     headers.insert("hookd-attempt", HeaderValue::from(d.attempts));
+    // an inbound event says where it came from (checked to be header values when taken)
+    for (name, value) in [
+        ("hookd-source", &d.source),
+        ("hookd-source-event-id", &d.source_event_id),
+    ] {
+        if let Some(v) = value.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
+            headers.insert(name, v);
+        }
+    }
     headers
 }
 
@@ -244,9 +254,12 @@ mod tests {
             event_type: "a.b".into(),
             payload: "{}".into(),
             event_created_at: now,
+            source: Some("stripe-live".into()),
+            source_event_id: Some("evt_1".into()),
             url: "https://example.com".into(),
             headers: sqlx::types::Json(serde_json::json!({
-                "Content-Encoding": "gzip", "Webhook-Id": "forged", "X-Team": "billing"
+                "Content-Encoding": "gzip", "Webhook-Id": "forged", "X-Team": "billing",
+                "Hookd-Source": "forged"
             })),
             timeout_ms: None,
             max_attempts: None,
@@ -259,5 +272,9 @@ mod tests {
         assert!(h.get("content-encoding").is_none());
         assert_eq!(h["webhook-id"], d.id.to_string().as_str());
         assert_eq!(h["x-team"], "billing");
+        // where an inbound event came from wins over an endpoint's own header
+        assert_eq!(h["hookd-source"], "stripe-live");
+        assert_eq!(h.get_all("hookd-source").iter().count(), 1);
+        assert_eq!(h["hookd-source-event-id"], "evt_1");
     }
 }

@@ -171,6 +171,62 @@ pub struct Verified {
     pub event_type: Option<String>,
 }
 
+/// The request headers a provider documents for its webhooks (signature, event id and
+/// type, timestamp, retry count, ...), lower-case. Kept with the event as the record of
+/// the request; other headers (a proxy's, a load balancer's) are not.
+pub fn documented_headers(provider: &Provider) -> Vec<String> {
+    let fixed: &[&str] = match provider {
+        Provider::StandardWebhooks => &[
+            "webhook-id",
+            "webhook-timestamp",
+            "webhook-signature",
+            "svix-id",
+            "svix-timestamp",
+            "svix-signature",
+        ],
+        Provider::Stripe => &["stripe-signature"],
+        Provider::Github => &[
+            "x-github-event",
+            "x-github-delivery",
+            "x-hub-signature-256",
+            "x-github-hook-id",
+            "x-github-hook-installation-target-id",
+            "x-github-hook-installation-target-type",
+        ],
+        Provider::Shopify => &[
+            "x-shopify-topic",
+            "x-shopify-hmac-sha256",
+            "x-shopify-shop-domain",
+            "x-shopify-webhook-id",
+            "x-shopify-event-id",
+            "x-shopify-api-version",
+            "x-shopify-triggered-at",
+        ],
+        Provider::Slack => &[
+            "x-slack-signature",
+            "x-slack-request-timestamp",
+            "x-slack-retry-num",
+            "x-slack-retry-reason",
+        ],
+        Provider::Hmac(_) => &[],
+    };
+    let mut names: Vec<String> = ["content-type", "user-agent"]
+        .iter()
+        .chain(fixed)
+        .map(|n| n.to_string())
+        .collect();
+    if let Provider::Hmac(scheme) = provider {
+        names.extend(
+            std::iter::once(&scheme.header)
+                .chain(&scheme.timestamp_header)
+                .chain(&scheme.id_header)
+                .chain(&scheme.type_header)
+                .map(|n| n.to_ascii_lowercase()),
+        );
+    }
+    names
+}
+
 /// Why a delivery was refused. Kept coarse on purpose: the sender learns nothing useful
 /// for forging, while operators can still tell a misconfiguration from an attack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]

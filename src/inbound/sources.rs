@@ -272,7 +272,7 @@ pub enum Unacceptable {
 }
 
 /// What a verified request becomes, for the source's tenant and consumer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct InboundEvent {
     /// `{prefix}.{provider's type}` (see [`event_type`])
     pub event_type: String,
@@ -280,13 +280,18 @@ pub struct InboundEvent {
     pub payload: String,
     /// see [`dedupe_key`]
     pub idempotency_key: String,
+    /// the source, the provider's event id and the headers it documents
+    pub origin: db::events::Origin,
 }
 
-/// The event a verified request becomes: the mapped event type, the exact body, and the
-/// dedupe key. The body must be JSON: it is forwarded byte for byte as application/json.
+/// The event a verified request becomes: the mapped event type, the exact body, the
+/// dedupe key, and its origin (the provider's documented headers among `headers`). The
+/// body must be JSON: it is forwarded byte for byte as application/json.
 pub fn event(
     source: &SourceRow,
+    provider: &Provider,
     verified: &Verified,
+    headers: &http::HeaderMap,
     body: &[u8],
 ) -> Result<InboundEvent, Unacceptable> {
     let text = std::str::from_utf8(body).map_err(|_| Unacceptable::NotJson)?;
@@ -295,7 +300,33 @@ pub fn event(
         event_type: event_type(&source.event_type_prefix, verified.event_type.as_deref()),
         payload: text.to_string(),
         idempotency_key: dedupe_key(source.id, verified, body),
+        origin: db::events::Origin {
+            source: source.name.clone(),
+            source_event_id: verified.event_id.clone().filter(|id| is_header_value(id)),
+            headers: kept_headers(provider, headers),
+        },
     })
+}
+
+/// The provider's documented headers present on the request, by lower-case name; a value
+/// that is not visible ASCII is left out (it could not be shown or sent on as it was).
+/// Repeated headers keep their first value, as the verification reads them.
+fn kept_headers(
+    provider: &Provider,
+    headers: &http::HeaderMap,
+) -> serde_json::Map<String, serde_json::Value> {
+    super::providers::documented_headers(provider)
+        .into_iter()
+        .filter_map(|name| {
+            let value = headers.get(name.as_str())?.to_str().ok()?;
+            is_header_value(value).then(|| (name, serde_json::Value::from(value)))
+        })
+        .collect()
+}
+
+/// One line of visible ASCII, at most 1,024 bytes: what is kept and sent on as a header.
+fn is_header_value(v: &str) -> bool {
+    v.len() <= 1024 && v.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
 /// A source as stored: its provider rebuilt from the row.
@@ -538,6 +569,35 @@ mod tests {
         assert_eq!(event_type("gh", Some("//")), "gh");
         assert_eq!(event_type("gh", Some(&"a".repeat(200))), "gh");
         assert_eq!(event_type("x", Some("a b..c")), "x.a.b.c");
+    }
+
+    #[test]
+    fn the_kept_headers_are_the_providers_documented_ones_as_sent() {
+        let scheme = HmacScheme {
+            header: "X-Acme-Signature".into(),
+            algorithm: HmacAlgorithm::Sha256,
+            encoding: SignatureEncoding::Hex,
+            prefix: String::new(),
+            timestamp_header: Some("X-Acme-Time".into()),
+            id_header: Some("X-Acme-Id".into()),
+            type_header: None,
+        };
+        let mut h = http::HeaderMap::new();
+        h.insert("x-acme-signature", "abc".parse().unwrap());
+        h.insert("x-acme-time", "1700000000".parse().unwrap());
+        h.insert("x-forwarded-for", "203.0.113.9".parse().unwrap());
+        // not visible ASCII: left out, not mangled
+        h.insert(
+            "x-acme-id",
+            http::HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap(),
+        );
+        let kept = kept_headers(&Provider::Hmac(scheme), &h);
+        assert_eq!(
+            serde_json::Value::Object(kept),
+            serde_json::json!({"x-acme-signature": "abc", "x-acme-time": "1700000000"})
+        );
+        assert!(!is_header_value("a\u{7f}"));
+        assert!(!is_header_value(&"a".repeat(1025)));
     }
 
     #[test]

@@ -444,6 +444,8 @@ pub struct Received {
     /// verified with the official `standardwebhooks` crate under each configured secret
     pub verified_by: Vec<bool>,
     pub at: std::time::Instant,
+    /// every header as sent
+    pub headers: HeaderMap,
 }
 
 /// How the receiver answers.
@@ -560,6 +562,7 @@ async fn receive(State(st): State<ReceiverState>, headers: HeaderMap, body: Byte
         body,
         verified_by,
         at: std::time::Instant::now(),
+        headers,
     });
     let mut resp = (StatusCode::from_u16(behavior.status).unwrap(), "ok").into_response();
     if let Some(ra) = behavior.retry_after {
