@@ -244,8 +244,14 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
     // budget bounds alias expansion, so a "billion laughs" file is refused, not expanded.
     // No snippet: its errors would print the lines around the mistake, and a Secret's
     // base64 `data` there is a signing secret no redaction recognises.
+    // Its default budget also stops at 1,024 documents, which a file of 600 endpoints and
+    // their Secrets passes (`hookd-bench` writes 2,000 to a file): the file's size bounds
+    // the documents instead (each takes at least its `---` line).
     let options = serde_saphyr::options! {
         with_snippet: false,
+        budget: serde_saphyr::budget! {
+            max_documents: MAX_FILE_BYTES / 4,
+        },
     };
     let values: Vec<serde_json::Value> = serde_saphyr::from_multiple_with_options(text, options)
         .map_err(|e| whole(redact_secrets(&format!("not valid YAML: {e}"))))?;
@@ -701,7 +707,19 @@ pub async fn describe(
 
 #[cfg(test)]
 mod tests {
-    use super::redact_secrets;
+    use super::{MAX_FILE_BYTES, parse_documents, redact_secrets};
+
+    /// The file's size bounds what one file holds, not the YAML parser's default of 1,024
+    /// documents: 2,000 endpoints with their Secrets were refused as "budget breached".
+    #[test]
+    fn a_file_of_thousands_of_documents_is_read_whole() {
+        let doc =
+            "---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: s\nstringData:\n  secret: x\n";
+        let text = doc.repeat(4_000);
+        assert!(text.len() < MAX_FILE_BYTES);
+        let docs = parse_documents(std::path::Path::new("many.yaml"), &text).unwrap();
+        assert_eq!(docs.len(), 4_000);
+    }
 
     /// A secret after the prefix is hidden; the prefix alone, as in the hint "must start
     /// with whsec_", is not a secret and stays readable.
