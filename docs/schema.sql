@@ -1040,7 +1040,12 @@ CREATE TABLE hookd.sources (
     description text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    managed_by text DEFAULT 'api'::text NOT NULL,
+    k8s_namespace text,
+    k8s_name text,
     CONSTRAINT sources_hmac_scheme CHECK (((provider = 'hmac'::text) = (hmac IS NOT NULL))),
+    CONSTRAINT sources_k8s_object CHECK (((managed_by = 'kubernetes'::text) = ((k8s_namespace IS NOT NULL) AND (k8s_name IS NOT NULL)))),
+    CONSTRAINT sources_managed_by CHECK ((managed_by = ANY (ARRAY['kubernetes'::text, 'api'::text]))),
     CONSTRAINT sources_max_body CHECK (((max_body_bytes >= 1) AND (max_body_bytes <= 16777216))),
     CONSTRAINT sources_name_label CHECK ((name ~ '^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$'::text)),
     CONSTRAINT sources_provider CHECK ((provider = ANY (ARRAY['standard-webhooks'::text, 'stripe'::text, 'github'::text, 'shopify'::text, 'slack'::text, 'hmac'::text])))
@@ -1650,6 +1655,13 @@ CREATE INDEX producer_roles_tenant ON hookd.producer_roles USING btree (tenant);
 --
 
 CREATE INDEX sign_in_codes_expiry ON hookd.sign_in_codes USING btree (expires_at);
+
+
+--
+-- Name: sources_k8s_object_key; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE UNIQUE INDEX sources_k8s_object_key ON hookd.sources USING btree (k8s_namespace, k8s_name) WHERE (managed_by = 'kubernetes'::text);
 
 
 --

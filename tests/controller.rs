@@ -13,8 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
-use hookd::k8s::crd::{WebhookDispatcher, WebhookEndpoint};
-use hookd::k8s::{Context, REQUIRED_ACCESS, Settings, dispatcher_controller, endpoint_controller};
+use hookd::k8s::crd::{WebhookDispatcher, WebhookEndpoint, WebhookSource};
+use hookd::k8s::{
+    Context, REQUIRED_ACCESS, Settings, dispatcher_controller, endpoint_controller,
+    source_controller,
+};
 use http::{Request, Response};
 use kube::client::Body;
 use kube::runtime::controller::Action;
@@ -1799,4 +1802,204 @@ async fn idle_endpoints_cost_the_api_server_nothing(pool: PgPool) {
     run_all(synced.clone()).await;
     assert_eq!(requests.swap(0, Ordering::SeqCst), 1, "one Secret GET");
     server.abort();
+}
+
+// ---- WebhookSource ----
+
+const STRIPE_A: &str = "whsec_live_4Hq9ZtPm2Lx7Vb3Nc8Rw1Ks6Yd0Fg5Ju";
+const STRIPE_B: &str = "whsec_live_9Tn2Wq7Ev4Mz1Xc6Bp3Ly8Hd5Ks0Ga7Rf";
+
+fn source_object(ns: &str, name: &str, extra_spec: Value) -> WebhookSource {
+    let mut spec = json!({
+        "provider": "stripe",
+        "secretRef": {"name": format!("{name}-secret"), "key": "secret"},
+    });
+    for (k, v) in extra_spec.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "hookd.dev/v1alpha1", "kind": "WebhookSource",
+        "metadata": {
+            "name": name, "namespace": ns, "uid": Uuid::now_v7().to_string(),
+            "generation": 1, "resourceVersion": "1",
+            "finalizers": [source_controller::FINALIZER],
+        },
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn source_path(ns: &str, name: &str) -> String {
+    format!("/apis/hookd.dev/v1alpha1/namespaces/{ns}/webhooksources/{name}")
+}
+
+/// One reconcile of a source whose Secret holds `secret`: the Secret GET, then a status
+/// patch when the status changes and an Event when one is due. Returns the object as the
+/// API server would now hold it, and the Event's reason.
+async fn reconcile_source(
+    ctx: &Arc<Context>,
+    api: &mut ApiServer,
+    src: &WebhookSource,
+    secret: &'static str,
+    patch: bool,
+    event: Option<&str>,
+) -> WebhookSource {
+    let ns = src.metadata.namespace.clone().unwrap();
+    let name = src.metadata.name.clone().unwrap();
+    let run = tokio::spawn(source_controller::reconcile(
+        Arc::new(src.clone()),
+        ctx.clone(),
+    ));
+    let secret_name = format!("{name}-secret");
+    let secret_ns = ns.clone();
+    api.expect(
+        "GET",
+        &format!("/api/v1/namespaces/{ns}/secrets/{name}-secret"),
+        move |_| {
+            let mut s = secret_object(&secret_name, secret);
+            s["metadata"]["namespace"] = json!(secret_ns);
+            (200, s)
+        },
+    )
+    .await;
+    let mut now = src.clone();
+    if patch {
+        let call = api
+            .expect(
+                "PATCH",
+                &format!("{}/status", source_path(&ns, &name)),
+                |c: &Call| {
+                    let mut obj = serde_json::to_value(src).unwrap();
+                    obj["status"] = c.body["status"].clone();
+                    (200, obj)
+                },
+            )
+            .await;
+        assert_eq!(call.body["kind"], "WebhookSource");
+        now.status = Some(serde_json::from_value(call.body["status"].clone()).unwrap());
+    }
+    if let Some(reason) = event {
+        let e = api
+            .expect(
+                "POST",
+                &format!("/apis/events.k8s.io/v1/namespaces/{ns}/events"),
+                echo(201),
+            )
+            .await;
+        assert_eq!(e.body["reason"], reason, "{:#?}", e.body);
+    }
+    assert_eq!(
+        run.await.unwrap().unwrap(),
+        Action::requeue(Duration::from_secs(10))
+    );
+    api.expect_no_more().await;
+    now
+}
+
+async fn source_secrets(pool: &PgPool, name: &str) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE k.not_after IS NULL),
+                count(*) FILTER (WHERE k.not_after > now())
+         FROM hookd.source_secrets k JOIN hookd.sources s ON s.id = k.source_id WHERE s.name = $1",
+    )
+    .bind(name)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A WebhookSource and its Secret become a source: created once, a new Secret value made
+/// current with the old one verifying for the grace, read-only to the API, refused to a
+/// second namespace, and deleted with its object.
+#[sqlx::test]
+async fn a_webhook_source_is_reconciled_rotated_guarded_and_deleted(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let src = source_object(
+        NS,
+        "stripe-live",
+        json!({"secretRotationGraceSeconds": 3600}),
+    );
+    let src = reconcile_source(&ctx, &mut api, &src, STRIPE_A, true, Some("Created")).await;
+    let status = serde_json::to_value(src.status.as_ref().unwrap()).unwrap();
+    let ready = condition(&status, "Ready");
+    assert_eq!(
+        (&ready["status"], &ready["reason"]),
+        (&json!("True"), &json!("Ready"))
+    );
+    assert_eq!(status["path"], "/in/stripe-live");
+    let row = hookd::db::sources::get(&pool, "stripe-live", Some(NS))
+        .await
+        .unwrap()
+        .expect("the source is written");
+    assert_eq!(status["sourceId"], row.id.to_string());
+    assert_eq!(row.managed_by, hookd::domain::ManagedBy::Kubernetes);
+    assert_eq!(
+        (row.provider.as_str(), row.event_type_prefix.as_str()),
+        ("stripe", "stripe-live")
+    );
+    assert_eq!(source_secrets(&pool, "stripe-live").await, (1, 0));
+
+    // unchanged: no write at all
+    let src = reconcile_source(&ctx, &mut api, &src, STRIPE_A, false, None).await;
+    assert_eq!(source_secrets(&pool, "stripe-live").await, (1, 0));
+    // a new value in the Secret: current, the old one in its grace
+    let src = reconcile_source(&ctx, &mut api, &src, STRIPE_B, false, Some("SecretRotated")).await;
+    assert_eq!(source_secrets(&pool, "stripe-live").await, (1, 1));
+
+    // the API reads it and refuses to change it
+    let refused = hookd::inbound::sources::delete(&pool, Some(NS), "stripe-live").await;
+    assert!(
+        matches!(
+            refused,
+            Err(hookd::inbound::sources::SourceError::ManagedByKubernetes(_))
+        ),
+        "{refused:?}"
+    );
+
+    // another namespace declaring the same route is told, and takes nothing
+    let other = source_object("team-b", "stripe-live", json!({}));
+    let other = reconcile_source(&ctx, &mut api, &other, STRIPE_A, true, Some("NameTaken")).await;
+    let status = serde_json::to_value(other.status.as_ref().unwrap()).unwrap();
+    assert_eq!(condition(&status, "Ready")["reason"], "NameTaken");
+    assert!(status.get("sourceId").is_none(), "{status}");
+    // a name that is an object name but not a route
+    let dotted = source_object(NS, "a.b", json!({}));
+    let dotted =
+        reconcile_source(&ctx, &mut api, &dotted, STRIPE_A, true, Some("InvalidSpec")).await;
+    let status = serde_json::to_value(dotted.status.as_ref().unwrap()).unwrap();
+    assert!(
+        condition(&status, "Ready")["message"]
+            .as_str()
+            .unwrap()
+            .contains("lower-case letters, digits or '-'"),
+        "{status}"
+    );
+    // a secret a provider's signatures could never match is refused, the last one kept
+    let short =
+        reconcile_source(&ctx, &mut api, &src, "too-short", true, Some("InvalidSpec")).await;
+    let status = serde_json::to_value(short.status.as_ref().unwrap()).unwrap();
+    assert_eq!(condition(&status, "Ready")["reason"], "InvalidSpec");
+    assert_eq!(source_secrets(&pool, "stripe-live").await, (1, 1));
+
+    // deleted with its object
+    let mut deleting = src.clone();
+    deleting.metadata.deletion_timestamp =
+        Some(hookd::k8s::conditions::to_time(chrono::Utc::now()));
+    let run = tokio::spawn(source_controller::reconcile(Arc::new(deleting), ctx));
+    let event = api.expect("POST", EVENTS_PATH, echo(201)).await;
+    assert_eq!(event.body["reason"], "Deleted");
+    api.expect("PATCH", &source_path(NS, "stripe-live"), |_| {
+        let mut obj = serde_json::to_value(&src).unwrap();
+        obj["metadata"]["finalizers"] = json!([]);
+        (200, obj)
+    })
+    .await;
+    assert_eq!(run.await.unwrap().unwrap(), Action::await_change());
+    api.expect_no_more().await;
+    assert!(
+        hookd::db::sources::get(&pool, "stripe-live", None)
+            .await
+            .unwrap()
+            .is_none()
+    );
 }

@@ -191,6 +191,10 @@ async fn handle(
             let items = f.endpoints.clone();
             list("WebhookEndpointList", "hookd.dev/v1alpha1", items, rv)
         }
+        ("GET", "/apis/hookd.dev/v1alpha1/webhooksources") if watch => quiet_watch(),
+        ("GET", "/apis/hookd.dev/v1alpha1/webhooksources") => {
+            list("WebhookSourceList", "hookd.dev/v1alpha1", vec![], rv)
+        }
         ("GET", "/api/v1/secrets") if watch => quiet_watch(),
         ("GET", "/api/v1/secrets") => {
             let items = f.secrets.values().map(metadata_only).collect();

@@ -292,7 +292,8 @@ no_warnings() {
 
 if kubectl apply -k crds/ >"$WORK/crds.out" 2>"$WORK/crds.err" &&
   kubectl wait --for condition=established --timeout=60s \
-    crd/webhookendpoints.hookd.dev crd/webhookdispatchers.hookd.dev >/dev/null 2>>"$WORK/crds.err"; then
+    crd/webhookendpoints.hookd.dev crd/webhookdispatchers.hookd.dev crd/webhooksources.hookd.dev \
+    >/dev/null 2>>"$WORK/crds.err"; then
   no_warnings "CRDs established without warnings" "$WORK/crds.err" && ok "CRDs established without warnings"
 else
   die "CRDs established without warnings" "$(tail -n 3 "$WORK/crds.err")"
@@ -586,6 +587,45 @@ else
     "receiver: $(head -c 300 "$WORK/received.json" 2>/dev/null); delivery: $(sql "SELECT status, attempt_count FROM hookd.deliveries WHERE id = '$DELIVERY'")"
 fi
 
+# A WebhookSource: Stripe's webhooks to team-a, verified with the Secret's value, taken
+# at /in/stripe-live by the API above; deleted with its object.
+STRIPE_SECRET="whsec_e2e$(head -c 24 /dev/urandom | base64 | tr -d '\n/+=')"
+kubectl -n team-a create secret generic stripe-live-signing --from-literal=secret="$STRIPE_SECRET" >/dev/null
+kubectl apply -f - >/dev/null 2>"$WORK/source.err" <<EOF
+apiVersion: hookd.dev/v1alpha1
+kind: WebhookSource
+metadata: {name: stripe-live, namespace: team-a}
+spec:
+  provider: stripe
+  secretRef: {name: stripe-live-signing}
+EOF
+source_ready() { [[ "$(kubectl -n team-a get webhooksource stripe-live -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]]; }
+if wait_for 30 source_ready; then
+  ok "kubectl get webhooksources shows READY True ($(kubectl -n team-a get webhooksources --no-headers | tr -s ' '))"
+else
+  fail "kubectl get webhooksources shows READY True" "$(head -c 300 "$WORK/source.err") $(kubectl -n team-a get webhooksources -o wide --no-headers 2>&1)"
+fi
+post_stripe() { # BODY -> HTTP code, signed now with $STRIPE_SECRET
+  local t sig
+  t=$(date +%s)
+  sig=$(python3 -c 'import hmac, hashlib, sys; print(hmac.new(sys.argv[1].encode(), (sys.argv[2] + "." + sys.argv[3]).encode(), hashlib.sha256).hexdigest())' \
+    "$STRIPE_SECRET" "$t" "$1")
+  curl -s --max-time 10 -o "$WORK/in.json" -w '%{http_code}' -X POST "http://$API_LISTEN/in/stripe-live" \
+    -H 'content-type: application/json' -H "stripe-signature: t=$t,v1=$sig" -d "$1"
+}
+code=$(post_stripe '{"id":"evt_e2e_1","type":"invoice.paid"}')
+if [[ "$code" == 202 ]] && [[ "$(sql "SELECT source_event_id FROM hookd.events WHERE source = 'stripe-live'")" == evt_e2e_1 ]]; then
+  ok "a Stripe-signed request to the declared source is taken (202, stored with its provider event id)"
+else
+  fail "a Stripe-signed request to the declared source is taken" "HTTP $code: $(head -c 300 "$WORK/in.json")"
+fi
+if kubectl -n team-a delete webhooksource stripe-live --timeout=60s >/dev/null 2>"$WORK/source-delete.err" &&
+  [[ "$(post_stripe '{"id":"evt_e2e_2","type":"invoice.paid"}')" == 401 ]]; then
+  ok "a deleted WebhookSource takes nothing (object gone through its finalizer, 401)"
+else
+  fail "a deleted WebhookSource takes nothing" "$(head -c 200 "$WORK/source-delete.err") $(head -c 200 "$WORK/in.json")"
+fi
+
 # --- f. leader election, an API outage, a compaction, a CRD gone -------------------------
 
 holder() { kubectl -n hookd-system get lease hookd-controller -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
@@ -737,7 +777,7 @@ fi
 # --- g. uninstall as the README says --------------------------------------------------
 
 uninstall_ok=1
-kubectl delete webhookendpoints --all -A --wait --timeout=120s >"$WORK/uninstall.log" 2>&1 || uninstall_ok=0
+kubectl delete webhookendpoints,webhooksources --all -A --wait --timeout=120s >"$WORK/uninstall.log" 2>&1 || uninstall_ok=0
 # The base lists ../../crds, so `kubectl delete -k manifests/...` deletes the CRDs first
 # (kustomize puts them first) and then cannot find the type of the WebhookDispatcher it
 # lists (NotFound, exit 1), and `kubectl delete -k crds/` finds nothing left (NotFound,

@@ -319,6 +319,13 @@ impl From<SourceError> for ApiError {
                     "tenant {tenant:?} has {cap} sources, the most one tenant may have; delete one first"
                 ),
             ),
+            SourceError::ManagedByKubernetes(name) => ApiError::new(
+                StatusCode::CONFLICT,
+                ErrorCode::ManagedByKubernetes,
+                format!(
+                    "source {name:?} is declared by a WebhookSource object; change that object (or its Secret) with kubectl instead"
+                ),
+            ),
             SourceError::Db(e) => e.into(),
         }
     }

@@ -51,6 +51,9 @@ pub struct SourceOut {
     url: String,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
+    /// `kubernetes`: declared by a WebhookSource object, read-only here (409
+    /// `managed_by_kubernetes` to a change, rotation or delete)
+    managed_by: crate::domain::ManagedBy,
 }
 
 fn out(state: &AppState, s: db::sources::SourceRow) -> SourceOut {
@@ -75,6 +78,7 @@ fn out(state: &AppState, s: db::sources::SourceRow) -> SourceOut {
         description: s.description,
         created_at: s.created_at,
         updated_at: s.updated_at,
+        managed_by: s.managed_by,
     }
 }
 
@@ -306,6 +310,7 @@ pub async fn get(
         (status = 401, response = responses::Unauthorized),
         (status = 403, response = responses::Forbidden),
         (status = 404, response = responses::NotFound),
+        (status = 409, response = responses::Conflict),
         (status = 429, response = responses::TooManyRequests),
         (status = 500, response = responses::Internal),
         (status = 503, response = responses::Unavailable),
@@ -321,7 +326,7 @@ pub async fn delete(
     caller.require_tenant_wide()?;
     state.admit_work(&caller, 0)?;
     let name = path_name(name)?;
-    if !db::sources::delete(&state.pool, &name, caller.tenant_scope()).await? {
+    if !rules::delete(&state.pool, caller.tenant_scope(), &name).await? {
         return Err(ApiError::not_found("source"));
     }
     tracing::info!(source = %name, "source deleted through the API");
@@ -370,6 +375,7 @@ pub struct SourcePatchIn {
         (status = 401, response = responses::Unauthorized),
         (status = 403, response = responses::Forbidden),
         (status = 404, response = responses::NotFound),
+        (status = 409, response = responses::Conflict),
         (status = 413, response = responses::PayloadTooLarge),
         (status = 415, response = responses::UnsupportedMediaType),
         (status = 422, response = responses::Unprocessable),
@@ -447,6 +453,7 @@ pub struct SourceSecretOut {
         (status = 401, response = responses::Unauthorized),
         (status = 403, response = responses::Forbidden),
         (status = 404, response = responses::NotFound),
+        (status = 409, response = responses::Conflict),
         (status = 413, response = responses::PayloadTooLarge),
         (status = 415, response = responses::UnsupportedMediaType),
         (status = 422, response = responses::Unprocessable),

@@ -6,6 +6,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{DbError, on};
+use crate::domain::ManagedBy;
 
 /// A source as the API shows it and the inbound route uses it.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -21,10 +22,12 @@ pub struct SourceRow {
     pub description: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// a WebhookSource object, or the API (migration 0027)
+    pub managed_by: ManagedBy,
 }
 
 const COLUMNS: &str = "id, name, tenant, consumer, provider, hmac, event_type_prefix, \
-    max_body_bytes, description, created_at, updated_at";
+    max_body_bytes, description, created_at, updated_at, managed_by";
 
 /// A new source with its first secret, sealed by the caller.
 #[derive(Debug, Clone)]
@@ -177,11 +180,12 @@ pub async fn for_ingest(
     }))
 }
 
-/// Deletes the source named `name` of `tenant` with its secrets; the events it took in
-/// stay. Returns whether there was one.
+/// Deletes the API's source named `name` of `tenant` with its secrets; the events it took
+/// in stay. Returns whether there was one (a declared source is its object's to delete).
 pub async fn delete(pool: &PgPool, name: &str, tenant: Option<&str>) -> Result<bool, DbError> {
     let r = sqlx::query(
-        "DELETE FROM hookd.sources WHERE name = $1 AND ($2::text IS NULL OR tenant = $2)",
+        "DELETE FROM hookd.sources
+         WHERE name = $1 AND ($2::text IS NULL OR tenant = $2) AND managed_by = 'api'",
     )
     .bind(name)
     .bind(tenant)
@@ -273,7 +277,7 @@ pub async fn patch(
             description = CASE WHEN $7 THEN $8 ELSE description END,
             hmac = coalesce($9, hmac),
             updated_at = now()
-         WHERE name = $1 AND ($2::text IS NULL OR tenant = $2)
+         WHERE name = $1 AND ($2::text IS NULL OR tenant = $2) AND managed_by = 'api'
          RETURNING {COLUMNS}"
     )))
     .bind(name)
@@ -286,5 +290,142 @@ pub async fn patch(
     .bind(p.description.clone().flatten())
     .bind(p.hmac.as_ref().map(sqlx::types::Json))
     .fetch_optional(on(pool))
+    .await?)
+}
+
+/// A source as its WebhookSource object declares it (the route name is the object's).
+#[derive(Debug, Clone)]
+pub struct DeclaredSource<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub tenant: &'a str,
+    pub consumer: Option<&'a str>,
+    pub provider: &'a str,
+    pub hmac: Option<serde_json::Value>,
+    pub event_type_prefix: &'a str,
+    pub max_body_bytes: i32,
+    pub description: Option<&'a str>,
+}
+
+/// What writing a declared source did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeclaredWrite {
+    Created(Uuid),
+    /// the fields were written; `secret_rotated`: the declared secret was not the current
+    /// one, and the previous one verifies for the grace
+    Updated {
+        id: Uuid,
+        secret_rotated: bool,
+    },
+    /// the name is another namespace's or the API's source: nothing was written
+    NameTaken,
+    /// a new source would pass the tenant's cap: nothing was written
+    TenantLimit,
+}
+
+/// Creates or updates the source of one WebhookSource object, in the caller's
+/// transaction. `seal` seals the declared secret for a source id; `is_current` says
+/// whether a stored sealed secret (source id, key id, ciphertext) is the declared one.
+pub async fn write_declared(
+    conn: &mut PgConnection,
+    d: &DeclaredSource<'_>,
+    seal: impl Fn(Uuid) -> (String, Vec<u8>),
+    is_current: impl Fn(Uuid, &str, &[u8]) -> bool,
+    grace_secs: i32,
+    tenant_cap: i64,
+) -> Result<DeclaredWrite, DbError> {
+    let existing: Option<(Uuid, String, Option<String>)> = sqlx::query_as(
+        "SELECT id, managed_by, k8s_namespace FROM hookd.sources WHERE name = $1 FOR NO KEY UPDATE",
+    )
+    .bind(d.name)
+    .fetch_optional(on(&mut *conn))
+    .await?;
+    let Some((id, managed_by, namespace)) = existing else {
+        if lock_and_count(&mut *conn, d.tenant).await? >= tenant_cap {
+            return Ok(DeclaredWrite::TenantLimit);
+        }
+        let id = Uuid::now_v7();
+        let (key_id, ciphertext) = seal(id);
+        let inserted: Option<Uuid> = sqlx::query_scalar(
+            "WITH s AS (
+                INSERT INTO hookd.sources (id, name, tenant, consumer, provider, hmac, event_type_prefix,
+                                           max_body_bytes, description, managed_by, k8s_namespace, k8s_name)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'kubernetes', $10, $2)
+                ON CONFLICT DO NOTHING
+                RETURNING id
+             ), k AS (
+                INSERT INTO hookd.source_secrets (source_id, version, key_id, ciphertext)
+                SELECT id, 1, $11, $12 FROM s
+             )
+             SELECT id FROM s",
+        )
+        .bind(id)
+        .bind(d.name)
+        .bind(d.tenant)
+        .bind(d.consumer)
+        .bind(d.provider)
+        .bind(d.hmac.as_ref().map(sqlx::types::Json))
+        .bind(d.event_type_prefix)
+        .bind(d.max_body_bytes)
+        .bind(d.description)
+        .bind(d.namespace)
+        .bind(key_id)
+        .bind(ciphertext)
+        .fetch_optional(on(&mut *conn))
+        .await?;
+        return Ok(inserted.map_or(DeclaredWrite::NameTaken, DeclaredWrite::Created));
+    };
+    if managed_by != ManagedBy::Kubernetes.as_str() || namespace.as_deref() != Some(d.namespace) {
+        return Ok(DeclaredWrite::NameTaken);
+    }
+    sqlx::query(
+        "UPDATE hookd.sources SET tenant = $2, consumer = $3, provider = $4, hmac = $5,
+                event_type_prefix = $6, max_body_bytes = $7, description = $8, updated_at = now()
+         WHERE id = $1
+           AND (tenant, consumer, provider, hmac, event_type_prefix, max_body_bytes, description)
+               IS DISTINCT FROM ($2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(id)
+    .bind(d.tenant)
+    .bind(d.consumer)
+    .bind(d.provider)
+    .bind(d.hmac.as_ref().map(sqlx::types::Json))
+    .bind(d.event_type_prefix)
+    .bind(d.max_body_bytes)
+    .bind(d.description)
+    .execute(on(&mut *conn))
+    .await?;
+    let current: Option<(String, Vec<u8>)> = sqlx::query_as(
+        "SELECT key_id, ciphertext FROM hookd.source_secrets
+         WHERE source_id = $1 AND not_after IS NULL",
+    )
+    .bind(id)
+    .fetch_optional(on(&mut *conn))
+    .await?;
+    let same = current.as_ref().is_some_and(|(k, c)| is_current(id, k, c));
+    if !same {
+        let (key_id, ciphertext) = seal(id);
+        rotate(&mut *conn, id, &key_id, &ciphertext, grace_secs).await?;
+    }
+    Ok(DeclaredWrite::Updated {
+        id,
+        secret_rotated: !same,
+    })
+}
+
+/// Deletes the source of one WebhookSource object; its id, when there was one.
+pub async fn delete_declared(
+    conn: &mut PgConnection,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Uuid>, DbError> {
+    Ok(sqlx::query_scalar(
+        "DELETE FROM hookd.sources
+         WHERE managed_by = 'kubernetes' AND k8s_namespace = $1 AND k8s_name = $2
+         RETURNING id",
+    )
+    .bind(namespace)
+    .bind(name)
+    .fetch_optional(on(conn))
     .await?)
 }

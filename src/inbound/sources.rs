@@ -33,7 +33,9 @@ pub const PROVIDERS: [&str; 6] = [
 ];
 
 /// The generic scheme as the API and a WebhookSource spell it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HmacSpec {
     /// the header carrying the signature, e.g. `X-Signature`
@@ -67,6 +69,9 @@ pub enum SourceError {
     NameTaken(String),
     #[error("tenant {tenant:?} has {cap} sources, the most it may have")]
     TenantLimit { tenant: String, cap: i64 },
+    /// declared by a WebhookSource object: the object is changed, not the source
+    #[error("source {0:?} is declared by a WebhookSource object")]
+    ManagedByKubernetes(String),
     #[error(transparent)]
     Db(#[from] DbError),
 }
@@ -452,6 +457,9 @@ pub async fn rotate(
     let Some(source) = db::sources::get(pool, name, tenant).await? else {
         return Ok(None);
     };
+    if source.managed_by == crate::domain::ManagedBy::Kubernetes {
+        return Err(SourceError::ManagedByKubernetes(source.name));
+    }
     let provider = provider_of(&source).map_err(SourceError::Invalid)?;
     let secret = checked_or_generated(&provider, secret)?;
     let sealed = keyring.encrypt(source.id, &secret);
@@ -491,6 +499,9 @@ pub async fn change(
     let Some(source) = db::sources::get(pool, name, tenant).await? else {
         return Ok(None);
     };
+    if source.managed_by == crate::domain::ManagedBy::Kubernetes {
+        return Err(SourceError::ManagedByKubernetes(source.name));
+    }
     if let Some(Some(consumer)) = &c.consumer {
         crate::domain::validate_consumer(consumer).map_err(invalid)?;
     }
@@ -520,6 +531,132 @@ pub async fn change(
         },
     )
     .await?)
+}
+
+/// A WebhookSource object as the source rules judge it (`k8s::crd::WebhookSourceSpec`).
+#[derive(Debug, Clone)]
+pub struct Declared<'a> {
+    pub namespace: &'a str,
+    /// the object's name: the route, `/in/{name}`
+    pub name: &'a str,
+    pub tenant: &'a str,
+    pub consumer: Option<&'a str>,
+    pub provider: &'a str,
+    pub hmac: Option<&'a HmacSpec>,
+    /// the verification secret, read from the object's Secret
+    pub secret: &'a str,
+    pub event_type_prefix: Option<&'a str>,
+    pub max_body_bytes: Option<i32>,
+    pub description: Option<&'a str>,
+    /// how long a replaced secret keeps verifying (default a day)
+    pub secret_rotation_grace_seconds: Option<i64>,
+}
+
+/// The largest body a declared source may ask for (what the table allows); the API still
+/// caps each request at its own HOOKD_MAX_PAYLOAD_BYTES.
+pub const MAX_DECLARED_BODY_BYTES: i32 = 16 << 20;
+
+/// The source rules for a declared source, every field; the message names the field.
+pub fn validate_declared(d: &Declared<'_>) -> Result<Provider, String> {
+    validate_name(d.name)?;
+    crate::domain::validate_tenant(d.tenant)?;
+    if let Some(c) = d.consumer {
+        crate::domain::validate_consumer(c)?;
+    }
+    let p = provider(d.provider, d.hmac)?;
+    crate::domain::validate_event_type(d.event_type_prefix.unwrap_or(d.name))
+        .map_err(|e| format!("eventTypePrefix: {e}"))?;
+    if let Some(max) = d.max_body_bytes
+        && !(1..=MAX_DECLARED_BODY_BYTES).contains(&max)
+    {
+        return Err(format!(
+            "maxBodyBytes must be between 1 and {MAX_DECLARED_BODY_BYTES}"
+        ));
+    }
+    if let Some(desc) = d.description {
+        crate::domain::validate_text("description", desc, 1000)?;
+    }
+    if let Some(g) = d.secret_rotation_grace_seconds
+        && !(0..=MAX_ROTATION_GRACE_SECS).contains(&g)
+    {
+        return Err(format!(
+            "secretRotationGraceSeconds must be between 0 and {MAX_ROTATION_GRACE_SECS}"
+        ));
+    }
+    checked_or_generated(&p, Some(d.secret.to_string())).map_err(|e| e.to_string())?;
+    Ok(p)
+}
+
+/// Writes a declared source: created, or its fields updated and, when its Secret holds a
+/// new secret, that one made current with the previous verifying for the grace.
+pub async fn apply_declared(
+    pool: &sqlx::PgPool,
+    keyring: &Keyring,
+    d: &Declared<'_>,
+) -> Result<db::sources::DeclaredWrite, SourceError> {
+    let provider = validate_declared(d).map_err(SourceError::Invalid)?;
+    let grace = d
+        .secret_rotation_grace_seconds
+        .unwrap_or(i64::from(crate::signing::DEFAULT_ROTATION_GRACE_SECS));
+    let mut tx = db::begin(pool).await?;
+    let written = db::sources::write_declared(
+        &mut tx,
+        &db::sources::DeclaredSource {
+            namespace: d.namespace,
+            name: d.name,
+            tenant: d.tenant,
+            consumer: d.consumer,
+            provider: provider.name(),
+            hmac: d.hmac.map(|h| serde_json::to_value(h).unwrap_or_default()),
+            event_type_prefix: d.event_type_prefix.unwrap_or(d.name),
+            max_body_bytes: d.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
+            description: d.description,
+        },
+        |id| {
+            let sealed = keyring.encrypt(id, d.secret);
+            (sealed.key_id, sealed.ciphertext)
+        },
+        // a secret sealed under a key this process lacks is replaced: the declaration is
+        // what is current
+        |id, key_id, ciphertext| {
+            keyring
+                .decrypt(id, key_id, ciphertext)
+                .is_ok_and(|s| s.as_str() == d.secret)
+        },
+        i32::try_from(grace).unwrap_or(i32::MAX),
+        MAX_SOURCES_PER_TENANT,
+    )
+    .await?;
+    tx.commit().await.map_err(DbError::from)?;
+    Ok(written)
+}
+
+/// Deletes the API's source `name` of `tenant`; false when there is none. A declared one
+/// is its object's to delete.
+pub async fn delete(
+    pool: &sqlx::PgPool,
+    tenant: Option<&str>,
+    name: &str,
+) -> Result<bool, SourceError> {
+    if db::sources::delete(pool, name, tenant).await? {
+        return Ok(true);
+    }
+    match db::sources::get(pool, name, tenant).await? {
+        Some(s) if s.managed_by == crate::domain::ManagedBy::Kubernetes => {
+            Err(SourceError::ManagedByKubernetes(s.name))
+        }
+        _ => Ok(false),
+    }
+}
+
+/// Deletes a declared source; its id, when there was one.
+pub async fn remove_declared(
+    pool: &sqlx::PgPool,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Uuid>, SourceError> {
+    let mut conn = pool.acquire().await.map_err(DbError::from)?;
+    Ok(db::sources::delete_declared(&mut conn, namespace, name).await?)
 }
 
 /// The caller's secret if `provider` can verify with it (never echoed), else a generated

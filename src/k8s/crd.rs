@@ -1,4 +1,5 @@
-//! The `WebhookEndpoint` custom resource (hookd.dev/v1alpha1).
+//! The custom resources (hookd.dev/v1alpha1): `WebhookEndpoint`, `WebhookDispatcher` and
+//! `WebhookSource`.
 //!
 //! Validation lives in the schema (OpenAPI ranges and CEL rules) so `kubectl apply`
 //! refuses a bad spec with a clear message; `#[kube(cel)]` lets `hookd apply` run the same
@@ -180,6 +181,103 @@ pub struct WebhookEndpointStatus {
     pub last_success_time: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure_time: Option<Time>,
+}
+
+/// A WebhookSource's name is its route (`/in/{name}`): a DNS label of at most 63
+/// characters. The API server already holds object names to lower-case letters, digits,
+/// '-' and '.'; a pattern over `metadata.name` (unbounded to CEL's cost estimate) would
+/// cost 2.8 M, so the dot is refused by the controller (`inbound::sources::validate_name`,
+/// `Ready=False InvalidSpec`).
+pub const SOURCE_NAME_RULE: &str = "self.metadata.name.size() <= 63";
+
+/// `spec.provider`: one of `inbound::sources::PROVIDERS` (a unit test ties the two).
+pub const SOURCE_PROVIDER_RULE: &str =
+    "self in ['standard-webhooks', 'stripe', 'github', 'shopify', 'slack', 'hmac']";
+
+/// An inbound source (hookd.dev/v1alpha1 WebhookSource): one provider's webhooks received
+/// at `POST /in/{metadata.name}`, verified with the secret in the referenced Secret, and
+/// enqueued for the namespace's tenant. The controller keeps one source row per object.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "hookd.dev",
+    version = "v1alpha1",
+    kind = "WebhookSource",
+    namespaced,
+    shortname = "whsrc",
+    status = "WebhookSourceStatus",
+    cel,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.provider"}"#,
+    printcolumn = r#"{"name":"Path","type":"string","jsonPath":".status.path"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].message","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new(SOURCE_NAME_RULE).message("a WebhookSource name must be at most 63 characters (lower-case letters, digits or '-'): it is the route, /in/{name}"),
+    validation = Rule::new("(self.spec.provider == 'hmac') == has(self.spec.hmac)").message("spec.hmac is required for provider hmac, and only for it")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookSourceSpec {
+    /// `standard-webhooks` (Svix too), `stripe`, `github`, `shopify`, `slack`, or `hmac`.
+    #[x_kube(validation = Rule::new(SOURCE_PROVIDER_RULE).message("provider must be one of standard-webhooks, stripe, github, shopify, slack, hmac"))]
+    #[schemars(length(min = 1, max = 32))]
+    pub provider: String,
+
+    /// The Secret (same namespace) holding the verification secret exactly as the
+    /// provider shows it. A new value there becomes current; the previous one keeps
+    /// verifying for `secretRotationGraceSeconds`.
+    pub secret_ref: SecretKeyRef,
+
+    /// For provider `hmac`: the header, algorithm, encoding, prefix and which headers
+    /// carry the timestamp, id and type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hmac: Option<crate::inbound::sources::HmacSpec>,
+
+    /// Tenant whose endpoints receive its events. Default: the namespace's tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(r"self.matches('^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$')").message("tenant must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"))]
+    #[schemars(length(min = 1, max = 128))]
+    pub tenant: Option<String>,
+
+    /// Its events are for this consumer only. Absent: tenant-wide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(r"self.matches('^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$')").message("consumer must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"))]
+    #[schemars(length(min = 1, max = 128))]
+    pub consumer: Option<String>,
+
+    /// Its events' types are `{prefix}.{provider's type}`. Default: the name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    pub event_type_prefix: Option<String>,
+
+    /// The largest body taken (bytes; the API also caps it at its HOOKD_MAX_PAYLOAD_BYTES).
+    /// Default 1 MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = crate::inbound::sources::MAX_DECLARED_BODY_BYTES))]
+    pub max_body_bytes: Option<i32>,
+
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1000))]
+    pub description: Option<String>,
+
+    /// After the Secret changes, how long the previous secret keeps verifying (seconds).
+    /// Default 86400 (24 h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = crate::signing::MAX_ROTATION_GRACE_SECS))]
+    pub secret_rotation_grace_seconds: Option<i64>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookSourceStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_id: Option<String>,
+    /// where the provider must send, relative to the API: `/in/{name}`
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 /// A WebhookDispatcher's name is the `app.kubernetes.io/instance` label value of its
@@ -417,7 +515,11 @@ pub struct WebhookDispatcherStatus {
 /// Every CRD hookd defines, as `hookd crd` prints them and `crds/` holds them: what the
 /// derives generate, with each `format` the API server does not know rewritten.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    let mut crds = vec![WebhookEndpoint::crd(), WebhookDispatcher::crd()];
+    let mut crds = vec![
+        WebhookEndpoint::crd(),
+        WebhookDispatcher::crd(),
+        WebhookSource::crd(),
+    ];
     for crd in &mut crds {
         for version in &mut crd.spec.versions {
             if let Some(schema) = version

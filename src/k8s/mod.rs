@@ -1,10 +1,10 @@
 //! Kubernetes: the custom resource types, the endpoint sync core shared by `hookd apply`
-//! and the controller, and `hookd controller` itself (both controllers behind a leader
+//! and the controller, and `hookd controller` itself (its controllers behind a leader
 //! Lease, with health and metrics).
 //!
-//! `run` is the one entry point. Reconcilers live in `endpoint_controller` and
-//! `dispatcher_controller`, each with `reconcile` + `error_policy` and pure functions for
-//! the desired state that tests call without a cluster.
+//! `run` is the one entry point. Reconcilers live in `endpoint_controller`,
+//! `dispatcher_controller` and `source_controller`, each with `reconcile` + `error_policy`
+//! and pure functions for the desired state that tests call without a cluster.
 
 pub mod client;
 pub mod conditions;
@@ -12,6 +12,7 @@ pub mod crd;
 pub mod dispatcher_controller;
 pub mod endpoint_controller;
 mod leader;
+pub mod source_controller;
 pub mod sync;
 
 use std::sync::Arc;
@@ -40,7 +41,8 @@ use client::with_user_agent;
 
 pub use crd::{
     WebhookDispatcher, WebhookDispatcherSpec, WebhookDispatcherStatus, WebhookEndpoint,
-    WebhookEndpointSpec, WebhookEndpointStatus,
+    WebhookEndpointSpec, WebhookEndpointStatus, WebhookSource, WebhookSourceSpec,
+    WebhookSourceStatus,
 };
 
 /// Every CRD hookd defines, as one multi-document YAML stream (`hookd crd`, `crds/`).
@@ -95,6 +97,20 @@ pub const REQUIRED_ACCESS: &[Access] = &[
         group: "events.k8s.io",
         resource: "events",
         verbs: &["create", "patch"],
+        cluster_wide: true,
+    },
+    // the WebhookSource watch, its finalizer and status, like WebhookEndpoint's (its
+    // Secrets through the Secret access above)
+    Access {
+        group: "hookd.dev",
+        resource: "webhooksources",
+        verbs: &["list", "watch", "patch"],
+        cluster_wide: true,
+    },
+    Access {
+        group: "hookd.dev",
+        resource: "webhooksources/status",
+        verbs: &["patch"],
         cluster_wide: true,
     },
     Access {
@@ -378,11 +394,14 @@ enum WatchState {
 }
 
 /// The watches of a leadership term, by the resource they watch.
-const WATCHES: [&str; 4] = [
+const WATCHES: [&str; 6] = [
     "webhookendpoints.hookd.dev",
     "secrets",
     "webhookdispatchers.hookd.dev",
     "deployments.apps",
+    "webhooksources.hookd.dev",
+    // the source controller's own metadata watch of Secrets
+    "secrets (for webhooksources)",
 ];
 
 /// Liveness and readiness of this replica: ready while standing by, or while leading with
@@ -727,6 +746,13 @@ async fn run_controllers(
         health.clone(),
         token.clone(),
     );
+    let sources = source_controller_stream(
+        client.clone(),
+        watch_namespace.as_deref(),
+        ctx.clone(),
+        health.clone(),
+        token.clone(),
+    );
     let dispatchers =
         dispatcher_controller_stream(client, &install_namespace, ctx, health.clone(), token);
     tracing::info!(
@@ -734,7 +760,7 @@ async fn run_controllers(
         dispatcher_namespace = %install_namespace,
         "controllers running"
     );
-    tokio::join!(endpoints, dispatchers);
+    tokio::join!(endpoints, dispatchers, sources);
     health.end_term();
 }
 
@@ -800,6 +826,53 @@ fn endpoint_controller_stream(
             // reconciler's error policy
             if let Err(e) = r {
                 tracing::debug!(error = %e, "webhookendpoint controller");
+            }
+        })
+}
+
+fn source_controller_stream(
+    client: Client,
+    namespace: Option<&str>,
+    ctx: Arc<Context>,
+    health: Arc<Health>,
+    token: CancellationToken,
+) -> impl std::future::Future<Output = ()> {
+    let (sources, secrets): (Api<WebhookSource>, Api<PartialObjectMeta<Secret>>) = match namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client, ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client)),
+    };
+    let (reader, writer) = reflector::store();
+    let source_health = health.clone();
+    let objects = watcher(sources, watcher::Config::default())
+        .default_backoff()
+        .inspect(move |item| source_health.observe(WATCHES[4], item))
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(spec_or_finalizers, Default::default());
+    let secret_changes = watcher(secrets, watcher::Config::default())
+        .default_backoff()
+        .inspect(move |item| health.observe(WATCHES[5], item))
+        .touched_objects()
+        .predicate_filter(predicates::resource_version, Default::default());
+    let store = reader.clone();
+    let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency);
+    Controller::for_stream(objects, reader)
+        .with_config(config)
+        .watches_stream(secret_changes, move |s| {
+            source_controller::sources_for(&store, &s)
+        })
+        .graceful_shutdown_on(token.cancelled_owned())
+        .run(
+            source_controller::reconcile,
+            source_controller::error_policy,
+            ctx,
+        )
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "webhooksource controller");
             }
         })
 }

@@ -75,6 +75,24 @@ pub fn resolve_secret(
     key: &str,
     secret: Option<&Secret>,
 ) -> Result<ResolvedSecret, SecretProblem> {
+    let value = secret_text(namespace, name, key, secret)?;
+    SigningSecret::parse(&value).map_err(|e| SecretProblem::Malformed {
+        namespace: namespace.into(),
+        name: name.into(),
+        key: key.into(),
+        reason: e.to_string(),
+    })?;
+    Ok(ResolvedSecret { value })
+}
+
+/// The text under `key` of a Secret (`data`, or `stringData` as written in a YAML file),
+/// trimmed: `echo secret > file` leaves a newline, and the secret is the text without it.
+pub fn secret_text(
+    namespace: &str,
+    name: &str,
+    key: &str,
+    secret: Option<&Secret>,
+) -> Result<String, SecretProblem> {
     let Some(secret) = secret else {
         return Err(SecretProblem::NotFound {
             namespace: namespace.into(),
@@ -100,17 +118,13 @@ pub fn resolve_secret(
             key: key.into(),
         });
     };
-    let malformed = |reason: String| SecretProblem::Malformed {
+    let text = String::from_utf8(raw).map_err(|_| SecretProblem::Malformed {
         namespace: namespace.into(),
         name: name.into(),
         key: key.into(),
-        reason,
-    };
-    let text = String::from_utf8(raw).map_err(|_| malformed("not UTF-8 text".into()))?;
-    // `echo whsec_... > file` leaves a newline; the secret itself is the trimmed text
-    let value = text.trim().to_string();
-    SigningSecret::parse(&value).map_err(|e| malformed(e.to_string()))?;
-    Ok(ResolvedSecret { value })
+        reason: "not UTF-8 text".into(),
+    })?;
+    Ok(text.trim().to_string())
 }
 
 /// What the database should hold for one endpoint.
