@@ -107,7 +107,8 @@ log "hookd api on $BASE; schemathesis $ST_VERSION, $MAX_EXAMPLES examples per op
 # are refused on purpose for reasons a schema cannot state: a body tenant other than the
 # credential's (403), an idempotency key reused with other content (409) or differing
 # between header and body (422), a well-formed but unknown cursor (422).
-# scripts/schemathesis.toml: a 413 counts as refusing schema-invalid input.
+# scripts/schemathesis.toml: a 413 or 414 counts as refusing schema-invalid input.
+# HOOKD_ST_SEED replays a run: the seed its report printed.
 # cwd is the work dir so nothing (hypothesis data, reports) lands in the repository.
 rc=0
 (cd "$WORK" && timeout --kill-after=10 "$ST_TIMEOUT" "$VENV/bin/st" \
@@ -119,6 +120,7 @@ rc=0
   --request-timeout 10 \
   --generation-database none \
   --output-sanitize true \
+  ${HOOKD_ST_SEED:+--seed "$HOOKD_ST_SEED"} \
   --no-color) || rc=$?
 
 if [[ $rc -eq 124 || $rc -eq 137 ]]; then
