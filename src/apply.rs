@@ -1,5 +1,6 @@
-//! `hookd apply -f FILE...`: WebhookEndpoint and Secret YAML straight into Postgres,
-//! through the same sync core as the controller. All documents of all files are parsed
+//! `hookd apply -f FILE...`: WebhookEndpoint, WebhookSource and Secret YAML straight into
+//! Postgres, through the same rules as the controller (the endpoint sync core, the source
+//! rules). All documents of all files are parsed
 //! and validated first; if any is invalid nothing is applied, and the error names the
 //! file, the document and the problem.
 
@@ -7,15 +8,15 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::ResourceExt;
+use kube::{CustomResourceExt, ResourceExt};
 use serde::Deserialize;
 use sqlx::PgPool;
 
 use crate::crypto::Keyring;
 use crate::db::DbError;
 use crate::domain::EndpointState;
-use crate::k8s::WebhookEndpoint;
 use crate::k8s::sync::{self, SyncOutcome};
+use crate::k8s::{WebhookEndpoint, WebhookSource};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
@@ -37,6 +38,10 @@ pub enum ApplyError {
     File { file: PathBuf, message: String },
     #[error("no WebhookEndpoint documents found")]
     Empty,
+    /// The database refused a declared object (a source's name taken, a tenant at its
+    /// cap): the transaction is rolled back, nothing of the files was applied.
+    #[error("{object}: {message}; nothing was applied")]
+    Refused { object: String, message: String },
     #[error(transparent)]
     Db(#[from] DbError),
 }
@@ -45,6 +50,7 @@ pub enum ApplyError {
 #[derive(Debug, Clone)]
 pub enum Document {
     Endpoint(Box<WebhookEndpoint>),
+    Source(Box<WebhookSource>),
     Secret(Box<Secret>),
 }
 
@@ -171,7 +177,7 @@ fn check_nesting(text: &str) -> Result<(), String> {
     let deepest = deepest_flow.max(deepest_block);
     if deepest > MAX_NESTING {
         return Err(format!(
-            "nested {deepest} levels deep; WebhookEndpoint and Secret documents nest at most a few, and more than {MAX_NESTING} is refused"
+            "nested {deepest} levels deep; WebhookEndpoint, WebhookSource and Secret documents nest at most a few, and more than {MAX_NESTING} is refused"
         ));
     }
     Ok(())
@@ -283,7 +289,8 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
             (Some("hookd.dev/v1alpha1"), Some("WebhookEndpoint")) => {
                 // kubectl refuses unknown fields; silently dropping `eventType:` (for
                 // `eventTypes`) would subscribe the endpoint to every event.
-                known_fields(&value).map_err(|e| invalid(object.clone(), e))?;
+                known_fields(&value, &WebhookEndpoint::crd())
+                    .map_err(|e| invalid(object.clone(), e))?;
                 let mut ep: WebhookEndpoint = serde_json::from_value(value).map_err(|e| {
                     invalid(object.clone(), format!("invalid WebhookEndpoint: {e}"))
                 })?;
@@ -302,6 +309,24 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
                 ep.validate_as_api_server()
                     .map_err(|e| invalid(object.clone(), e))?;
                 docs.push(Document::Endpoint(Box::new(ep)));
+            }
+            (Some("hookd.dev/v1alpha1"), Some("WebhookSource")) => {
+                known_fields(&value, &WebhookSource::crd())
+                    .map_err(|e| invalid(object.clone(), e))?;
+                let mut src: WebhookSource = serde_json::from_value(value)
+                    .map_err(|e| invalid(object.clone(), format!("invalid WebhookSource: {e}")))?;
+                if src.metadata.name.as_deref().unwrap_or("").is_empty() {
+                    return Err(invalid(object, "metadata.name is required".into()));
+                }
+                if src.metadata.namespace.is_none() {
+                    src.metadata.namespace = Some("default".into());
+                }
+                // the source rules run in `plan`, with the secret they check
+                crate::inbound::sources::validate_name(&src.name_any())
+                    .map_err(|e| invalid(object.clone(), format!("metadata.{e}")))?;
+                src.validate_as_api_server()
+                    .map_err(|e| invalid(object.clone(), e))?;
+                docs.push(Document::Source(Box::new(src)));
             }
             (Some("v1"), Some("Secret")) => {
                 let mut errs = Vec::new();
@@ -333,7 +358,7 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
                 return Err(invalid(
                     object,
                     format!(
-                        "unsupported object {}/{}: only hookd.dev/v1alpha1 WebhookEndpoint and v1 Secret can be applied",
+                        "unsupported object {}/{}: only hookd.dev/v1alpha1 WebhookEndpoint, hookd.dev/v1alpha1 WebhookSource and v1 Secret can be applied",
                         av.unwrap_or("(no apiVersion)"),
                         k.unwrap_or("(no kind)")
                     ),
@@ -346,8 +371,10 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
 
 /// Refuses fields the CRD schema does not declare (what `kubectl apply` refuses with
 /// strict field validation), in the object, its `metadata` and its `spec`.
-fn known_fields(object: &serde_json::Value) -> Result<(), String> {
-    use kube::CustomResourceExt;
+fn known_fields(
+    object: &serde_json::Value,
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> Result<(), String> {
     use serde_json::Value;
 
     fn walk(schema: &Value, v: &Value, path: &str, errs: &mut Vec<String>) {
@@ -371,7 +398,7 @@ fn known_fields(object: &serde_json::Value) -> Result<(), String> {
         }
     }
 
-    let schema = crate::k8s::crd::openapi_schema(&WebhookEndpoint::crd());
+    let schema = crate::k8s::crd::openapi_schema(crd);
     let mut errs = Vec::new();
     let mut top: Vec<&str> = vec!["apiVersion", "kind", "metadata"];
     if let Some(props) = schema.get("properties").and_then(Value::as_object) {
@@ -398,10 +425,64 @@ fn known_fields(object: &serde_json::Value) -> Result<(), String> {
     }
 }
 
+/// What a set of files declares, validated: each endpoint and each source with its
+/// resolved secret.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    pub endpoints: Vec<sync::DesiredEndpoint>,
+    pub sources: Vec<DesiredSource>,
+}
+
+/// A WebhookSource with the verification secret its Secret holds.
+#[derive(Clone)]
+pub struct DesiredSource {
+    pub source: WebhookSource,
+    secret: String,
+}
+
+impl std::fmt::Debug for DesiredSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DesiredSource")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DesiredSource {
+    /// The source as the source rules judge it: the tenant is `spec.tenant` or the
+    /// namespace, as for a declared endpoint.
+    fn declared(&self) -> crate::inbound::sources::Declared<'_> {
+        let s = &self.source.spec;
+        crate::inbound::sources::Declared {
+            namespace: self
+                .source
+                .metadata
+                .namespace
+                .as_deref()
+                .unwrap_or("default"),
+            name: self.source.metadata.name.as_deref().unwrap_or_default(),
+            tenant: s
+                .tenant
+                .as_deref()
+                .or(self.source.metadata.namespace.as_deref())
+                .unwrap_or("default"),
+            consumer: s.consumer.as_deref(),
+            provider: &s.provider,
+            hmac: s.hmac.as_ref(),
+            secret: &self.secret,
+            event_type_prefix: s.event_type_prefix.as_deref(),
+            max_body_bytes: s.max_body_bytes,
+            description: s.description.as_deref(),
+            secret_rotation_grace_seconds: s.secret_rotation_grace_seconds,
+        }
+    }
+}
+
 /// Warnings for endpoints signing with a published test-vector secret; they name the
 /// endpoint, never the secret.
-pub fn published_secret_warnings(plan: &[sync::DesiredEndpoint]) -> Vec<String> {
-    plan.iter()
+pub fn published_secret_warnings(plan: &Plan) -> Vec<String> {
+    plan.endpoints
+        .iter()
         .filter(|d| {
             d.secret
                 .as_ref()
@@ -416,8 +497,8 @@ pub fn published_secret_warnings(plan: &[sync::DesiredEndpoint]) -> Vec<String> 
         .collect()
 }
 
-/// The validated plan: each endpoint with its resolved secret.
-pub fn plan(files: &[(PathBuf, Vec<Document>)]) -> Result<Vec<sync::DesiredEndpoint>, ApplyError> {
+/// The validated plan: each endpoint and source with its resolved secret.
+pub fn plan(files: &[(PathBuf, Vec<Document>)]) -> Result<Plan, ApplyError> {
     let mut secrets: HashMap<(String, String), &Secret> = HashMap::new();
     for (_, docs) in files {
         for d in docs {
@@ -426,28 +507,58 @@ pub fn plan(files: &[(PathBuf, Vec<Document>)]) -> Result<Vec<sync::DesiredEndpo
             }
         }
     }
-    let mut out = Vec::new();
+    let mut out = Plan::default();
     for (file, docs) in files {
         for (i, d) in docs.iter().enumerate() {
-            let Document::Endpoint(ep) = d else { continue };
-            let ns = ep.namespace().unwrap_or_default();
-            let r = &ep.spec.secret_ref;
-            let secret = sync::resolve_secret(
-                &ns,
-                &r.name,
-                &r.key,
-                secrets.get(&(ns.clone(), r.name.clone())).copied(),
-            )
-            .map_err(|problem| ApplyError::Invalid {
+            let invalid = |object: String, message: &str| ApplyError::Invalid {
                 file: file.clone(),
                 index: i + 1,
-                object: format!(" (WebhookEndpoint {ns}/{})", ep.name_any()),
-                message: redact_secrets(&problem.to_string()),
-            })?;
-            out.push(sync::desired_endpoint(ep, Ok(secret)));
+                object,
+                message: redact_secrets(message),
+            };
+            match d {
+                Document::Endpoint(ep) => {
+                    let ns = ep.namespace().unwrap_or_default();
+                    let r = &ep.spec.secret_ref;
+                    let secret = sync::resolve_secret(
+                        &ns,
+                        &r.name,
+                        &r.key,
+                        secrets.get(&(ns.clone(), r.name.clone())).copied(),
+                    )
+                    .map_err(|problem| {
+                        invalid(
+                            format!(" (WebhookEndpoint {ns}/{})", ep.name_any()),
+                            &problem.to_string(),
+                        )
+                    })?;
+                    out.endpoints.push(sync::desired_endpoint(ep, Ok(secret)));
+                }
+                Document::Source(src) => {
+                    let ns = src.namespace().unwrap_or_default();
+                    let object = format!(" (WebhookSource {ns}/{})", src.name_any());
+                    let r = &src.spec.secret_ref;
+                    let secret = sync::secret_text(
+                        &ns,
+                        &r.name,
+                        &r.key,
+                        secrets.get(&(ns.clone(), r.name.clone())).copied(),
+                    )
+                    .map_err(|problem| invalid(object.clone(), &problem.to_string()))?;
+                    let desired = DesiredSource {
+                        source: (**src).clone(),
+                        secret,
+                    };
+                    // the rules of every door for a source (the API's and the controller's)
+                    crate::inbound::sources::validate_declared(&desired.declared())
+                        .map_err(|e| invalid(object, &format!("spec: {e}")))?;
+                    out.sources.push(desired);
+                }
+                Document::Secret(_) => {}
+            }
         }
     }
-    if out.is_empty() {
+    if out.endpoints.is_empty() && out.sources.is_empty() {
         return Err(ApplyError::Empty);
     }
     Ok(out)
@@ -537,23 +648,53 @@ pub fn read_sources(paths: &[PathBuf]) -> Result<Vec<(PathBuf, String)>, ApplyEr
 }
 
 /// Reads and validates the files into a plan; nothing is written.
-pub fn load(paths: &[PathBuf]) -> Result<Vec<sync::DesiredEndpoint>, ApplyError> {
+pub fn load(paths: &[PathBuf]) -> Result<Plan, ApplyError> {
     load_texts(&read_sources(paths)?)
 }
 
-/// The WebhookEndpoints `hookd delete -f` removes: every one the files declare, as
-/// `(namespace, name)`, in order, each once. The documents are validated as `hookd apply`
-/// validates them (a file that would not apply names nothing to delete), but their
-/// Secrets need not resolve.
-pub fn load_deletions(paths: &[PathBuf]) -> Result<Vec<(String, String)>, ApplyError> {
-    let mut names: Vec<(String, String)> = Vec::new();
+/// A declared object `hookd delete -f` removes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeclaredName {
+    /// `webhookendpoint` or `webhooksource`, as kubectl names them
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for DeclaredName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+/// The WebhookEndpoints and WebhookSources `hookd delete -f` removes: every one the files
+/// declare, in order, each once. The documents are validated as `hookd apply` validates
+/// them (a file that would not apply names nothing to delete), but their Secrets need not
+/// resolve.
+pub fn load_deletions(paths: &[PathBuf]) -> Result<Vec<DeclaredName>, ApplyError> {
+    let mut names: Vec<DeclaredName> = Vec::new();
     for (label, text) in read_sources(paths)? {
         for d in parse_documents(&label, &text)? {
-            if let Document::Endpoint(ep) = d {
-                let key = (ep.namespace().unwrap_or_default(), ep.name_any());
-                if !names.contains(&key) {
-                    names.push(key);
-                }
+            let (kind, namespace, name) = match d {
+                Document::Endpoint(ep) => (
+                    "webhookendpoint",
+                    ep.namespace().unwrap_or_default(),
+                    ep.name_any(),
+                ),
+                Document::Source(src) => (
+                    "webhooksource",
+                    src.namespace().unwrap_or_default(),
+                    src.name_any(),
+                ),
+                Document::Secret(_) => continue,
+            };
+            let key = DeclaredName {
+                kind,
+                namespace,
+                name,
+            };
+            if !names.contains(&key) {
+                names.push(key);
             }
         }
     }
@@ -563,7 +704,7 @@ pub fn load_deletions(paths: &[PathBuf]) -> Result<Vec<(String, String)>, ApplyE
     Ok(names)
 }
 
-/// What `hookd delete` did to one declared endpoint.
+/// What `hookd delete` did to one declared object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Deletion {
     /// Disabled (its declaration is gone) and its unfinished deliveries cancelled; its
@@ -572,52 +713,64 @@ pub enum Deletion {
         endpoint_id: uuid::Uuid,
         cancelled: i64,
     },
+    /// A source deleted: its URL answers 401 from then on; the events it took in stay.
+    SourceDeleted { source_id: uuid::Uuid },
     /// Never applied, or already deleted.
     NotFound,
 }
 
-/// Removes the declared endpoints in one transaction, as the controller does when a
-/// WebhookEndpoint object is deleted: the row is disabled, what was still to be sent is
-/// `cancelled`, history stays. Applying the same file again brings it back.
+/// Removes the declared objects in one transaction, as the controller does when their
+/// objects are deleted: an endpoint row is disabled and what was still to be sent is
+/// `cancelled` (history stays), a source is deleted. Applying the same file again brings
+/// them back.
 pub async fn delete_declared(
     pool: &PgPool,
-    names: &[(String, String)],
-) -> Result<Vec<(String, Deletion)>, ApplyError> {
+    names: &[DeclaredName],
+) -> Result<Vec<(DeclaredName, Deletion)>, ApplyError> {
     let mut tx = crate::db::begin(pool).await?;
     let mut out = Vec::with_capacity(names.len());
-    for (ns, name) in names {
-        let label = format!("{ns}/{name}");
-        if crate::db::endpoints::declared_live(&mut tx, ns, name)
+    for n in names {
+        let deletion = if n.kind == "webhooksource" {
+            match crate::inbound::sources::remove_declared(&mut tx, &n.namespace, &n.name).await {
+                Ok(Some(source_id)) => Deletion::SourceDeleted { source_id },
+                Ok(None) => Deletion::NotFound,
+                Err(crate::inbound::sources::SourceError::Db(e)) => return Err(e.into()),
+                Err(other) => {
+                    return Err(ApplyError::Refused {
+                        object: n.to_string(),
+                        message: other.to_string(),
+                    });
+                }
+            }
+        } else if crate::db::endpoints::declared_live(&mut tx, &n.namespace, &n.name)
             .await?
             .is_none()
         {
-            out.push((label, Deletion::NotFound));
-            continue;
-        }
-        let removed = crate::db::endpoints::remove_declared(
-            &mut tx,
-            ns,
-            name,
-            "WebhookEndpoint deleted (hookd delete)",
-        )
-        .await?;
-        out.push((
-            label,
-            match removed {
+            Deletion::NotFound
+        } else {
+            match crate::db::endpoints::remove_declared(
+                &mut tx,
+                &n.namespace,
+                &n.name,
+                "WebhookEndpoint deleted (hookd delete)",
+            )
+            .await?
+            {
                 Some((endpoint_id, cancelled)) => Deletion::Deleted {
                     endpoint_id,
                     cancelled,
                 },
                 None => Deletion::NotFound,
-            },
-        ));
+            }
+        };
+        out.push((n.clone(), deletion));
     }
     tx.commit().await.map_err(DbError::from)?;
     Ok(out)
 }
 
 /// Validates YAML texts already in memory (`label` names each in errors) into a plan.
-pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Vec<sync::DesiredEndpoint>, ApplyError> {
+pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Plan, ApplyError> {
     let mut files = Vec::new();
     for (label, text) in texts {
         files.push((label.clone(), parse_documents(label, text)?));
@@ -625,21 +778,64 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Vec<sync::DesiredEndpoi
     plan(&files)
 }
 
-/// Applies a validated plan in one transaction; signing secrets are encrypted with
-/// `keyring`'s active key.
+/// What applying a plan did: each endpoint's and each source's outcome, by
+/// `namespace/name`.
+#[derive(Debug, Clone, Default)]
+pub struct Applied {
+    pub endpoints: Vec<(String, SyncOutcome)>,
+    pub sources: Vec<(String, crate::db::sources::DeclaredWrite)>,
+}
+
+/// Applies a validated plan in one transaction; signing and verification secrets are
+/// encrypted with `keyring`'s active key. A source the database refuses (its name taken
+/// by another namespace or the API, or its tenant at its cap) fails the whole apply.
 pub async fn apply_plan(
     pool: &PgPool,
-    desired: &[sync::DesiredEndpoint],
+    plan: &Plan,
     keyring: &Keyring,
-) -> Result<Vec<(String, SyncOutcome)>, ApplyError> {
+) -> Result<Applied, ApplyError> {
+    use crate::db::sources::DeclaredWrite;
+    use crate::inbound::sources::SourceError;
     let mut tx = crate::db::begin(pool).await?;
-    let mut results = Vec::new();
-    for d in desired {
+    let mut applied = Applied::default();
+    for d in &plan.endpoints {
         let outcome = sync::apply_endpoint(&mut tx, d, keyring).await?;
-        results.push((format!("{}/{}", d.row.namespace, d.row.name), outcome));
+        applied
+            .endpoints
+            .push((format!("{}/{}", d.row.namespace, d.row.name), outcome));
+    }
+    for d in &plan.sources {
+        let declared = d.declared();
+        let label = format!("{}/{}", declared.namespace, declared.name);
+        let refused = |message: String| ApplyError::Refused {
+            object: format!("webhooksource/{label}"),
+            message,
+        };
+        let written = crate::inbound::sources::apply_declared(&mut tx, keyring, &declared)
+            .await
+            .map_err(|e| match e {
+                SourceError::Db(e) => ApplyError::Db(e),
+                other => refused(other.to_string()),
+            })?;
+        match written {
+            DeclaredWrite::NameTaken => {
+                return Err(refused(format!(
+                    "the name {:?} is taken by another namespace's WebhookSource or a source made through the API (source names are unique: they are the URL)",
+                    declared.name
+                )));
+            }
+            DeclaredWrite::TenantLimit => {
+                return Err(refused(format!(
+                    "tenant {:?} has {} sources, the most one tenant may have",
+                    declared.tenant,
+                    crate::inbound::sources::MAX_SOURCES_PER_TENANT
+                )));
+            }
+            written => applied.sources.push((label, written)),
+        }
     }
     tx.commit().await.map_err(DbError::from)?;
-    let created = results.iter().filter(|(_, o)| o.created).count();
+    let created = applied.endpoints.iter().filter(|(_, o)| o.created).count();
     if created >= ANALYZE_AFTER_CREATING {
         // Autovacuum may have sampled the table while this transaction was open and
         // recorded its new pages as holding no rows; until its next pass every plan
@@ -650,7 +846,7 @@ pub async fn apply_plan(
             tracing::warn!(error = %e, "could not refresh the endpoints' statistics after a bulk apply; autovacuum will");
         }
     }
-    Ok(results)
+    Ok(applied)
 }
 
 /// An apply that creates at least this many endpoints refreshes the table's statistics.
@@ -661,7 +857,7 @@ pub async fn apply_files(
     pool: &PgPool,
     paths: &[PathBuf],
     keyring: &Keyring,
-) -> Result<Vec<(String, SyncOutcome)>, ApplyError> {
+) -> Result<Applied, ApplyError> {
     let desired = load(paths)?;
     apply_plan(pool, &desired, keyring).await
 }
@@ -670,12 +866,10 @@ pub async fn apply_files(
 /// endpoint that is not active, why (a receiver's 410, a paused spec, an unusable
 /// Secret) and what to do, so re-applying an unchanged file never leaves a silent
 /// `disabled`.
-pub async fn describe(
-    pool: &PgPool,
-    results: &[(String, SyncOutcome)],
-) -> Result<Vec<String>, ApplyError> {
-    let mut lines = Vec::with_capacity(results.len());
-    for (name, outcome) in results {
+pub async fn describe(pool: &PgPool, applied: &Applied) -> Result<Vec<String>, ApplyError> {
+    use crate::db::sources::DeclaredWrite;
+    let mut lines = Vec::with_capacity(applied.endpoints.len() + applied.sources.len());
+    for (name, outcome) in &applied.endpoints {
         let what = match (outcome.created, outcome.changed, outcome.secret_rotated) {
             (true, _, _) => "created",
             (_, _, true) => "secret rotated",
@@ -701,6 +895,20 @@ pub async fn describe(
             }
         }
         lines.push(line);
+    }
+    for (name, written) in &applied.sources {
+        lines.push(match written {
+            DeclaredWrite::Created(id) => {
+                format!("webhooksource/{name} created (id {id}, takes requests at /in/{})", name.rsplit('/').next().unwrap_or(name))
+            }
+            DeclaredWrite::Updated {
+                id,
+                secret_rotated: true,
+            } => format!("webhooksource/{name} secret rotated (id {id}; the previous secret verifies for the grace)"),
+            DeclaredWrite::Updated { id, .. } => format!("webhooksource/{name} configured (id {id})"),
+            // refused before the commit (apply_plan)
+            DeclaredWrite::NameTaken | DeclaredWrite::TenantLimit => continue,
+        });
     }
     Ok(lines)
 }

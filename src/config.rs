@@ -399,7 +399,7 @@ pub struct ApplyArgs {
     pub db: DbArgs,
     #[command(flatten)]
     pub keys: KeyArgs,
-    /// YAML files with WebhookEndpoint and Secret documents; `-` reads standard input, a
+    /// YAML files with WebhookEndpoint, WebhookSource and Secret documents; `-` reads standard input, a
     /// directory applies every *.yaml in it
     #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
     pub files: Vec<PathBuf>,

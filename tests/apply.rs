@@ -959,3 +959,146 @@ async fn a_bulk_apply_leaves_statistics_that_count_its_endpoints(pool: PgPool) {
         "the statistics count the applied endpoints"
     );
 }
+
+/// A WebhookSource in a file: stored with the source rules, its Secret's new value rotated
+/// in, refused with the CRD's message when the API server would refuse it, refused whole
+/// (nothing of the file applied) when its name is another's, and removed by `hookd delete`.
+#[sqlx::test]
+async fn a_webhook_source_is_applied_rotated_refused_and_deleted(pool: PgPool) {
+    const STRIPE_1: &str = "whsec_apply_7Hd2Lp9Qx4Vm1Zc8Rn3Kt6Yw";
+    const STRIPE_2: &str = "whsec_apply_2Bf8Jw5Ns1Xq7Gv4Mc9Pd3Hy";
+    let source_doc = |extra: &str| {
+        format!(
+            "apiVersion: hookd.dev/v1alpha1\nkind: WebhookSource\nmetadata:\n  name: stripe-in\n  namespace: team-a\nspec:\n  provider: stripe\n  secretRef: {{name: stripe-in-secret}}\n{extra}"
+        )
+    };
+    let file = YamlFile::new(&docs(&[
+        secret_string_data("stripe-in-secret", "secret", STRIPE_1),
+        source_doc(""),
+    ]));
+    let run = apply(&pool, &file).await;
+    assert!(run.ok, "{}", run.stderr);
+    assert!(
+        run.stdout
+            .contains("webhooksource/team-a/stripe-in created")
+            && run.stdout.contains("/in/stripe-in"),
+        "{}",
+        run.stdout
+    );
+    let row = hookd::db::sources::get(&pool, "stripe-in", Some("team-a"))
+        .await
+        .unwrap()
+        .expect("stored");
+    assert_eq!(row.managed_by, hookd::domain::ManagedBy::Kubernetes);
+
+    let run = apply(&pool, &file).await;
+    assert!(
+        run.stdout
+            .contains("webhooksource/team-a/stripe-in configured"),
+        "{}",
+        run.stdout
+    );
+    file.rewrite(&docs(&[
+        secret_string_data("stripe-in-secret", "secret", STRIPE_2),
+        source_doc(""),
+    ]));
+    let run = apply(&pool, &file).await;
+    assert!(run.stdout.contains("secret rotated"), "{}", run.stdout);
+    let live: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM hookd.source_secrets WHERE source_id = $1 AND (not_after IS NULL OR not_after > now())",
+    )
+    .bind(row.id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(live, 2);
+
+    // what the API server would refuse, with its message; and the source rules' own
+    for (extra, says) in [
+        (
+            "  provider: hmac\n",
+            "spec.hmac is required for provider hmac",
+        ),
+        ("  maxBodyBytes: 0\n", "maxBodyBytes"),
+        ("  eventTypePrefix: \"a b\"\n", "eventTypePrefix"),
+    ] {
+        let doc = source_doc(extra).replace(
+            "  provider: stripe\n",
+            if extra.contains("provider") {
+                ""
+            } else {
+                "  provider: stripe\n"
+            },
+        );
+        let bad = YamlFile::new(&docs(&[
+            secret_string_data("stripe-in-secret", "secret", STRIPE_2),
+            doc,
+        ]));
+        let run = apply(&pool, &bad).await;
+        assert!(!run.ok, "{extra}: applied");
+        assert!(run.stderr.contains(says), "{extra}: {}", run.stderr);
+        assert!(!run.stderr.contains(STRIPE_2), "the secret is never echoed");
+    }
+
+    // a name another door holds: the whole file is refused, its endpoint included
+    let (api_source, _) = hookd::inbound::sources::create(
+        &pool,
+        &common::keyring(common::TEST_ENCRYPTION_KEY, ""),
+        hookd::inbound::sources::NewSource {
+            name: "taken".into(),
+            tenant: "team-b".into(),
+            consumer: None,
+            provider: "github".into(),
+            hmac: None,
+            secret: None,
+            event_type_prefix: None,
+            max_body_bytes: None,
+            description: None,
+            max_body_allowed: 1 << 20,
+        },
+    )
+    .await
+    .unwrap();
+    let clash = YamlFile::new(&docs(&[
+        secret_string_data("stripe-in-secret", "secret", STRIPE_2),
+        secret_string_data("orders-secret", "secret", SECRET_A),
+        endpoint_doc("orders", "orders-secret", "secret", ""),
+        source_doc("").replace("name: stripe-in\n", "name: taken\n"),
+    ]));
+    let before = counts(&pool).await;
+    let run = apply(&pool, &clash).await;
+    assert!(!run.ok);
+    assert!(
+        run.stderr.contains("webhooksource/team-a/taken")
+            && run.stderr.contains("nothing was applied"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(
+        counts(&pool).await,
+        before,
+        "the file's endpoint was not applied either"
+    );
+    assert_eq!(
+        hookd::db::sources::get(&pool, "taken", None)
+            .await
+            .unwrap()
+            .unwrap()
+            .id,
+        api_source.id
+    );
+
+    let r = hookd_with_stdin(&pool, &["delete", "-f", "-"], &docs(&[source_doc("")]));
+    assert!(r.ok, "{}", r.stderr);
+    assert!(
+        r.stdout.contains("webhooksource/team-a/stripe-in deleted"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        hookd::db::sources::get(&pool, "stripe-in", None)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}

@@ -94,7 +94,11 @@ async fn typed_endpoints(
     let applied = hookd::apply::apply_plan(&ctx.pool, &plan, &ctx.keyring)
         .await
         .map_err(|e| BenchError::Setup(e.to_string()))?;
-    Ok(applied.into_iter().map(|(_, o)| o.endpoint_id).collect())
+    Ok(applied
+        .endpoints
+        .into_iter()
+        .map(|(_, o)| o.endpoint_id)
+        .collect())
 }
 
 /// A JSON object of about `bytes` bytes.

@@ -42,11 +42,11 @@ pub enum Command {
     Api(ApiArgs),
     /// Run a dispatcher: claim due deliveries and send them
     Dispatch(DispatchArgs),
-    /// Run the Kubernetes controller (WebhookEndpoint and WebhookDispatcher)
+    /// Run the Kubernetes controller (WebhookEndpoint, WebhookDispatcher and WebhookSource)
     Controller(ControllerArgs),
-    /// Apply WebhookEndpoint and Secret YAML documents straight to Postgres
+    /// Apply WebhookEndpoint, WebhookSource and Secret YAML documents straight to Postgres
     Apply(ApplyArgs),
-    /// Remove the WebhookEndpoints that `hookd apply -f` declared (disabled, unsent deliveries cancelled, history kept)
+    /// Remove the WebhookEndpoints (disabled, unsent deliveries cancelled, history kept) and WebhookSources that `hookd apply -f` declared
     Delete(DeleteArgs),
     /// Print the CustomResourceDefinitions as YAML
     Crd,
@@ -163,23 +163,30 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             let names = apply::load_deletions(&args.files)?;
             let pool = runtime::open_checked(&args.db).await?;
             let mut missing = Vec::new();
-            for (name, deletion) in apply::delete_declared(&pool, &names).await? {
+            for (declared, deletion) in apply::delete_declared(&pool, &names).await? {
+                let (kind, name) = (
+                    declared.kind,
+                    format!("{}/{}", declared.namespace, declared.name),
+                );
                 match deletion {
                     apply::Deletion::Deleted {
                         endpoint_id,
                         cancelled,
                     } => println!(
-                        "webhookendpoint/{name} deleted (id {endpoint_id}, {cancelled} unfinished deliveries cancelled)"
+                        "{kind}/{name} deleted (id {endpoint_id}, {cancelled} unfinished deliveries cancelled)"
+                    ),
+                    apply::Deletion::SourceDeleted { source_id } => println!(
+                        "{kind}/{name} deleted (id {source_id}; its URL answers 401 from now on)"
                     ),
                     apply::Deletion::NotFound => {
-                        eprintln!("hookd delete: webhookendpoint/{name} not found");
-                        missing.push(name);
+                        eprintln!("hookd delete: {kind}/{name} not found");
+                        missing.push(format!("{kind}/{name}"));
                     }
                 }
             }
             if !missing.is_empty() && !args.ignore_not_found {
                 anyhow::bail!(
-                    "{} of {} endpoint(s) not found (never applied, or already deleted): {}; --ignore-not-found accepts that",
+                    "{} of {} object(s) not found (never applied, or already deleted): {}; --ignore-not-found accepts that",
                     missing.len(),
                     names.len(),
                     missing.join(", ")

@@ -587,10 +587,11 @@ pub fn validate_declared(d: &Declared<'_>) -> Result<Provider, String> {
     Ok(p)
 }
 
-/// Writes a declared source: created, or its fields updated and, when its Secret holds a
-/// new secret, that one made current with the previous verifying for the grace.
+/// Writes a declared source in the caller's transaction (the controller's, or `hookd
+/// apply`'s for a whole file): created, or its fields updated and, when its Secret holds
+/// a new secret, that one made current with the previous verifying for the grace.
 pub async fn apply_declared(
-    pool: &sqlx::PgPool,
+    conn: &mut sqlx::PgConnection,
     keyring: &Keyring,
     d: &Declared<'_>,
 ) -> Result<db::sources::DeclaredWrite, SourceError> {
@@ -598,9 +599,8 @@ pub async fn apply_declared(
     let grace = d
         .secret_rotation_grace_seconds
         .unwrap_or(i64::from(crate::signing::DEFAULT_ROTATION_GRACE_SECS));
-    let mut tx = db::begin(pool).await?;
     let written = db::sources::write_declared(
-        &mut tx,
+        conn,
         &db::sources::DeclaredSource {
             namespace: d.namespace,
             name: d.name,
@@ -627,7 +627,6 @@ pub async fn apply_declared(
         MAX_SOURCES_PER_TENANT,
     )
     .await?;
-    tx.commit().await.map_err(DbError::from)?;
     Ok(written)
 }
 
@@ -649,14 +648,13 @@ pub async fn delete(
     }
 }
 
-/// Deletes a declared source; its id, when there was one.
+/// Deletes a declared source in the caller's transaction; its id, when there was one.
 pub async fn remove_declared(
-    pool: &sqlx::PgPool,
+    conn: &mut sqlx::PgConnection,
     namespace: &str,
     name: &str,
 ) -> Result<Option<Uuid>, SourceError> {
-    let mut conn = pool.acquire().await.map_err(DbError::from)?;
-    Ok(db::sources::delete_declared(&mut conn, namespace, name).await?)
+    Ok(db::sources::delete_declared(conn, namespace, name).await?)
 }
 
 /// The caller's secret if `provider` can verify with it (never echoed), else a generated

@@ -156,6 +156,15 @@ impl WebhookEndpoint {
     }
 }
 
+impl WebhookSource {
+    /// What a Kubernetes API server would say of this object (see
+    /// [`WebhookEndpoint::validate_as_api_server`]); `hookd apply` runs it.
+    pub fn validate_as_api_server(&self) -> Result<(), String> {
+        self.validate_cel().map_err(|e| e.to_string())?;
+        schema_bounds(&WebhookSource::crd(), self)
+    }
+}
+
 fn default_secret_key() -> String {
     "secret".into()
 }

@@ -178,7 +178,13 @@ async fn write(
         description: s.description.as_deref(),
         secret_rotation_grace_seconds: s.secret_rotation_grace_seconds,
     };
-    match sources::apply_declared(&ctx.pool, &ctx.keys, &declared).await {
+    let written = async {
+        let mut tx = crate::db::begin(&ctx.pool).await?;
+        let written = sources::apply_declared(&mut tx, &ctx.keys, &declared).await?;
+        tx.commit().await.map_err(crate::db::DbError::from)?;
+        Ok::<_, SourceError>(written)
+    };
+    match written.await {
         Ok(DeclaredWrite::NameTaken) => Ok(Err(Refusal {
             reason: "NameTaken",
             message: format!(
@@ -208,7 +214,8 @@ async fn write(
 /// The object is being deleted: its source goes, and its URL answers 401 from then on.
 async fn cleanup(src: &WebhookSource, ctx: &Context) -> Result<Action, Error> {
     let ns = src.namespace().unwrap_or_default();
-    match sources::remove_declared(&ctx.pool, &ns, &src.name_any()).await {
+    let mut conn = ctx.pool.acquire().await.map_err(crate::db::DbError::from)?;
+    match sources::remove_declared(&mut conn, &ns, &src.name_any()).await {
         Ok(Some(id)) => {
             tracing::info!(source = %id, "WebhookSource deleted; source deleted");
             // best effort: a namespace being deleted refuses new Events
