@@ -13,6 +13,10 @@ use hyper_util::rt::TokioIo;
 
 use crate::BenchError;
 
+/// A request's own body and headers, made from its sequence number (unique across the
+/// run's clients): for a provider's signed webhooks, each with its own event id.
+pub type PerRequest = Arc<dyn Fn(u64) -> (Bytes, Vec<(&'static str, String)>) + Send + Sync>;
+
 /// What each request sends.
 #[derive(Clone)]
 pub struct Target {
@@ -25,6 +29,8 @@ pub struct Target {
     pub events_per_request: u64,
     /// the status every request must get
     pub expect: StatusCode,
+    /// when set, each request's body and extra headers instead of `body`
+    pub per_request: Option<PerRequest>,
 }
 
 /// One open connection to the API.
@@ -50,12 +56,16 @@ impl Conn {
         &mut self,
         target: &Target,
         body: Bytes,
+        extra: &[(&'static str, String)],
     ) -> Result<(StatusCode, Bytes), BenchError> {
         let mut req = Request::post(target.path)
             .header(http::header::HOST, "127.0.0.1")
             .header(http::header::CONTENT_TYPE, "application/json");
         if let Some(a) = &target.authorization {
             req = req.header(http::header::AUTHORIZATION, a);
+        }
+        for (name, value) in extra {
+            req = req.header(*name, value);
         }
         let req = req
             .body(Body::from(body))
@@ -116,8 +126,10 @@ pub async fn closed_loop(
     let measure_from = start + warmup;
     let end = measure_from + window;
     let mut tasks = tokio::task::JoinSet::new();
+    let seq = Arc::new(std::sync::atomic::AtomicU64::new(0));
     for mut conn in conns {
         let target = target.clone();
+        let seq = seq.clone();
         tasks.spawn(async move {
             let mut lat = Vec::with_capacity(4096);
             let (mut ok_total, mut errors, mut first_error) = (0u64, 0u64, None);
@@ -126,7 +138,11 @@ pub async fn closed_loop(
                 if t0 >= end {
                     break;
                 }
-                match conn.send(&target, target.body.clone()).await {
+                let (body, extra) = match &target.per_request {
+                    Some(make) => make(seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
+                    None => (target.body.clone(), Vec::new()),
+                };
+                match conn.send(&target, body, &extra).await {
                     Ok((status, _)) if status == target.expect => {
                         ok_total += 1;
                         if t0 >= measure_from {

@@ -327,6 +327,8 @@ pub(crate) async fn ingest(ctx: &Ctx, report: &mut Report) -> Result<(), BenchEr
     // the same as the headline figure, with a Bearer token: what authentication costs
     plan.push((1, false, top, AuthMode::On));
     let mut auth_api: Option<(SocketAddr, CancellationToken, String)> = None;
+    // the produced figure the inbound row is compared with
+    let mut outbound_single_top = None;
     for (fanout, batch, c, auth) in plan {
         db::truncate_queue(&ctx.pool).await?;
         let tenant = format!("bench-fo{fanout}");
@@ -378,6 +380,7 @@ pub(crate) async fn ingest(ctx: &Ctx, report: &mut Report) -> Result<(), BenchEr
             authorization,
             events_per_request: per_request,
             expect,
+            per_request: None,
         });
         let r = load::closed_loop(target, c, s.warmup, s.window).await?;
         if r.errors > 0 {
@@ -423,7 +426,47 @@ pub(crate) async fn ingest(ctx: &Ctx, report: &mut Report) -> Result<(), BenchEr
             "ingest {mode} c={c} fan-out {fanout}: {:.0} ev/s",
             r.events_per_sec()
         ));
+        if fanout == 1 && !batch && c == top && auth == AuthMode::None {
+            outbound_single_top = Some(r.events_per_sec());
+        }
     }
+    // Inbound (issue 33): a Stripe source of the fan-out-1 tenant, each request a new
+    // event signed now; the API verifies it, keeps its headers and dedupes on its id.
+    db::truncate_queue(&ctx.pool).await?;
+    // an API with its encryption key (the source's secret is sealed), otherwise the same
+    let (in_addr, in_stop) = start_managed_api(ctx).await?;
+    let r = inbound_load(ctx, in_addr, top).await;
+    in_stop.cancel();
+    let r = r?;
+    let (ev, dl) = db::queue_counts(&ctx.pool).await?;
+    acked += r.events_acked_total;
+    rows += ev as u64;
+    expected_deliveries += ev as u64;
+    deliveries += dl as u64;
+    let ratio = outbound_single_top.map_or(String::new(), |o| {
+        format!(
+            "{:.2} x single c={top} fan-out 1 (goal >= 0.80), ",
+            r.events_per_sec() / o
+        )
+    });
+    report.rows.push(Row {
+        section: "ingest",
+        figure: format!("inbound single c={top} fan-out 1, stripe, verified"),
+        value: r.events_per_sec(),
+        unit: "ev/s",
+        detail: format!("{ratio}{}", p50_p99("ack", &r.latencies)),
+        conditions: format!(
+            "POST /in/bench-stripe, Stripe-Signature (HMAC-SHA256 over t.body) checked, event id deduped, its headers kept; payload {} B, {} (+{} warm-up), {} requests",
+            s.payload_bytes,
+            secs(s.window),
+            secs(s.warmup),
+            r.requests,
+        ),
+    });
+    progress(&format!(
+        "ingest inbound single c={top}: {:.0} ev/s",
+        r.events_per_sec()
+    ));
     stop.cancel();
     if let Some((_, st, _)) = auth_api {
         st.cancel();
@@ -442,6 +485,73 @@ pub(crate) async fn ingest(ctx: &Ctx, report: &mut Report) -> Result<(), BenchEr
 }
 
 // ---- baselines ----
+
+/// `top` clients posting Stripe-signed events, each with its own id, to a source of the
+/// fan-out-1 tenant on the API at `addr`.
+async fn inbound_load(
+    ctx: &Ctx,
+    addr: SocketAddr,
+    top: usize,
+) -> Result<load::LoadResult, BenchError> {
+    use hmac::{Hmac, Mac};
+    const SECRET: &str = "whsec_bench_inbound_5b1f0c9e7d2a";
+    hookd::inbound::sources::create(
+        &ctx.pool,
+        &ctx.keyring,
+        hookd::inbound::sources::NewSource {
+            name: "bench-stripe".into(),
+            tenant: "bench-fo1".into(),
+            consumer: None,
+            provider: "stripe".into(),
+            hmac: None,
+            secret: Some(SECRET.into()),
+            event_type_prefix: Some("bench".into()),
+            max_body_bytes: None,
+            description: None,
+            max_body_allowed: 1 << 20,
+        },
+    )
+    .await
+    .map_err(|e| BenchError::Setup(format!("inbound source: {e}")))?;
+    let bytes = ctx.scale.payload_bytes;
+    let make: load::PerRequest = Arc::new(move |seq: u64| {
+        let body = format!(
+            r#"{{"id":"evt_{seq}","type":"ingest","data":{}}}"#,
+            payload(bytes, seq)
+        );
+        let t = chrono::Utc::now().timestamp();
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(SECRET.as_bytes()).expect("any key");
+        mac.update(format!("{t}.{body}").as_bytes());
+        let sig: String = mac
+            .finalize()
+            .into_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        (
+            Bytes::from(body),
+            vec![("stripe-signature", format!("t={t},v1={sig}"))],
+        )
+    });
+    let target = Arc::new(Target {
+        addr,
+        path: "/in/bench-stripe",
+        body: Bytes::new(),
+        authorization: None,
+        events_per_request: 1,
+        expect: StatusCode::ACCEPTED,
+        per_request: Some(make),
+    });
+    let r = load::closed_loop(target, top, ctx.scale.warmup, ctx.scale.window).await?;
+    if r.errors > 0 {
+        return Err(BenchError::Load(format!(
+            "inbound: {} request(s) failed; first: {}",
+            r.errors,
+            r.first_error.unwrap_or_default()
+        )));
+    }
+    Ok(r)
+}
 
 fn baseline_row(tenant: &str, endpoint_id: Uuid, payload: &str) -> db::BaselineRow {
     let event_type = "bench.baseline";
@@ -1026,6 +1136,7 @@ async fn paced_load(
         authorization: None,
         events_per_request: 1,
         expect: StatusCode::CREATED,
+        per_request: None,
     });
     let sent: Arc<Mutex<Vec<(Uuid, Instant, Duration)>>> = Arc::new(Mutex::new(Vec::new()));
     let errors: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
@@ -1054,7 +1165,7 @@ async fn paced_load(
         );
         tasks.spawn(async move {
             let t0 = Instant::now();
-            match conn.send(&target, Bytes::from(body)).await {
+            match conn.send(&target, Bytes::from(body), &[]).await {
                 Ok((StatusCode::CREATED, b)) => {
                     let ack = t0.elapsed();
                     let ids: Vec<Uuid> = serde_json::from_slice::<serde_json::Value>(&b)
@@ -1454,6 +1565,7 @@ async fn ingest_at_64(
         authorization: None,
         events_per_request: 1,
         expect: StatusCode::CREATED,
+        per_request: None,
     });
     let r = load::closed_loop(target, 64, s.warmup, s.window).await?;
     if r.errors > 0 {
@@ -1488,6 +1600,7 @@ pub(crate) async fn consumers(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
         authorization: None,
         events_per_request: 1,
         expect: StatusCode::CREATED,
+        per_request: None,
     });
     let r = load::closed_loop(target, 16, s.warmup, s.window).await?;
     if r.errors > 0 {
