@@ -19,6 +19,13 @@ use serde::{Deserialize, Serialize};
 /// same grammar as `outbox::validate_event_type`, plus the wildcard forms.)
 pub const EVENT_TYPE_PATTERN_RULE: &str = r"self.all(t, size(t) <= 128 && t.matches('^(\\*|[A-Za-z0-9_-]+(\\.[A-Za-z0-9_-]+)*(\\.\\*)?)$'))";
 
+/// A tenant or consumer, as `domain::validate_tenant` and `validate_consumer` take them.
+pub const IDENTIFIER_CEL: &str = r"self.matches('^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$')";
+pub const TENANT_RULE: &str =
+    "tenant must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit";
+pub const CONSUMER_RULE: &str =
+    "consumer must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit";
+
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "hookd.dev",
@@ -61,14 +68,14 @@ pub struct WebhookEndpointSpec {
 
     /// Tenant whose events this endpoint receives. Default: the namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new(r"self.matches('^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$')").message("tenant must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"))]
+    #[x_kube(validation = Rule::new(IDENTIFIER_CEL).message(TENANT_RULE))]
     #[schemars(length(min = 1, max = 128))]
     pub tenant: Option<String>,
 
     /// The consumer (customer) this endpoint belongs to: it then receives only events
     /// addressed to that consumer. Absent: events without a consumer (tenant-wide).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new(r"self.matches('^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$')").message("consumer must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"))]
+    #[x_kube(validation = Rule::new(IDENTIFIER_CEL).message(CONSUMER_RULE))]
     #[schemars(length(min = 1, max = 128))]
     pub consumer: Option<String>,
 
@@ -243,13 +250,13 @@ pub struct WebhookSourceSpec {
 
     /// Tenant whose endpoints receive its events. Default: the namespace's tenant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new(r"self.matches('^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$')").message("tenant must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"))]
+    #[x_kube(validation = Rule::new(IDENTIFIER_CEL).message(TENANT_RULE))]
     #[schemars(length(min = 1, max = 128))]
     pub tenant: Option<String>,
 
     /// Its events are for this consumer only. Absent: tenant-wide.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new(r"self.matches('^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$')").message("consumer must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"))]
+    #[x_kube(validation = Rule::new(IDENTIFIER_CEL).message(CONSUMER_RULE))]
     #[schemars(length(min = 1, max = 128))]
     pub consumer: Option<String>,
 

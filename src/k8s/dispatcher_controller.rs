@@ -70,31 +70,24 @@ pub async fn reconcile(d: Arc<WebhookDispatcher>, ctx: Arc<Context>) -> Result<A
     let result = apply(&d, &ctx).await;
     ctx.count_reconcile(CONTROLLER, result.is_ok());
     if result.is_ok() {
-        ctx.backoff.reset(&backoff_key(&d));
+        ctx.reset_backoff(
+            CONTROLLER,
+            &d.namespace().unwrap_or_default(),
+            &d.name_any(),
+        );
     }
     result
-}
-
-fn backoff_key(d: &WebhookDispatcher) -> String {
-    format!(
-        "{CONTROLLER}/{}/{}",
-        d.namespace().unwrap_or_default(),
-        d.name_any()
-    )
 }
 
 /// Retries with per-object exponential backoff and jitter; refusals (403, 422) wait much
 /// longer than outages.
 pub fn error_policy(d: Arc<WebhookDispatcher>, err: &Error, ctx: Arc<Context>) -> Action {
-    let delay = ctx.backoff.next(&backoff_key(&d), err.is_permanent());
-    tracing::warn!(
-        dispatcher = %format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any()),
-        error = %err,
-        permanent = err.is_permanent(),
-        retry_in_secs = delay.as_secs_f64(),
-        "reconcile failed; will retry"
-    );
-    Action::requeue(delay)
+    ctx.retry_after(
+        CONTROLLER,
+        &d.namespace().unwrap_or_default(),
+        &d.name_any(),
+        err,
+    )
 }
 
 async fn apply(d: &WebhookDispatcher, ctx: &Context) -> Result<Action, Error> {
@@ -151,7 +144,7 @@ async fn apply(d: &WebhookDispatcher, ctx: &Context) -> Result<Action, Error> {
                     &format!("the Deployment was refused: {err}"),
                 );
                 if d.status.as_ref() != Some(&status)
-                    && let Err(pe) = patch_status(ctx, d, &ns, &status).await
+                    && let Err(pe) = ctx.apply_status(d, &status).await
                 {
                     tracing::debug!(error = %pe, "could not report ApplyRejected");
                 }
@@ -174,7 +167,7 @@ async fn apply(d: &WebhookDispatcher, ctx: &Context) -> Result<Action, Error> {
     let status = desired_status(d, &scale, ready, problem.as_ref(), backlog, &to_time(now));
     let previous = d.status.as_ref().and_then(|s| s.replicas);
     if d.status.as_ref() != Some(&status) {
-        patch_status(ctx, d, &ns, &status).await?;
+        ctx.apply_status(d, &status).await?;
     }
     if let Some(prev) = previous
         && prev != scale.replicas
@@ -333,35 +326,13 @@ pub fn not_ready_reason(
         })
 }
 
-async fn patch_status(
-    ctx: &Context,
-    d: &WebhookDispatcher,
-    ns: &str,
-    status: &WebhookDispatcherStatus,
-) -> Result<(), Error> {
-    let patch = serde_json::json!({
-        "apiVersion": WebhookDispatcher::api_version(&()),
-        "kind": WebhookDispatcher::kind(&()),
-        "status": status,
-    });
-    Api::<WebhookDispatcher>::namespaced(ctx.client.clone(), ns)
-        .patch_status(
-            &d.name_any(),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map_err(Error::Kube)?;
-    Ok(())
-}
-
 /// The spec asks for something beyond what the operator allows: nothing is applied (a
 /// Deployment already running keeps its last accepted spec), the status and a Warning
 /// say why, and only a change of the object brings it back.
 async fn refuse(
     d: &WebhookDispatcher,
     ctx: &Context,
-    ns: &str,
+    _ns: &str,
     reason: &str,
 ) -> Result<Action, Error> {
     let status = ready_false(d, "NotAllowed", reason);
@@ -371,7 +342,7 @@ async fn refuse(
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
         .is_some_and(|c| c.reason == "NotAllowed");
     if d.status.as_ref() != Some(&status) {
-        patch_status(ctx, d, ns, &status).await?;
+        ctx.apply_status(d, &status).await?;
     }
     if !was_refused {
         ctx.publish(d, ObjectEvent::warning("NotAllowed", reason.to_string()))

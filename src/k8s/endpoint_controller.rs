@@ -20,17 +20,17 @@ use std::time::Instant;
 use chrono::Utc;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
+use kube::ResourceExt;
+use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Resource, ResourceExt};
 
 use super::conditions::{condition, find, to_time};
 use super::crd::{SecretKeyRef, WebhookEndpoint, WebhookEndpointStatus};
 use super::sync::{self, ResolvedSecret, SecretProblem, SyncOutcome};
-use super::{Context, Error, FIELD_MANAGER, ObjectEvent};
+use super::{Context, Error, ObjectEvent};
 use crate::db::{self, endpoints::EndpointStats};
 use crate::domain::{CircuitState, EndpointState};
 
@@ -59,31 +59,21 @@ pub async fn reconcile(ep: Arc<WebhookEndpoint>, ctx: Arc<Context>) -> Result<Ac
     .map_err(|e| Error::Finalizer(Box::new(e)));
     ctx.count_reconcile(CONTROLLER, result.is_ok());
     if result.is_ok() {
-        ctx.backoff.reset(&backoff_key(&ns, &name));
+        ctx.reset_backoff(CONTROLLER, &ns, &name);
     }
     result
-}
-
-fn backoff_key(ns: &str, name: &str) -> String {
-    format!("{CONTROLLER}/{ns}/{name}")
 }
 
 /// Retries with per-object exponential backoff and jitter: an outage (database, API
 /// server) is retried from a second up to five minutes, a refusal (403, 422, a write the
 /// database rejects) from 30 s up to 30 minutes.
 pub fn error_policy(ep: Arc<WebhookEndpoint>, err: &Error, ctx: Arc<Context>) -> Action {
-    let (ns, name) = (ep.namespace().unwrap_or_default(), ep.name_any());
-    let delay = ctx
-        .backoff
-        .next(&backoff_key(&ns, &name), err.is_permanent());
-    tracing::warn!(
-        endpoint = %format!("{ns}/{name}"),
-        error = %err,
-        permanent = err.is_permanent(),
-        retry_in_secs = delay.as_secs_f64(),
-        "reconcile failed; will retry"
-    );
-    Action::requeue(delay)
+    ctx.retry_after(
+        CONTROLLER,
+        &ep.namespace().unwrap_or_default(),
+        &ep.name_any(),
+        err,
+    )
 }
 
 async fn apply(ep: &WebhookEndpoint, ctx: &Context) -> Result<Action, Error> {
@@ -127,7 +117,7 @@ async fn apply(ep: &WebhookEndpoint, ctx: &Context) -> Result<Action, Error> {
             if e.is_unavailable() {
                 let status = unavailable_status(ep, &now);
                 if ep.status.as_ref() != Some(&status)
-                    && let Err(pe) = patch_status(ctx, ep, &status).await
+                    && let Err(pe) = ctx.apply_status(ep, &status).await
                 {
                     tracing::debug!(error = %pe, "could not report DatabaseUnavailable");
                 }
@@ -150,7 +140,7 @@ async fn apply(ep: &WebhookEndpoint, ctx: &Context) -> Result<Action, Error> {
         ));
     }
     if ep.status.as_ref() != Some(&status) {
-        patch_status(ctx, ep, &status).await?;
+        ctx.apply_status(ep, &status).await?;
     }
     for e in events {
         ctx.publish(ep, e).await;
@@ -196,7 +186,7 @@ async fn refresh_figures(
     let status = desired_status(ep, synced.problem.as_ref(), &synced.outcome, &stats, &now);
     let events = status_events(ep.status.as_ref(), &status, &synced.outcome);
     if ep.status.as_ref() != Some(&status) {
-        patch_status(ctx, ep, &status).await?;
+        ctx.apply_status(ep, &status).await?;
     }
     for e in events {
         ctx.publish(ep, e).await;
@@ -401,7 +391,7 @@ async fn hold(
     let status = refused_status(ep, reason, message, stats.as_ref(), &to_time(Utc::now()));
     let events = status_events(ep.status.as_ref(), &status, &SyncOutcome::unchanged());
     if ep.status.as_ref() != Some(&status) {
-        patch_status(ctx, ep, &status).await?;
+        ctx.apply_status(ep, &status).await?;
     }
     for e in events {
         ctx.publish(ep, e).await;
@@ -440,18 +430,10 @@ async fn read_secret(
     ns: &str,
     r: &SecretKeyRef,
 ) -> Result<Result<ResolvedSecret, SecretProblem>, Error> {
-    match Api::<Secret>::namespaced(ctx.client.clone(), ns)
-        .get_opt(&r.name)
-        .await
-    {
-        Ok(s) => Ok(sync::resolve_secret(ns, &r.name, &r.key, s.as_ref())),
-        Err(kube::Error::Api(status)) if status.code == 403 => Ok(Err(SecretProblem::Unreadable {
-            namespace: ns.into(),
-            name: r.name.clone(),
-            reason: "the controller's service account is not allowed to get it".into(),
-        })),
-        Err(e) => Err(Error::Kube(e)),
-    }
+    Ok(ctx
+        .get_secret(ns, &r.name)
+        .await?
+        .and_then(|s| sync::resolve_secret(ns, &r.name, &r.key, s.as_ref())))
 }
 
 async fn sync_to_db(
@@ -466,28 +448,6 @@ async fn sync_to_db(
         // the row was just written; only a concurrent manual DELETE gets here
         .ok_or(db::DbError::Query(sqlx::Error::RowNotFound))?;
     Ok((outcome, stats))
-}
-
-async fn patch_status(
-    ctx: &Context,
-    ep: &WebhookEndpoint,
-    status: &WebhookEndpointStatus,
-) -> Result<(), Error> {
-    let api: Api<WebhookEndpoint> =
-        Api::namespaced(ctx.client.clone(), &ep.namespace().unwrap_or_default());
-    let patch = serde_json::json!({
-        "apiVersion": WebhookEndpoint::api_version(&()),
-        "kind": WebhookEndpoint::kind(&()),
-        "status": status,
-    });
-    api.patch_status(
-        &ep.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(Error::Kube)?;
-    Ok(())
 }
 
 /// Pure: the status for what the sync and the database report. Conditions keep their

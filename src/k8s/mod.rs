@@ -25,6 +25,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PartialObjectMeta;
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::runtime::{Controller, Predicate, WatchStreamExt, predicates, watcher};
@@ -190,6 +191,10 @@ impl Error {
     }
 }
 
+fn backoff_key(controller: &str, ns: &str, name: &str) -> String {
+    format!("{controller}/{ns}/{name}")
+}
+
 /// Per-object exponential backoff with jitter for failed reconciles: a fixed delay
 /// retries thousands of objects in lockstep against an API server or database that is
 /// already struggling, and retries a permanent refusal every few seconds forever.
@@ -318,6 +323,89 @@ impl Drop for ReconcileTimer<'_> {
 }
 
 impl Context {
+    /// Server-side applies `status` to `obj`'s status subresource as the controller's field
+    /// manager (forced: the controller owns status).
+    pub async fn apply_status<K>(
+        &self,
+        obj: &K,
+        status: &impl serde::Serialize,
+    ) -> Result<(), Error>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::namespaced(
+            self.client.clone(),
+            &obj.meta().namespace.clone().unwrap_or_default(),
+        );
+        let patch = serde_json::json!({
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "status": status,
+        });
+        api.patch_status(
+            obj.meta().name.as_deref().unwrap_or_default(),
+            &kube::api::PatchParams::apply(FIELD_MANAGER).force(),
+            &kube::api::Patch::Apply(&patch),
+        )
+        .await
+        .map_err(Error::Kube)?;
+        Ok(())
+    }
+
+    /// GETs a Secret an object references. One the controller may not read is the
+    /// object's problem (its status says so), not the controller's error.
+    pub async fn get_secret(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<Result<Option<Secret>, sync::SecretProblem>, Error> {
+        match Api::<Secret>::namespaced(self.client.clone(), ns)
+            .get_opt(name)
+            .await
+        {
+            Ok(s) => Ok(Ok(s)),
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                Ok(Err(sync::SecretProblem::Unreadable {
+                    namespace: ns.into(),
+                    name: name.into(),
+                    reason: "the controller's service account is not allowed to get it".into(),
+                }))
+            }
+            Err(e) => Err(Error::Kube(e)),
+        }
+    }
+
+    /// The error policy of every controller: per-object backoff (see [`Backoff`]), logged
+    /// with the object and the delay.
+    pub fn retry_after(
+        &self,
+        controller: &'static str,
+        ns: &str,
+        name: &str,
+        err: &Error,
+    ) -> Action {
+        let delay = self
+            .backoff
+            .next(&backoff_key(controller, ns, name), err.is_permanent());
+        tracing::warn!(
+            controller,
+            object = %format!("{ns}/{name}"),
+            error = %err,
+            permanent = err.is_permanent(),
+            retry_in_secs = delay.as_secs_f64(),
+            "reconcile failed; will retry"
+        );
+        Action::requeue(delay)
+    }
+
+    /// A reconcile that succeeded ends its object's backoff.
+    pub fn reset_backoff(&self, controller: &'static str, ns: &str, name: &str) {
+        self.backoff.reset(&backoff_key(controller, ns, name));
+    }
+
     pub fn new(
         client: Client,
         pool: PgPool,

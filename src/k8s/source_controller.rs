@@ -18,16 +18,16 @@ use std::sync::Arc;
 use chrono::Utc;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
+use kube::ResourceExt;
+use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Resource, ResourceExt};
 
 use super::conditions::{condition, to_time};
 use super::crd::{WebhookSource, WebhookSourceStatus};
 use super::sync::{self, SecretProblem};
-use super::{Context, Error, FIELD_MANAGER, ObjectEvent};
+use super::{Context, Error, ObjectEvent};
 use crate::db::sources::DeclaredWrite;
 use crate::inbound::sources::{self, Declared, SourceError};
 
@@ -54,29 +54,19 @@ pub async fn reconcile(src: Arc<WebhookSource>, ctx: Arc<Context>) -> Result<Act
     .map_err(|e| Error::Finalizer(Box::new(e)));
     ctx.count_reconcile(CONTROLLER, result.is_ok());
     if result.is_ok() {
-        ctx.backoff.reset(&backoff_key(&ns, &name));
+        ctx.reset_backoff(CONTROLLER, &ns, &name);
     }
     result
 }
 
-fn backoff_key(ns: &str, name: &str) -> String {
-    format!("{CONTROLLER}/{ns}/{name}")
-}
-
 /// Retries with the same per-object backoff as the other controllers.
 pub fn error_policy(src: Arc<WebhookSource>, err: &Error, ctx: Arc<Context>) -> Action {
-    let (ns, name) = (src.namespace().unwrap_or_default(), src.name_any());
-    let delay = ctx
-        .backoff
-        .next(&backoff_key(&ns, &name), err.is_permanent());
-    tracing::warn!(
-        source = %format!("{ns}/{name}"),
-        error = %err,
-        permanent = err.is_permanent(),
-        retry_in_secs = delay.as_secs_f64(),
-        "reconcile failed; will retry"
-    );
-    Action::requeue(delay)
+    ctx.retry_after(
+        CONTROLLER,
+        &src.namespace().unwrap_or_default(),
+        &src.name_any(),
+        err,
+    )
 }
 
 /// Why an object's source is not (or no longer) what it declares.
@@ -119,7 +109,7 @@ async fn apply(src: &WebhookSource, ctx: &Context) -> Result<Action, Error> {
         .and_then(|s| super::conditions::find(&s.conditions, "Ready"))
         .map(|c| c.status == "True");
     if src.status.as_ref() != Some(&status) {
-        patch_status(ctx, src, &status).await?;
+        ctx.apply_status(src, &status).await?;
     }
     match &outcome {
         Ok(DeclaredWrite::Created(id)) => {
@@ -232,48 +222,18 @@ async fn cleanup(src: &WebhookSource, ctx: &Context) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
-/// GETs the referenced Secret; a Secret the controller may not read is the object's
-/// problem, reported in its status.
+/// The text of the referenced Secret's key; a Secret the controller may not read is the
+/// object's problem, reported in its status.
 async fn read_secret(
     ctx: &Context,
     ns: &str,
     src: &WebhookSource,
 ) -> Result<Result<String, SecretProblem>, Error> {
     let r = &src.spec.secret_ref;
-    match Api::<Secret>::namespaced(ctx.client.clone(), ns)
-        .get_opt(&r.name)
-        .await
-    {
-        Ok(s) => Ok(sync::secret_text(ns, &r.name, &r.key, s.as_ref())),
-        Err(kube::Error::Api(status)) if status.code == 403 => Ok(Err(SecretProblem::Unreadable {
-            namespace: ns.into(),
-            name: r.name.clone(),
-            reason: "the controller's service account is not allowed to get it".into(),
-        })),
-        Err(e) => Err(Error::Kube(e)),
-    }
-}
-
-async fn patch_status(
-    ctx: &Context,
-    src: &WebhookSource,
-    status: &WebhookSourceStatus,
-) -> Result<(), Error> {
-    let api: Api<WebhookSource> =
-        Api::namespaced(ctx.client.clone(), &src.namespace().unwrap_or_default());
-    let patch = serde_json::json!({
-        "apiVersion": WebhookSource::api_version(&()),
-        "kind": WebhookSource::kind(&()),
-        "status": status,
-    });
-    api.patch_status(
-        &src.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(Error::Kube)?;
-    Ok(())
+    Ok(ctx
+        .get_secret(ns, &r.name)
+        .await?
+        .and_then(|s| sync::secret_text(ns, &r.name, &r.key, s.as_ref())))
 }
 
 /// Pure: the status for what the write did. An unchanged world gives an identical status
