@@ -141,7 +141,10 @@ async fn apply(src: &WebhookSource, ctx: &Context) -> Result<Action, Error> {
         }
         _ => {}
     }
-    Ok(Action::requeue(ctx.settings.status_interval))
+    // A source has no figures to refresh from Postgres, and its Secret's changes come
+    // through the Secret watch: a full pass only at resync, so idle sources cost the API
+    // server a GET each per resync, not per status interval.
+    Ok(Action::requeue(ctx.settings.resync))
 }
 
 /// Writes the declared source; a refusal of the rules or of the database is the object's
