@@ -36,7 +36,7 @@ pub enum ApplyError {
     /// The file as a whole is refused (too large, too deeply nested) before parsing.
     #[error("{file}: {message}")]
     File { file: PathBuf, message: String },
-    #[error("no WebhookEndpoint documents found")]
+    #[error("no WebhookEndpoint or WebhookSource documents found")]
     Empty,
     /// The database refused a declared object (a source's name taken, a tenant at its
     /// cap): the transaction is rolled back, nothing of the files was applied.
