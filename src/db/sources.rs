@@ -43,6 +43,9 @@ pub struct NewSource<'a> {
     pub description: Option<&'a str>,
     pub key_id: &'a str,
     pub ciphertext: &'a [u8],
+    /// the namespace of the WebhookSource object that declares it (its object name is the
+    /// source's); `None`: made through the API
+    pub declared_in: Option<&'a str>,
 }
 
 /// How many sources `tenant` has, counted under a lock that makes two creates of one
@@ -68,8 +71,11 @@ pub async fn insert(
 ) -> Result<Option<SourceRow>, DbError> {
     let inserted = sqlx::query_as::<_, SourceRow>(sqlx::AssertSqlSafe(format!(
         "INSERT INTO hookd.sources (id, name, tenant, consumer, provider, hmac,
-                                    event_type_prefix, max_body_bytes, description)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                                    event_type_prefix, max_body_bytes, description,
+                                    managed_by, k8s_namespace, k8s_name)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
+                 CASE WHEN $10::text IS NULL THEN 'api' ELSE 'kubernetes' END,
+                 $10, CASE WHEN $10::text IS NULL THEN NULL ELSE $2 END)
          ON CONFLICT (name) DO NOTHING
          RETURNING {COLUMNS}"
     )))
@@ -82,6 +88,7 @@ pub async fn insert(
     .bind(s.event_type_prefix)
     .bind(s.max_body_bytes)
     .bind(s.description)
+    .bind(s.declared_in)
     .fetch_optional(on(&mut *conn))
     .await?;
     let Some(row) = inserted else {
@@ -157,14 +164,14 @@ pub async fn for_ingest(
     name: &str,
 ) -> Result<Option<(SourceRow, Vec<SealedSecret>)>, DbError> {
     let row = sqlx::query_as::<_, IngestRow>(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS},
-                ARRAY(SELECT key_id FROM hookd.source_secrets ss
-                      WHERE ss.source_id = s.id AND (not_after IS NULL OR not_after > now())
-                      ORDER BY version DESC) AS key_ids,
-                ARRAY(SELECT ciphertext FROM hookd.source_secrets ss
-                      WHERE ss.source_id = s.id AND (not_after IS NULL OR not_after > now())
-                      ORDER BY version DESC) AS ciphertexts
-         FROM hookd.sources s WHERE name = $1"
+        "SELECT {COLUMNS}, k.key_ids, k.ciphertexts
+         FROM hookd.sources s
+         CROSS JOIN LATERAL (
+             SELECT coalesce(array_agg(ss.key_id ORDER BY ss.version DESC), '{{}}') AS key_ids,
+                    coalesce(array_agg(ss.ciphertext ORDER BY ss.version DESC), '{{}}') AS ciphertexts
+             FROM hookd.source_secrets ss
+             WHERE ss.source_id = s.id AND (ss.not_after IS NULL OR ss.not_after > now())) k
+         WHERE s.name = $1"
     )))
     .bind(name)
     .fetch_optional(on(pool))
@@ -346,34 +353,27 @@ pub async fn write_declared(
         }
         let id = Uuid::now_v7();
         let (key_id, ciphertext) = seal(id);
-        let inserted: Option<Uuid> = sqlx::query_scalar(
-            "WITH s AS (
-                INSERT INTO hookd.sources (id, name, tenant, consumer, provider, hmac, event_type_prefix,
-                                           max_body_bytes, description, managed_by, k8s_namespace, k8s_name)
-                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'kubernetes', $10, $2)
-                ON CONFLICT DO NOTHING
-                RETURNING id
-             ), k AS (
-                INSERT INTO hookd.source_secrets (source_id, version, key_id, ciphertext)
-                SELECT id, 1, $11, $12 FROM s
-             )
-             SELECT id FROM s",
+        let inserted = insert(
+            &mut *conn,
+            &NewSource {
+                id,
+                name: d.name,
+                tenant: d.tenant,
+                consumer: d.consumer,
+                provider: d.provider,
+                hmac: d.hmac.clone(),
+                event_type_prefix: d.event_type_prefix,
+                max_body_bytes: d.max_body_bytes,
+                description: d.description,
+                key_id: &key_id,
+                ciphertext: &ciphertext,
+                declared_in: Some(d.namespace),
+            },
         )
-        .bind(id)
-        .bind(d.name)
-        .bind(d.tenant)
-        .bind(d.consumer)
-        .bind(d.provider)
-        .bind(d.hmac.as_ref().map(sqlx::types::Json))
-        .bind(d.event_type_prefix)
-        .bind(d.max_body_bytes)
-        .bind(d.description)
-        .bind(d.namespace)
-        .bind(key_id)
-        .bind(ciphertext)
-        .fetch_optional(on(&mut *conn))
         .await?;
-        return Ok(inserted.map_or(DeclaredWrite::NameTaken, DeclaredWrite::Created));
+        return Ok(inserted.map_or(DeclaredWrite::NameTaken, |row| {
+            DeclaredWrite::Created(row.id)
+        }));
     };
     if managed_by != ManagedBy::Kubernetes.as_str() || namespace.as_deref() != Some(d.namespace) {
         return Ok(DeclaredWrite::NameTaken);

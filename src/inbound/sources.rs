@@ -363,6 +363,36 @@ pub struct NewSource {
     pub max_body_allowed: i32,
 }
 
+/// The rules a source's naming and routing fields meet whichever door it comes through
+/// (the API's create, a WebhookSource object); the body limit is each door's to check,
+/// against its own bound, before [`check_description`]. Returns the provider they name.
+fn check_fields(
+    name: &str,
+    tenant: &str,
+    consumer: Option<&str>,
+    provider_name: &str,
+    hmac: Option<&HmacSpec>,
+    event_type_prefix: &str,
+) -> Result<Provider, String> {
+    validate_name(name)?;
+    crate::domain::validate_tenant(tenant)?;
+    if let Some(c) = consumer {
+        crate::domain::validate_consumer(c)?;
+    }
+    let p = provider(provider_name, hmac)?;
+    crate::domain::validate_event_type(event_type_prefix)
+        .map_err(|e| format!("eventTypePrefix: {e}"))?;
+    Ok(p)
+}
+
+/// A source's description, in every door (and in a change).
+fn check_description(description: Option<&str>) -> Result<(), String> {
+    match description {
+        Some(d) => crate::domain::validate_text("description", d, 1000),
+        None => Ok(()),
+    }
+}
+
 /// A body limit between 1 and what this API takes.
 fn check_max_body(max: i32, allowed: i32) -> Result<(), SourceError> {
     if (1..=allowed).contains(&max) {
@@ -381,23 +411,21 @@ pub async fn create(
     keyring: &Keyring,
     s: NewSource,
 ) -> Result<(SourceRow, String), SourceError> {
-    let invalid = SourceError::Invalid;
-    validate_name(&s.name).map_err(invalid)?;
-    crate::domain::validate_tenant(&s.tenant).map_err(invalid)?;
-    if let Some(c) = &s.consumer {
-        crate::domain::validate_consumer(c).map_err(invalid)?;
-    }
-    let provider = provider(&s.provider, s.hmac.as_ref()).map_err(invalid)?;
     let prefix = s.event_type_prefix.unwrap_or_else(|| s.name.clone());
-    crate::domain::validate_event_type(&prefix)
-        .map_err(|e| invalid(format!("eventTypePrefix: {e}")))?;
+    let provider = check_fields(
+        &s.name,
+        &s.tenant,
+        s.consumer.as_deref(),
+        &s.provider,
+        s.hmac.as_ref(),
+        &prefix,
+    )
+    .map_err(SourceError::Invalid)?;
     let max_body = s
         .max_body_bytes
         .unwrap_or(DEFAULT_MAX_BODY_BYTES.min(s.max_body_allowed));
     check_max_body(max_body, s.max_body_allowed)?;
-    if let Some(d) = &s.description {
-        crate::domain::validate_text("description", d, 1000).map_err(invalid)?;
-    }
+    check_description(s.description.as_deref()).map_err(SourceError::Invalid)?;
     let secret = checked_or_generated(&provider, s.secret)?;
     let id = Uuid::now_v7();
     let sealed = keyring.encrypt(id, &secret);
@@ -426,6 +454,7 @@ pub async fn create(
             description: s.description.as_deref(),
             key_id: &sealed.key_id,
             ciphertext: &sealed.ciphertext,
+            declared_in: None,
         },
     )
     .await?;
@@ -512,8 +541,8 @@ pub async fn change(
     if let Some(max) = c.max_body_bytes {
         check_max_body(max, max_body_allowed)?;
     }
-    if let Some(Some(d)) = &c.description {
-        crate::domain::validate_text("description", d, 1000).map_err(invalid)?;
+    if let Some(d) = &c.description {
+        check_description(d.as_deref()).map_err(invalid)?;
     }
     if let Some(h) = &c.hmac {
         provider(&source.provider, Some(h)).map_err(invalid)?;
@@ -558,14 +587,14 @@ pub const MAX_DECLARED_BODY_BYTES: i32 = 16 << 20;
 
 /// The source rules for a declared source, every field; the message names the field.
 pub fn validate_declared(d: &Declared<'_>) -> Result<Provider, String> {
-    validate_name(d.name)?;
-    crate::domain::validate_tenant(d.tenant)?;
-    if let Some(c) = d.consumer {
-        crate::domain::validate_consumer(c)?;
-    }
-    let p = provider(d.provider, d.hmac)?;
-    crate::domain::validate_event_type(d.event_type_prefix.unwrap_or(d.name))
-        .map_err(|e| format!("eventTypePrefix: {e}"))?;
+    let p = check_fields(
+        d.name,
+        d.tenant,
+        d.consumer,
+        d.provider,
+        d.hmac,
+        d.event_type_prefix.unwrap_or(d.name),
+    )?;
     if let Some(max) = d.max_body_bytes
         && !(1..=MAX_DECLARED_BODY_BYTES).contains(&max)
     {
@@ -573,9 +602,7 @@ pub fn validate_declared(d: &Declared<'_>) -> Result<Provider, String> {
             "maxBodyBytes must be between 1 and {MAX_DECLARED_BODY_BYTES}"
         ));
     }
-    if let Some(desc) = d.description {
-        crate::domain::validate_text("description", desc, 1000)?;
-    }
+    check_description(d.description)?;
     if let Some(g) = d.secret_rotation_grace_seconds
         && !(0..=MAX_ROTATION_GRACE_SECS).contains(&g)
     {
