@@ -287,19 +287,8 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
         let object = name_of(&value);
         match (meta.api_version.as_deref(), meta.kind.as_deref()) {
             (Some("hookd.dev/v1alpha1"), Some("WebhookEndpoint")) => {
-                // kubectl refuses unknown fields; silently dropping `eventType:` (for
-                // `eventTypes`) would subscribe the endpoint to every event.
-                known_fields(&value, &WebhookEndpoint::crd())
-                    .map_err(|e| invalid(object.clone(), e))?;
-                let mut ep: WebhookEndpoint = serde_json::from_value(value).map_err(|e| {
-                    invalid(object.clone(), format!("invalid WebhookEndpoint: {e}"))
-                })?;
-                if ep.metadata.name.as_deref().unwrap_or("").is_empty() {
-                    return Err(invalid(object, "metadata.name is required".into()));
-                }
-                if ep.metadata.namespace.is_none() {
-                    ep.metadata.namespace = Some("default".into());
-                }
+                let ep: WebhookEndpoint =
+                    hookd_object(value).map_err(|e| invalid(object.clone(), e))?;
                 // The endpoint rules of every door first (their messages name the
                 // field and the value), then what `kubectl apply` would refuse (the
                 // CRD's CEL rules and schema bounds; tests/crd.rs holds both to one
@@ -311,16 +300,8 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
                 docs.push(Document::Endpoint(Box::new(ep)));
             }
             (Some("hookd.dev/v1alpha1"), Some("WebhookSource")) => {
-                known_fields(&value, &WebhookSource::crd())
-                    .map_err(|e| invalid(object.clone(), e))?;
-                let mut src: WebhookSource = serde_json::from_value(value)
-                    .map_err(|e| invalid(object.clone(), format!("invalid WebhookSource: {e}")))?;
-                if src.metadata.name.as_deref().unwrap_or("").is_empty() {
-                    return Err(invalid(object, "metadata.name is required".into()));
-                }
-                if src.metadata.namespace.is_none() {
-                    src.metadata.namespace = Some("default".into());
-                }
+                let src: WebhookSource =
+                    hookd_object(value).map_err(|e| invalid(object.clone(), e))?;
                 // the source rules run in `plan`, with the secret they check
                 crate::inbound::sources::validate_name(&src.name_any())
                     .map_err(|e| invalid(object.clone(), format!("metadata.{e}")))?;
@@ -367,6 +348,26 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
         }
     }
     Ok(docs)
+}
+
+/// A document of one of hookd's kinds as `kubectl apply` would take it: only the fields
+/// its CRD declares (kubectl refuses unknown fields; silently dropping `eventType:` for
+/// `eventTypes` would subscribe an endpoint to every event), a name, and the namespace
+/// `default` when it names none.
+fn hookd_object<K>(value: serde_json::Value) -> Result<K, String>
+where
+    K: CustomResourceExt + kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
+{
+    known_fields(&value, &K::crd())?;
+    let mut obj: K =
+        serde_json::from_value(value).map_err(|e| format!("invalid {}: {e}", K::kind(&())))?;
+    if obj.meta().name.as_deref().unwrap_or("").is_empty() {
+        return Err("metadata.name is required".into());
+    }
+    obj.meta_mut()
+        .namespace
+        .get_or_insert_with(|| "default".into());
+    Ok(obj)
 }
 
 /// Refuses fields the CRD schema does not declare (what `kubectl apply` refuses with
