@@ -861,6 +861,18 @@ fn spec_or_finalizers<K: Resource>(obj: &K) -> Option<u64> {
         .hash_property(obj)
 }
 
+/// The objects a controller watches: in `namespace` (`HOOKD_WATCH_NAMESPACE`), or in all.
+fn watched<K>(client: Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    }
+}
+
 fn endpoint_controller_stream(
     client: Client,
     namespace: Option<&str>,
@@ -870,14 +882,8 @@ fn endpoint_controller_stream(
 ) -> impl std::future::Future<Output = ()> {
     // Secrets are watched metadata-only: the controller never holds every Secret of the
     // cluster in memory, only their names and versions; it GETs the ones it needs.
-    let (endpoints, secrets): (Api<WebhookEndpoint>, Api<PartialObjectMeta<Secret>>) =
-        match namespace {
-            Some(ns) => (
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client, ns),
-            ),
-            None => (Api::all(client.clone()), Api::all(client)),
-        };
+    let endpoints: Api<WebhookEndpoint> = watched(client.clone(), namespace);
+    let secrets: Api<PartialObjectMeta<Secret>> = watched(client, namespace);
     let (reader, writer) = reflector::store();
     let index = endpoint_controller::SecretIndex::default();
     let index_writer = index.clone();
@@ -925,13 +931,8 @@ fn source_controller_stream(
     health: Arc<Health>,
     token: CancellationToken,
 ) -> impl std::future::Future<Output = ()> {
-    let (sources, secrets): (Api<WebhookSource>, Api<PartialObjectMeta<Secret>>) = match namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client, ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client)),
-    };
+    let sources: Api<WebhookSource> = watched(client.clone(), namespace);
+    let secrets: Api<PartialObjectMeta<Secret>> = watched(client, namespace);
     let (reader, writer) = reflector::store();
     let source_health = health.clone();
     let objects = watcher(sources, watcher::Config::default())
