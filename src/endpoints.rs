@@ -40,13 +40,14 @@ static URL_RE: std::sync::LazyLock<regex::Regex> =
 pub const MAX_EVENT_TYPES: usize = 64;
 pub const MAX_HEADERS: usize = 32;
 
-/// Headers hookd sets itself, and the hop-by-hop and body-framing ones that would change
+/// Headers hookd sets itself (`hookd-source*` on an inbound event's deliveries: a
+/// receiver may trust them to say the event came from a provider), and the hop-by-hop and body-framing ones that would change
 /// how a delivery is sent or read (a `content-encoding: gzip` on a plain body makes every
 /// delivery unreadable to a standard receiver); an endpoint cannot set them, whichever
 /// door it comes in by. The API and `hookd apply` check them here, a WebhookEndpoint's CRD
 /// by [`HEADER_NAME_CEL`] (which lists the same names: a test ties the two), and the
 /// controller holds an object stored before its CRD refused the name.
-pub const RESERVED_HEADERS: [&str; 15] = [
+pub const RESERVED_HEADERS: [&str; 17] = [
     "content-type",
     "content-length",
     "host",
@@ -62,10 +63,12 @@ pub const RESERVED_HEADERS: [&str; 15] = [
     "keep-alive",
     "proxy-connection",
     "proxy-authorization",
+    "hookd-source",
+    "hookd-source-event-id",
 ];
 
 /// The CRD's rule for `spec.headers` keys: [`RESERVED_HEADERS`] in CEL.
-pub const HEADER_NAME_CEL: &str = "self.all(k, k.matches('^[A-Za-z0-9-]{1,64}$') && !k.lowerAscii().startsWith('webhook-') && !(k.lowerAscii() in ['content-type', 'content-length', 'host', 'idempotency-key', 'user-agent', 'transfer-encoding', 'connection', 'content-encoding', 'expect', 'upgrade', 'te', 'trailer', 'keep-alive', 'proxy-connection', 'proxy-authorization']))";
+pub const HEADER_NAME_CEL: &str = "self.all(k, k.matches('^[A-Za-z0-9-]{1,64}$') && !k.lowerAscii().startsWith('webhook-') && !(k.lowerAscii() in ['content-type', 'content-length', 'host', 'idempotency-key', 'user-agent', 'transfer-encoding', 'connection', 'content-encoding', 'expect', 'upgrade', 'te', 'trailer', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'hookd-source', 'hookd-source-event-id']))";
 
 /// True for a name no endpoint may set (`webhook-*` and [`RESERVED_HEADERS`], any case).
 /// The dispatcher also skips these when it sends, for rows stored before a door refused
@@ -76,7 +79,7 @@ pub fn is_reserved_header(name: &str) -> bool {
 }
 
 /// The one refusal of a header name, word for word in every door (the CRD's message).
-pub const HEADER_NAME_RULE: &str = "headers keys must be header names (letters, digits, '-'; at most 64) and must not set webhook-* or a header hookd sets or that changes how a delivery is framed: content-type, content-length, host, idempotency-key, user-agent, transfer-encoding, connection, content-encoding, expect, upgrade, te, trailer, keep-alive, proxy-connection, proxy-authorization";
+pub const HEADER_NAME_RULE: &str = "headers keys must be header names (letters, digits, '-'; at most 64) and must not set webhook-* or a header hookd sets or that changes how a delivery is framed: content-type, content-length, host, idempotency-key, user-agent, transfer-encoding, connection, content-encoding, expect, upgrade, te, trailer, keep-alive, proxy-connection, proxy-authorization, hookd-source, hookd-source-event-id";
 
 /// The one refusal of a header value, in every door (the CRD's message).
 pub const HEADER_VALUE_RULE: &str =

@@ -276,5 +276,13 @@ mod tests {
         assert_eq!(h["hookd-source"], "stripe-live");
         assert_eq!(h.get_all("hookd-source").iter().count(), 1);
         assert_eq!(h["hookd-source-event-id"], "evt_1");
+        // and a produced event never carries one, whatever an endpoint stored
+        let produced = ClaimedDelivery {
+            source: None,
+            source_event_id: None,
+            ..d
+        };
+        let h = signed_headers(&produced, &[]);
+        assert!(h.get("hookd-source").is_none(), "{h:?}");
     }
 }
