@@ -489,6 +489,20 @@ $$;
 
 
 --
+-- Name: sources_changed(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.sources_changed() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_notify('hookd_sources', '');
+    RETURN NULL;
+END
+$$;
+
+
+--
 -- Name: subscribers(text, text, text); Type: FUNCTION; Schema: hookd; Owner: -
 --
 
@@ -1011,6 +1025,19 @@ CREATE TABLE hookd.sign_in_codes (
 
 
 --
+-- Name: source_requests; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.source_requests (
+    source_id uuid NOT NULL,
+    hour timestamp with time zone NOT NULL,
+    outcome text NOT NULL,
+    count bigint NOT NULL,
+    last_at timestamp with time zone NOT NULL
+);
+
+
+--
 -- Name: source_secrets; Type: TABLE; Schema: hookd; Owner: -
 --
 
@@ -1273,6 +1300,14 @@ ALTER TABLE ONLY hookd.producer_roles
 
 ALTER TABLE ONLY hookd.sign_in_codes
     ADD CONSTRAINT sign_in_codes_pkey PRIMARY KEY (code_hash);
+
+
+--
+-- Name: source_requests source_requests_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.source_requests
+    ADD CONSTRAINT source_requests_pkey PRIMARY KEY (source_id, hour, outcome);
 
 
 --
@@ -1630,6 +1665,13 @@ CREATE UNIQUE INDEX events_idempotency ON hookd.events USING btree (tenant, idem
 
 
 --
+-- Name: events_source_page; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX events_source_page ON hookd.events USING btree (tenant, source, id) WHERE (source IS NOT NULL);
+
+
+--
 -- Name: events_tenant_page; Type: INDEX; Schema: hookd; Owner: -
 --
 
@@ -1655,6 +1697,13 @@ CREATE INDEX producer_roles_tenant ON hookd.producer_roles USING btree (tenant);
 --
 
 CREATE INDEX sign_in_codes_expiry ON hookd.sign_in_codes USING btree (expires_at);
+
+
+--
+-- Name: source_requests_hour; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX source_requests_hour ON hookd.source_requests USING btree (hour);
 
 
 --
@@ -1907,6 +1956,20 @@ CREATE TRIGGER endpoints_subscriptions_ins AFTER INSERT ON hookd.endpoints FOR E
 --
 
 CREATE TRIGGER endpoints_subscriptions_upd AFTER UPDATE OF event_types, state, removed_at ON hookd.endpoints FOR EACH ROW WHEN (((old.event_types IS DISTINCT FROM new.event_types) OR ((old.state = 'disabled'::text) IS DISTINCT FROM (new.state = 'disabled'::text)) OR (old.removed_at IS DISTINCT FROM new.removed_at))) EXECUTE FUNCTION hookd.sync_subscriptions();
+
+
+--
+-- Name: source_secrets source_secrets_changed; Type: TRIGGER; Schema: hookd; Owner: -
+--
+
+CREATE TRIGGER source_secrets_changed AFTER INSERT OR DELETE OR UPDATE OR TRUNCATE ON hookd.source_secrets FOR EACH STATEMENT EXECUTE FUNCTION hookd.sources_changed();
+
+
+--
+-- Name: sources sources_changed; Type: TRIGGER; Schema: hookd; Owner: -
+--
+
+CREATE TRIGGER sources_changed AFTER INSERT OR DELETE OR UPDATE OR TRUNCATE ON hookd.sources FOR EACH STATEMENT EXECUTE FUNCTION hookd.sources_changed();
 
 
 --

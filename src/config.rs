@@ -130,6 +130,10 @@ pub struct ApiSettings {
     /// Send a coalesced NOTIFY after each commit to wake dispatchers at once
     #[arg(long, env = "HOOKD_NOTIFY", default_value_t = true, action = clap::ArgAction::Set)]
     pub notify: bool,
+    /// Postgres URL for LISTEN, straight to Postgres, for when DATABASE_URL goes through a pooler in transaction mode: the API listens for changes to inbound sources, and keeps them between requests only while it does (without it such an API reads a source from the database on every inbound request)
+    // hide_env_values: `--help` would print the URL, password included
+    #[arg(long, env = "HOOKD_NOTIFY_DATABASE_URL", hide_env_values = true)]
+    pub notify_database_url: Option<String>,
     /// `on`: every /v1 request needs a Bearer credential and the tenant comes from it;
     /// `none`: no authentication, the tenant comes from the request body (local runs only)
     #[arg(long, env = "HOOKD_AUTH", default_value = "on")]

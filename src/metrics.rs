@@ -25,9 +25,11 @@ pub struct RouteStatus {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct InboundOutcome {
     pub source: String,
-    /// `accepted`, `duplicate`, or why it was refused (`unknown_source`,
-    /// `missing_signature`, `bad_signature`, `stale_timestamp`, `malformed_signature`,
-    /// `not_json`)
+    /// `accepted`, `duplicate`, `url_verification` (Slack's check, answered), or why it
+    /// was not taken: refused (`unknown_source`, `missing_signature`, `bad_signature`,
+    /// `stale_timestamp`, `malformed_signature`, `not_json`), held back before its
+    /// signature was read (`not_admitted`), or verified but not committed (`not_taken`:
+    /// the tenant's rate or an outage; the provider retries)
     pub outcome: &'static str,
 }
 

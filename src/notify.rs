@@ -56,19 +56,32 @@ impl Notifier {
     }
 }
 
-/// Listens on the channel and pokes `wake` on every notification, and also after a
-/// reconnect (notifications sent while disconnected are lost, so assume work arrived).
-/// On `direct_url` when given. A LISTEN is session state: through a pooler in
+/// What a listener heard on its channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heard {
+    /// LISTEN took effect (first, or after a reconnect): notifications from now on arrive;
+    /// any sent before, while nobody listened, are lost
+    Listening,
+    /// a notification
+    Notified,
+    /// the connection dropped: nothing is heard until the next `Listening`
+    Lost,
+}
+
+/// Listens on `channel` and tells `on` what it hears, reconnecting after a lost
+/// connection. On `direct_url` when given. A LISTEN is session state: through a pooler in
 /// transaction mode it would stay on a server session other clients then use (and
 /// receive hookd's notifications on) while hookd heard nothing, so there it needs a
-/// direct URL or is left out; the poll and the next-due timer find the work without it
-/// (invariant 7).
-pub fn spawn_listener(
+/// direct URL or is left out: then nothing is spawned, `without` is logged, and `false`
+/// is returned.
+pub fn listen(
     pool: PgPool,
     direct_url: Option<String>,
-    wake: Arc<Notify>,
+    channel: &'static str,
+    without: &'static str,
+    mut on: impl FnMut(Heard) + Send + 'static,
     shutdown: CancellationToken,
-) {
+) -> bool {
     let pool = match (direct_url, db::pooler()) {
         (Some(url), _) => match db::connect_lazy(&db::PoolSettings {
             url,
@@ -77,52 +90,80 @@ pub fn spawn_listener(
         }) {
             Ok(direct) => direct,
             Err(e) => {
-                tracing::warn!(error = %e, "HOOKD_NOTIFY_DATABASE_URL: no LISTEN; dispatch polls for new deliveries");
-                return;
+                tracing::warn!(error = %e, "HOOKD_NOTIFY_DATABASE_URL: no LISTEN; {without}");
+                return false;
             }
         },
         (None, db::Pooler::Transaction) => {
             tracing::info!(
-                "DATABASE_URL goes through a pooler in transaction mode and HOOKD_NOTIFY_DATABASE_URL is not set: no LISTEN; dispatch polls for new deliveries (HOOKD_POLL_MS)"
+                "DATABASE_URL goes through a pooler in transaction mode and HOOKD_NOTIFY_DATABASE_URL is not set: no LISTEN; {without}"
             );
-            return;
+            return false;
         }
         (None, db::Pooler::None) => pool,
     };
     tokio::spawn(async move {
+        let retry = Duration::from_secs(1);
         loop {
-            let mut listener = match PgListener::connect_with(&pool).await {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::debug!(error = %e, "LISTEN connect failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                        _ = shutdown.cancelled() => return,
+            let listener = match PgListener::connect_with(&pool).await {
+                Ok(mut l) => match l.listen(channel).await {
+                    Ok(()) => Some(l),
+                    Err(e) => {
+                        tracing::debug!(channel, error = %e, "LISTEN failed; retrying");
+                        None
                     }
+                },
+                Err(e) => {
+                    tracing::debug!(channel, error = %e, "LISTEN connect failed; retrying");
+                    None
                 }
             };
-            if let Err(e) = listener.listen(CHANNEL).await {
-                tracing::debug!(error = %e, "LISTEN failed; retrying");
+            let Some(mut listener) = listener else {
                 tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    _ = tokio::time::sleep(retry) => continue,
                     _ = shutdown.cancelled() => return,
                 }
-            }
-            wake.notify_one();
+            };
+            on(Heard::Listening);
             loop {
                 tokio::select! {
+                    // Ok(None) is a dropped connection that sqlx would quietly re-establish
+                    // on the next call: reconnect here instead, so `Listening` is told
                     msg = listener.try_recv() => match msg {
-                        Ok(Some(_)) => wake.notify_one(),
-                        // None: the connection dropped; reconnect and assume we missed some
-                        Ok(None) => { wake.notify_one(); continue; }
+                        Ok(Some(_)) => on(Heard::Notified),
+                        Ok(None) => break,
                         Err(e) => {
-                            tracing::debug!(error = %e, "LISTEN connection lost");
+                            tracing::debug!(channel, error = %e, "LISTEN connection lost");
                             break;
                         }
                     },
                     _ = shutdown.cancelled() => return,
                 }
             }
+            on(Heard::Lost);
         }
     });
+    true
+}
+
+/// Pokes `wake` on every notification of new deliveries, and also after a reconnect
+/// (notifications sent while disconnected are lost, so assume work arrived).
+pub fn spawn_listener(
+    pool: PgPool,
+    direct_url: Option<String>,
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    listen(
+        pool,
+        direct_url,
+        CHANNEL,
+        "dispatch polls for new deliveries (HOOKD_POLL_MS)",
+        move |heard| {
+            if heard != Heard::Lost {
+                wake.notify_one();
+            }
+        },
+        shutdown,
+    );
 }

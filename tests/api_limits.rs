@@ -368,7 +368,7 @@ async fn connection_cap_queues_further_clients(pool: PgPool) {
 // ---- OpenAPI ----
 
 /// Every route the router serves, as (method, OpenAPI path).
-const ROUTES: [(&str, &str); 44] = [
+const ROUTES: [(&str, &str); 45] = [
     ("post", "/v1/messages"),
     ("get", "/v1/messages"),
     ("post", "/v1/messages/batch"),
@@ -408,6 +408,7 @@ const ROUTES: [(&str, &str); 44] = [
     ("patch", "/v1/sources/{name}"),
     ("delete", "/v1/sources/{name}"),
     ("post", "/v1/sources/{name}/secret/rotate"),
+    ("get", "/v1/sources/{name}/stats"),
     ("post", "/in/{name}"),
     ("get", "/healthz"),
     ("get", "/readyz"),

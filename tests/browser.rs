@@ -763,3 +763,149 @@ async fn a_fresh_link_in_the_same_tab_signs_in_again(pool: PgPool) {
     assert_eq!(b.js("return window.__samePage === 2").await, true);
     assert_eq!(b.client.current_url().await.unwrap().fragment(), None);
 }
+
+/// Stripe's scheme, as tests/inbound.rs computes it: `t=`, `v1=` hex HMAC-SHA256 of
+/// `{t}.{body}`.
+fn stripe_signed(secret: &str, t: i64, body: &str) -> String {
+    use hmac::{Hmac, Mac};
+    let mut m = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    m.update(format!("{t}.{body}").as_bytes());
+    let hex: String = m
+        .finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("t={t},v1={hex}")
+}
+
+/// An operator opens an inbound source's page: its requests by outcome (accepted,
+/// duplicate, refused with the reason), the events it took with their deliveries, and
+/// from one of them the delivery that failed, replayed.
+#[sqlx::test]
+async fn operator_sees_a_sources_requests_and_replays_what_it_took(pool: PgPool) {
+    const SECRET: &str = "whsec_console_4f8a1c2e9b7d3a6f";
+    let Some(b) = Browser::start().await else {
+        return;
+    };
+    let rx = RecordingReceiver::start(500).await;
+    endpoint(
+        &pool,
+        EndpointOpts {
+            url: rx.url("/payments"),
+            event_types: vec!["stripe.*".into()],
+            max_attempts: Some(1),
+            ..Default::default()
+        },
+    )
+    .await;
+    let hookd = Hookd::start(&pool, &[]).await;
+    let admin = mint_token(
+        &pool,
+        "team-a",
+        &[Scope::Read, Scope::Operate, Scope::Manage],
+    )
+    .await;
+    let (status, v) = hookd
+        .call(
+            &admin,
+            Method::POST,
+            "/v1/sources",
+            Some(serde_json::json!({"name": "stripe", "provider": "stripe", "secret": SECRET})),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let http = reqwest::Client::new();
+    let post = |body: &str, signature: String| {
+        http.post(format!("{}/in/stripe", hookd.base))
+            .header("content-type", "application/json")
+            .header("stripe-signature", signature)
+            .body(body.to_string())
+            .send()
+    };
+    let now = chrono::Utc::now().timestamp();
+    let paid = r#"{"id":"evt_console_1","type":"invoice.paid","data":{"object":{"id":"in_1"}}}"#;
+    let r = post(paid, stripe_signed(SECRET, now, paid)).await.unwrap();
+    assert_eq!(r.status(), 202);
+    let taken: serde_json::Value = r.json().await.unwrap();
+    let delivery: uuid::Uuid = taken["deliveryIds"][0].as_str().unwrap().parse().unwrap();
+    // the provider's retry, a forged request and a replayed old one
+    let r = post(paid, stripe_signed(SECRET, now, paid)).await.unwrap();
+    assert_eq!(r.status(), 202);
+    let r = post(paid, stripe_signed("whsec_not_the_secret", now, paid))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = post(paid, stripe_signed(SECRET, now - 3600, paid))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    // counts are written every few seconds; the delivery dies (one attempt, a 500)
+    assert!(
+        wait_until(Duration::from_secs(20), || async {
+            let (_, s) = hookd
+                .call(&admin, Method::GET, "/v1/sources/stripe/stats", None)
+                .await;
+            s["outcomes"].as_array().is_some_and(|o| o.len() == 4)
+                && delivery_status(&pool, delivery).await.0 == "dead"
+        })
+        .await,
+        "hookd log:\n{}",
+        hookd.log()
+    );
+
+    b.goto(&format!("{}/ui/sources#token={admin}", hookd.base))
+        .await;
+    b.wait_for("a.source-link").await;
+    b.click("#nav a[href='/ui/sources']").await;
+    b.click("a.source-link").await;
+    b.wait_for_text("#source-name", "stripe").await;
+    let outcomes = b
+        .js("return [...document.querySelectorAll('tr[data-outcome]')].map(r => [r.dataset.outcome, r.querySelector('td.num').textContent, r.classList.contains('refused')])")
+        .await;
+    let mut outcomes: Vec<(String, String, bool)> = serde_json::from_value(outcomes).unwrap();
+    outcomes.sort();
+    assert_eq!(
+        outcomes,
+        [
+            ("accepted".into(), "1".into(), false),
+            ("bad_signature".into(), "1".into(), true),
+            ("duplicate".into(), "1".into(), false),
+            ("stale_timestamp".into(), "1".into(), true),
+        ]
+    );
+    let requests = b.text("#requests-title ~ .scroll table").await.unwrap();
+    assert!(
+        requests.contains("refused: signature does not match"),
+        "{requests}"
+    );
+    let events = b
+        .wait_for_text("#events-title ~ .scroll table", "evt_console_1")
+        .await;
+    assert!(events.contains("stripe.invoice.paid"), "{events}");
+    b.screenshot("console-source").await;
+
+    // the accepted request's event: where it came from, and its delivery, replayed
+    b.click("#events-title ~ .scroll a.event-link").await;
+    b.wait_for_text("#event-type", "stripe.invoice.paid").await;
+    let facts = b.text("dl.facts").await.unwrap();
+    assert!(
+        facts.contains("stripe") && facts.contains("evt_console_1"),
+        "{facts}"
+    );
+    assert_eq!(b.text("#payload-raw").await.unwrap(), paid, "byte for byte");
+    rx.set_status(200);
+    let card = format!("#delivery-{delivery}");
+    b.wait_for(&format!("{card} button.replay")).await;
+    b.click(&format!("{card} button.replay")).await;
+    let line = b
+        .wait_for_text(&format!("{card} [role=status]"), "New attempt #2")
+        .await;
+    assert!(line.contains("HTTP 200"), "{line}");
+    let seen = rx.seen();
+    let last = seen.last().unwrap();
+    assert_eq!(last.body, paid.as_bytes(), "forwarded byte for byte");
+    assert_eq!(last.headers["hookd-source"], "stripe");
+    assert_eq!(last.headers["hookd-source-event-id"], "evt_console_1");
+    b.assert_no_dialog().await;
+}

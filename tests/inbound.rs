@@ -707,3 +707,145 @@ async fn a_tenant_holds_at_most_100_sources(pool: PgPool) {
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
     assert_eq!(v["error"]["code"], "tenant_source_limit");
 }
+
+/// The API keeps a source between requests (`inbound::cache`) only while it hears the
+/// database's notifications: a change by another process (here SQL, as the controller,
+/// `hookd apply` or another replica would write it) stops the kept copy once heard, and a
+/// lost listener forgets everything it kept.
+#[sqlx::test]
+async fn a_kept_source_is_forgotten_on_every_change_and_on_a_lost_listener(pool: PgPool) {
+    let api = TestApi::start(&pool).await;
+    let token = api.token_for(TENANT).await;
+    let (s, v) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/sources",
+        Some(json!({"name": "kept", "provider": "stripe", "secret": STRIPE_SECRET})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let listener = || async {
+        sqlx::query_scalar::<_, i32>(
+            "SELECT pid FROM pg_stat_activity
+             WHERE datname = current_database() AND query LIKE 'LISTEN %hookd_sources%'",
+        )
+        .fetch_optional(&pool)
+        .await
+        .unwrap()
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            listener().await.is_some()
+        })
+        .await,
+        "the API listens for source changes"
+    );
+    let seq = std::sync::atomic::AtomicU32::new(0);
+    let post = || async {
+        let n = seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let body = format!(r#"{{"id":"evt_kept_{n}","type":"invoice.paid"}}"#);
+        let t = chrono::Utc::now().timestamp();
+        post_in(
+            &api,
+            "kept",
+            &[(
+                "stripe-signature",
+                stripe_signature(STRIPE_SECRET, t, &body),
+            )],
+            &body,
+        )
+        .await
+        .0
+    };
+    let key_id: String = sqlx::query_scalar("SELECT key_id FROM hookd.source_secrets")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    // a change nobody hears (triggers off for this one transaction, which no hookd writer
+    // does): the next request still verifies, so the source was kept, not read again
+    let set_key = |key: String, heard: bool| {
+        let pool = pool.clone();
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            if !heard {
+                sqlx::query("SET LOCAL session_replication_role = replica")
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+            }
+            sqlx::query("UPDATE hookd.source_secrets SET key_id = $1")
+                .bind(key)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+        }
+    };
+    assert_eq!(post().await, StatusCode::ACCEPTED);
+    set_key("retired-key".into(), false).await;
+    assert_eq!(
+        post().await,
+        StatusCode::ACCEPTED,
+        "the kept source verifies"
+    );
+    // the same change, heard: read again, its secret no longer opens (503)
+    set_key("retired-key".into(), true).await;
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            post().await == StatusCode::SERVICE_UNAVAILABLE
+        })
+        .await,
+        "a change another process made is heard"
+    );
+    set_key(key_id.clone(), true).await;
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            post().await == StatusCode::ACCEPTED
+        })
+        .await
+    );
+    // the listener's connection is cut: what was kept is forgotten, and kept again only
+    // once it listens anew
+    set_key("retired-key".into(), false).await;
+    assert_eq!(post().await, StatusCode::ACCEPTED, "kept");
+    let pid = listener().await.unwrap();
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            post().await == StatusCode::SERVICE_UNAVAILABLE
+        })
+        .await,
+        "a lost listener forgets what it kept"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || async {
+            listener().await.is_some_and(|p| p != pid)
+        })
+        .await,
+        "the listener reconnects"
+    );
+    // a deletion by another process
+    set_key(key_id, false).await;
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            post().await == StatusCode::ACCEPTED
+        })
+        .await
+    );
+    sqlx::query("DELETE FROM hookd.sources WHERE name = 'kept'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            post().await == StatusCode::UNAUTHORIZED
+        })
+        .await,
+        "a source deleted elsewhere stops verifying"
+    );
+}

@@ -241,6 +241,77 @@ async fn listing_by_status_reads_what_it_returns(pool: PgPool) {
     );
 }
 
+/// A tenant with 30,000 produced messages and 5 an inbound source took: listing the
+/// source's events walks `events_source_page` for what it returns (issue 33's console
+/// page), and the filters it cannot serve with it are refused.
+#[sqlx::test]
+async fn listing_by_source_reads_what_it_returns(pool: PgPool) {
+    bulk_events(&pool, "list", 30_000).await;
+    sqlx::query(
+        "INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash, source, source_event_id)
+         SELECT hookd.uuid_v7(), 'list', 'stripe.invoice.paid', '{}', '\\x00'::bytea, 'stripe', 'evt_' || n
+         FROM generate_series(1, 5) n",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    bulk_events(&pool, "list", 30_000).await;
+    sqlx::query("ANALYZE hookd.events")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let q = EventQuery {
+        audience: Audience::tenant(Some("list")),
+        source: Some("stripe"),
+        limit: 10,
+        ..Default::default()
+    };
+    let page = db::events::list(&pool, &q).await.unwrap();
+    assert_eq!(page.len(), 5);
+    assert!(page.iter().all(|m| {
+        m.source.as_deref() == Some("stripe")
+            && m.source_event_id
+                .as_deref()
+                .is_some_and(|id| id.starts_with("evt_"))
+    }));
+    let text = db::events::explain_list(&pool, &q)
+        .await
+        .unwrap()
+        .join("\n");
+    assert!(text.contains("events_source_page"), "{text}");
+    assert!(!text.contains("Seq Scan on events"), "{text}");
+    let removed: i64 = text
+        .lines()
+        .filter_map(|l| l.split("Rows Removed by Filter: ").nth(1))
+        .map(|n| n.trim().parse::<i64>().unwrap())
+        .sum();
+    assert!(
+        removed <= 10,
+        "a listing of 5 rows filters {removed}:\n{text}"
+    );
+    for refused in [
+        EventQuery {
+            event_type: Some("stripe.invoice.paid"),
+            ..q.clone()
+        },
+        EventQuery {
+            status: Some(DeliveryStatus::Dead),
+            ..q.clone()
+        },
+        EventQuery {
+            consumer: Some("cust_1"),
+            ..q.clone()
+        },
+        EventQuery {
+            audience: Audience::tenant(None),
+            ..q.clone()
+        },
+    ] {
+        assert!(!db::events::source_served(&refused), "{refused:?}");
+    }
+    assert!(db::events::source_served(&q));
+}
+
 /// The history has no foreign keys (migration 0016); deleting an endpoint by hand still
 /// takes its history with it, as the cascade did, and its open deliveries too.
 #[sqlx::test]

@@ -19,7 +19,9 @@ use super::caller::Caller;
 use super::error::ApiError;
 use super::openapi::responses;
 use crate::auth::{Principal, Scope, Subject};
+use crate::db::sources::SourceRow;
 use crate::domain::ErrorCode;
+use crate::inbound::cache::OpenError;
 use crate::inbound::{providers, sources};
 use crate::metrics::InboundOutcome;
 use crate::outbox::EnqueueError;
@@ -51,15 +53,19 @@ fn unauthorized() -> ApiError {
     )
 }
 
-fn count(state: &AppState, source: &str, outcome: &'static str) {
+/// Counts a request in the metrics and, for a source that exists, on its console page.
+fn count(state: &AppState, source: Option<&SourceRow>, outcome: &'static str) {
     state
         .metrics
         .inbound_requests
         .get_or_create(&InboundOutcome {
-            source: source.to_string(),
+            source: source.map_or("(unknown)", |s| s.name.as_str()).to_string(),
             outcome,
         })
         .inc();
+    if let Some(s) = source {
+        state.source_requests.count(s.id, outcome);
+    }
 }
 
 /// POST /in/{name}
@@ -95,19 +101,33 @@ pub async fn receive(
     let name = match name {
         Ok(Path(n)) if sources::validate_name(&n).is_ok() => n,
         _ => {
-            count(&state, "(unknown)", "unknown_source");
+            count(&state, None, "unknown_source");
             return Err(unauthorized());
         }
     };
-    let Some((source, sealed)) = crate::db::sources::for_ingest(&state.pool, &name).await? else {
-        count(&state, "(unknown)", "unknown_source");
-        return Err(unauthorized());
-    };
     let keyring = super::endpoints::keyring(&state)?;
-    let provider = sources::provider_of(&source).map_err(|e| {
-        tracing::error!(source = %source.name, error = %e, "a stored source cannot be read");
-        ApiError::internal()
-    })?;
+    let ready = match state.sources.get(&state.pool, keyring, &name).await {
+        Ok(Some(ready)) => ready,
+        Ok(None) => {
+            count(&state, None, "unknown_source");
+            return Err(unauthorized());
+        }
+        Err(OpenError::Db(e)) => return Err(e.into()),
+        Err(e @ OpenError::Corrupt(_)) => {
+            tracing::error!(source = %name, error = %e, "a stored source cannot be read");
+            return Err(ApiError::internal());
+        }
+        Err(OpenError::Sealed) => {
+            // every secret is sealed under a key this process lacks: not the sender's
+            // fault, and the provider retries a 503
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::EncryptionUnavailable,
+                "this API process cannot open the source's secrets (its HOOKD_ENCRYPTION_KEY or HOOKD_ENCRYPTION_OLD_KEYS lacks the key they were sealed with); nothing was written, retry later",
+            ));
+        }
+    };
+    let (source, provider) = (&ready.source, &ready.provider);
     // Admitted on its head as the source itself (`in:{name}`, never a tenant's name: a
     // tenant has no ':'), from the inbound budget: its own share of body bytes in flight
     // and its own rate bucket, so requests nobody signed, slow or many, cost the source
@@ -124,46 +144,28 @@ pub async fn receive(
     // a body is at most what an event's payload may be
     let max = usize::try_from(source.max_body_bytes).unwrap_or(0);
     let refused = |e: ApiError| {
-        count(&state, &source.name, "not_admitted");
+        count(&state, Some(source), "not_admitted");
         e
     };
     let mut admitted = state
         .admit_inbound(&caller, &headers, max.min(state.limits.max_payload_bytes))
         .map_err(refused)?;
     let bytes = admitted.read(body).await.map_err(refused)?;
-    let secrets: Vec<zeroize::Zeroizing<String>> = sealed
-        .iter()
-        .filter_map(|s| match keyring.decrypt(source.id, &s.key_id, &s.ciphertext) {
-            Ok(secret) => Some(secret),
-            Err(e) => {
-                tracing::warn!(source = %source.name, error = %e, "a source secret cannot be opened with this process's keys");
-                None
-            }
-        })
-        .collect();
-    if secrets.is_empty() && !sealed.is_empty() {
-        // every secret is sealed under a key this process lacks: not the sender's fault,
-        // and the provider retries a 503
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::EncryptionUnavailable,
-            "this API process cannot open the source's secrets (its HOOKD_ENCRYPTION_KEY or HOOKD_ENCRYPTION_OLD_KEYS lacks the key they were sealed with); nothing was written, retry later",
-        ));
-    }
-    let refs: Vec<&str> = secrets.iter().map(|s| s.as_str()).collect();
-    let verified = providers::verify(&provider, &refs, &headers, &bytes, chrono::Utc::now())
-        .map_err(|refusal| {
-            count(&state, &source.name, refusal.reason());
+    let now = chrono::Utc::now();
+    let refs = ready.secrets_at(now);
+    let verified =
+        providers::verify(provider, &refs, &headers, &bytes, now).map_err(|refusal| {
+            count(&state, Some(source), refusal.reason());
             unauthorized()
         })?;
-    if let Some(challenge) = sources::slack_url_verification(&provider, &bytes) {
+    if let Some(challenge) = sources::slack_url_verification(provider, &bytes) {
         // Slack checks a Request URL once, with a signed challenge it wants echoed; it is
         // not an event
-        count(&state, &source.name, "url_verification");
+        count(&state, Some(source), "url_verification");
         return Ok(Json(ChallengeOut { challenge }).into_response());
     }
-    let event = sources::event(&source, &provider, &verified, &headers, &bytes).map_err(|e| {
-        count(&state, &source.name, "not_json");
+    let event = sources::event(source, provider, &verified, &headers, &bytes).map_err(|e| {
+        count(&state, Some(source), "not_json");
         ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ErrorCode::InboundNotJson,
@@ -179,16 +181,18 @@ pub async fn receive(
         consumer: source.consumer.clone(),
         origin: Some(event.origin),
     };
-    admitted.admit_events(&state, &[(msg.tenant.as_str(), 1)])?;
-    let key = (
-        msg.tenant.clone(),
-        msg.idempotency_key.clone().unwrap_or_default(),
-    );
-    let (event_id, delivery_ids, created) =
+    // verified but not committed (the tenant's rate, an outage): counted, and the
+    // provider retries what it was not given a 2xx for
+    let taken = async {
+        admitted.admit_events(&state, &[(msg.tenant.as_str(), 1)])?;
+        let key = (
+            msg.tenant.clone(),
+            msg.idempotency_key.clone().unwrap_or_default(),
+        );
         match admitted.enqueue_outcome(&state, vec![msg]).await? {
             Ok(done) => {
                 let e = done.into_iter().next().expect("one result per message");
-                (e.event_id, e.delivery_ids, e.created)
+                Ok((e.event_id, e.delivery_ids, e.created))
             }
             // the provider sent this event id before with another body: it is the same
             // event (ids are the provider's promise), taken once
@@ -200,16 +204,20 @@ pub async fn receive(
                     .map_err(crate::db::DbError::from)?;
                 let found = crate::db::events::find_by_keys(&mut conn, &[key]).await?;
                 let e = found.into_iter().next().ok_or_else(ApiError::internal)?;
-                (e.event_id, e.delivery_ids, false)
+                Ok((e.event_id, e.delivery_ids, false))
             }
-            Err(e) => return Err(e.into()),
-        };
+            Err(e) => Err(ApiError::from(e)),
+        }
+    };
+    let (event_id, delivery_ids, created) = taken
+        .await
+        .inspect_err(|_: &ApiError| count(&state, Some(source), "not_taken"))?;
     if created {
         state.metrics.count_enqueued(delivery_ids.len());
     }
     count(
         &state,
-        &source.name,
+        Some(source),
         if created { "accepted" } else { "duplicate" },
     );
     Ok((

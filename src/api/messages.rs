@@ -536,6 +536,12 @@ pub struct MessageOut {
     /// the consumer the event was addressed to, if any
     consumer: Option<String>,
     created_at: DateTime<Utc>,
+    /// the inbound source that took it; absent for a produced event
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
+    /// the provider's own id of the event, when its source took one
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source_event_id: Option<String>,
     deliveries: Vec<DeliverySummary>,
 }
 
@@ -587,6 +593,8 @@ pub async fn get(
         idempotency_key: event.idempotency_key,
         consumer: event.consumer,
         created_at: event.created_at,
+        source: event.source,
+        source_event_id: event.source_event_id,
         deliveries: deliveries.into_iter().map(Into::into).collect(),
     })
     .into_response())
@@ -607,6 +615,9 @@ pub struct MessageListParams {
     /// only messages with at least one delivery in this status
     #[param(value_type = Option<DeliveryStatus>)]
     status: Option<String>,
+    /// only events this inbound source took (combines with since, until and cursor only)
+    #[param(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
+    source: Option<String>,
     /// created at or after
     #[serde(default, deserialize_with = "crate::domain::time_bound")]
     since: Option<DateTime<Utc>>,
@@ -643,6 +654,12 @@ pub struct MessageSummaryOut {
     event_type: String,
     consumer: Option<String>,
     created_at: DateTime<Utc>,
+    /// the inbound source that took it; absent for a produced event
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
+    /// the provider's own id of the event, when its source took one
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source_event_id: Option<String>,
     deliveries: DeliveryCounts,
 }
 
@@ -701,6 +718,7 @@ pub async fn list(
         },
         consumer: p.consumer.as_deref(),
         event_type: p.event_type.as_deref(),
+        source: p.source.as_deref(),
         status,
         before,
         since: p.since,
@@ -716,6 +734,13 @@ pub async fn list(
              eventType, and needs a tenant; see docs/retention-partitions.md",
         ));
     }
+    if !db::events::source_served(&query) {
+        return Err(ApiError::unprocessable(
+            ErrorCode::FilterNotServed,
+            "source can be combined with since, until and cursor only, by a tenant-wide \
+             caller; see docs/retention-partitions.md",
+        ));
+    }
     let rows = db::events::list(&state.pool, &query).await?;
     let next_cursor = super::listing::next_cursor(&rows, limit, |r| r.id.to_string());
     Ok(Json(MessagePage {
@@ -728,6 +753,8 @@ pub async fn list(
                 event_type: r.event_type,
                 consumer: r.consumer,
                 created_at: r.created_at,
+                source: r.source,
+                source_event_id: r.source_event_id,
                 deliveries: DeliveryCounts {
                     total: r.total,
                     succeeded: r.succeeded,

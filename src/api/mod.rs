@@ -82,6 +82,10 @@ pub struct AppState {
     pub consumer_reads: Arc<TenantRateLimiter>,
     /// what one consumer and one tenant may have
     pub customers: CustomerLimits,
+    /// the inbound sources this process verifies with, kept while it hears their changes
+    pub sources: crate::inbound::cache::SourceCache,
+    /// requests to each source by outcome, for the console (`hookd.source_requests`)
+    pub source_requests: crate::inbound::tally::RequestTally,
 }
 
 /// Limits on what customers (consumers) and tenants may hold (issue 29).
@@ -127,7 +131,7 @@ impl AppState {
     ) -> AppState {
         let metrics = Metrics::new();
         let notifier = if settings.notify {
-            Notifier::spawn(pool.clone(), Duration::from_millis(2), shutdown)
+            Notifier::spawn(pool.clone(), Duration::from_millis(2), shutdown.clone())
         } else {
             Notifier::disabled()
         };
@@ -149,7 +153,17 @@ impl AppState {
             ),
         };
         let (process_bytes, tenant_bytes) = settings.ingest_budget();
+        let sources = crate::inbound::cache::SourceCache::start(
+            pool.clone(),
+            settings.notify_database_url.clone(),
+            shutdown.clone(),
+        );
         AppState {
+            source_requests: crate::inbound::tally::RequestTally::start(
+                pool.clone(),
+                shutdown.clone(),
+            ),
+            sources,
             pool,
             outbox,
             notifier,
@@ -232,6 +246,7 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(sources::create, sources::list))
         .routes(routes!(sources::get, sources::update, sources::delete))
         .routes(routes!(sources::rotate_secret))
+        .routes(routes!(sources::stats))
         .routes(routes!(inbound::receive))
         .routes(routes!(tokens::list))
         .routes(routes!(tokens::revoke))

@@ -7,7 +7,7 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, DurationRound, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
@@ -329,6 +329,8 @@ pub async fn delete(
     if !rules::delete(&state.pool, caller.tenant_scope(), &name).await? {
         return Err(ApiError::not_found("source"));
     }
+    // here at once; other processes when migration 0028's notification reaches them
+    state.sources.forget_all();
     tracing::info!(source = %name, "source deleted through the API");
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -415,6 +417,7 @@ pub async fn update(
     )
     .await?
     .ok_or_else(|| ApiError::not_found("source"))?;
+    state.sources.forget_all();
     Ok(Json(out(&state, row)).into_response())
 }
 
@@ -490,6 +493,7 @@ pub async fn rotate_secret(
     )
     .await?
     .ok_or_else(|| ApiError::not_found("source"))?;
+    state.sources.forget_all();
     tracing::info!(source = %name, "source secret rotated through the API");
     Ok((
         StatusCode::CREATED,
@@ -499,4 +503,87 @@ pub async fn rotate_secret(
         }),
     )
         .into_response())
+}
+
+/// Requests to a source with one outcome.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceOutcomeOut {
+    /// `accepted`, `duplicate`, `url_verification`, or why a request was not taken:
+    /// `missing_signature`, `malformed_signature`, `bad_signature`, `stale_timestamp`,
+    /// `not_json`, `not_admitted` (held back before its signature was read: size, bytes
+    /// in flight, rate), `not_taken` (verified, not committed: the tenant's rate or an
+    /// outage; the provider retries)
+    outcome: String,
+    /// true for the outcomes that answered 2xx
+    taken: bool,
+    count: i64,
+    last_at: DateTime<Utc>,
+}
+
+/// What a source was sent.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceStatsOut {
+    /// counted from the start of this hour on (the last 24 hours)
+    since: DateTime<Utc>,
+    /// most frequent first; a request to an unknown name is nobody's and is in the
+    /// metrics only (`hookd_inbound_requests_total{source="(unknown)"}`)
+    outcomes: Vec<SourceOutcomeOut>,
+}
+
+/// GET /v1/sources/{name}/stats
+#[utoipa::path(
+    get,
+    path = "/v1/sources/{name}/stats",
+    tag = "sources",
+    operation_id = "getSourceStats",
+    summary = "Requests to an inbound source in the last 24 hours, by outcome (scope: manage)",
+    description = "Counted by every API process and written every few seconds, so the \
+        newest requests show a moment later. The events it took are listed by \
+        GET /v1/messages?source={name}.",
+    params(("name" = String, Path, description = "The source's name")),
+    responses(
+        (status = 200, description = "Its requests by outcome", body = SourceStatsOut),
+        (status = 401, response = responses::Unauthorized),
+        (status = 403, response = responses::Forbidden),
+        (status = 404, response = responses::NotFound),
+        (status = 429, response = responses::TooManyRequests),
+        (status = 500, response = responses::Internal),
+        (status = 503, response = responses::Unavailable),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn stats(
+    caller: Caller,
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    caller.require(Scope::Manage)?;
+    caller.require_tenant_wide()?;
+    state.admit_read(&caller)?;
+    let name = path_name(name)?;
+    let row = db::sources::get(&state.pool, &name, caller.tenant_scope())
+        .await?
+        .ok_or_else(|| ApiError::not_found("source"))?;
+    let since = Utc::now() - chrono::Duration::hours(24);
+    let outcomes = db::sources::request_counts(&state.pool, row.id, since).await?;
+    Ok(Json(SourceStatsOut {
+        since: since
+            .duration_trunc(chrono::Duration::hours(1))
+            .unwrap_or(since),
+        outcomes: outcomes
+            .into_iter()
+            .map(|(outcome, count, last_at)| SourceOutcomeOut {
+                taken: matches!(
+                    outcome.as_str(),
+                    "accepted" | "duplicate" | "url_verification"
+                ),
+                outcome,
+                count,
+                last_at,
+            })
+            .collect(),
+    })
+    .into_response())
 }

@@ -318,6 +318,8 @@ pub struct EventRow {
     pub idempotency_key: Option<String>,
     pub consumer: Option<String>,
     pub created_at: DateTime<Utc>,
+    pub source: Option<String>,
+    pub source_event_id: Option<String>,
 }
 
 /// The event with this id, if `audience` may see it (another tenant's or consumer's event
@@ -328,7 +330,9 @@ pub async fn get(
     audience: Audience<'_>,
 ) -> Result<Option<EventRow>, DbError> {
     Ok(sqlx::query_as::<_, EventRow>(
-        "SELECT id, tenant, event_type, payload, idempotency_key, consumer, created_at FROM hookd.events
+        "SELECT id, tenant, event_type, payload, idempotency_key, consumer, created_at,
+                source, source_event_id
+         FROM hookd.events
          WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)
            AND ($4::uuid IS NULL OR id >= $4)",
     )
@@ -348,6 +352,9 @@ pub struct EventSummary {
     pub event_type: String,
     pub consumer: Option<String>,
     pub created_at: DateTime<Utc>,
+    /// the inbound source that took it (`None`: produced)
+    pub source: Option<String>,
+    pub source_event_id: Option<String>,
     pub total: i64,
     pub succeeded: i64,
     pub pending: i64,
@@ -363,6 +370,8 @@ pub struct EventQuery<'a> {
     pub audience: Audience<'a>,
     pub consumer: Option<&'a str>,
     pub event_type: Option<&'a str>,
+    /// events an inbound source took (`events_source_page`)
+    pub source: Option<&'a str>,
     /// messages with at least one delivery in this status
     pub status: Option<DeliveryStatus>,
     /// ids below this one (the previous page's last id)
@@ -402,6 +411,7 @@ fn list_statement(q: &EventQuery<'_>) -> Result<(String, PgArguments), DbError> 
     args.add(lower).map_err(encode)?;
     args.add(q.status).map_err(encode)?;
     args.add(q.limit).map_err(encode)?;
+    args.add(q.source).map_err(encode)?;
     Ok((LIST_SQL.to_string(), args))
 }
 
@@ -410,11 +420,13 @@ fn list_statement(q: &EventQuery<'_>) -> Result<(String, PgArguments), DbError> 
 /// backwards from the cursor.
 const LIST_SQL: &str = r#"
         SELECT e.id, e.tenant, e.event_type, e.consumer, e.created_at,
+               e.source, e.source_event_id,
                coalesce(c.total, 0) AS total, coalesce(c.succeeded, 0) AS succeeded,
                coalesce(c.pending, 0) AS pending, coalesce(c.failed, 0) AS failed,
                coalesce(c.dead, 0) AS dead, coalesce(c.cancelled, 0) AS cancelled
         FROM (
-            SELECT ev.id, ev.tenant, ev.event_type, ev.consumer, ev.created_at
+            SELECT ev.id, ev.tenant, ev.event_type, ev.consumer, ev.created_at,
+                   ev.source, ev.source_event_id
             FROM hookd.events ev
             WHERE ($1::text IS NULL OR ev.tenant = $1)
               AND ($2::text IS NULL OR ev.consumer = $2)
@@ -422,6 +434,7 @@ const LIST_SQL: &str = r#"
               AND ($4::text IS NULL OR ev.event_type = $4)
               AND ($5::uuid IS NULL OR ev.id < $5)
               AND ($6::uuid IS NULL OR ev.id >= $6)
+              AND ($9::text IS NULL OR ev.source = $9)
               AND ($7::text IS NULL OR EXISTS (
                     SELECT 1 FROM hookd.deliveries d WHERE d.event_id = ev.id AND d.status = $7))
             ORDER BY ev.id DESC
@@ -454,10 +467,23 @@ fn id_bounds(q: &EventQuery<'_>) -> (Option<Uuid>, Option<Uuid>) {
 }
 
 /// Whether a listing with a status filter is served by an index: it needs a tenant and no
-/// event-type filter (deliveries do not carry the event type; the API refuses that
-/// combination, `docs/retention-partitions.md`). Any consumer filter is served.
+/// event-type or source filter (deliveries carry neither; the API refuses those
+/// combinations, `docs/retention-partitions.md`). Any consumer filter is served.
 pub fn status_served(q: &EventQuery<'_>) -> bool {
-    q.status.is_none() || (q.audience.tenant.is_some() && q.event_type.is_none())
+    q.status.is_none()
+        || (q.audience.tenant.is_some() && q.event_type.is_none() && q.source.is_none())
+}
+
+/// Whether a listing by source is served by `events_source_page`: it needs a tenant and
+/// combines with no other filter than the time range and the cursor (a source's events
+/// are its tenant's, addressed to the source's consumer if any).
+pub fn source_served(q: &EventQuery<'_>) -> bool {
+    q.source.is_none()
+        || (q.audience.tenant.is_some()
+            && q.audience.consumer.is_none()
+            && q.consumer.is_none()
+            && q.event_type.is_none()
+            && q.status.is_none())
 }
 
 /// A status listing read from the deliveries' status indexes: the newest distinct events
@@ -478,7 +504,7 @@ impl<'a> ByStatus<'a> {
     fn of(q: &EventQuery<'a>) -> Option<Self> {
         let status = q.status?;
         let tenant = q.audience.tenant?;
-        if q.event_type.is_some() {
+        if q.event_type.is_some() || q.source.is_some() {
             return None;
         }
         let consumer = match (q.audience.consumer, q.consumer) {
@@ -527,6 +553,7 @@ impl<'a> ByStatus<'a> {
             LIMIT $5
         )
         SELECT e.id, e.tenant, e.event_type, e.consumer, e.created_at,
+               e.source, e.source_event_id,
                c.total, c.succeeded, c.pending, c.failed, c.dead, c.cancelled
         FROM page
         JOIN hookd.events e ON e.id = page.event_id

@@ -147,6 +147,9 @@ pub async fn get(
 pub struct SealedSecret {
     pub key_id: String,
     pub ciphertext: Vec<u8>,
+    /// when it stops verifying (a rotated-out secret in its grace period); `None`: it is
+    /// the current one
+    pub not_after: Option<DateTime<Utc>>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -155,20 +158,23 @@ struct IngestRow {
     source: SourceRow,
     key_ids: Vec<String>,
     ciphertexts: Vec<Vec<u8>>,
+    not_afters: Vec<Option<DateTime<Utc>>>,
 }
 
 /// The source named `name` with the secrets that verify now (current first), in one
-/// statement: what the inbound route needs per request.
+/// statement: what the inbound route verifies with (kept between requests by
+/// `inbound::cache`).
 pub async fn for_ingest(
     pool: &PgPool,
     name: &str,
 ) -> Result<Option<(SourceRow, Vec<SealedSecret>)>, DbError> {
     let row = sqlx::query_as::<_, IngestRow>(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS}, k.key_ids, k.ciphertexts
+        "SELECT {COLUMNS}, k.key_ids, k.ciphertexts, k.not_afters
          FROM hookd.sources s
          CROSS JOIN LATERAL (
              SELECT coalesce(array_agg(ss.key_id ORDER BY ss.version DESC), '{{}}') AS key_ids,
-                    coalesce(array_agg(ss.ciphertext ORDER BY ss.version DESC), '{{}}') AS ciphertexts
+                    coalesce(array_agg(ss.ciphertext ORDER BY ss.version DESC), '{{}}') AS ciphertexts,
+                    coalesce(array_agg(ss.not_after ORDER BY ss.version DESC), '{{}}') AS not_afters
              FROM hookd.source_secrets ss
              WHERE ss.source_id = s.id AND (ss.not_after IS NULL OR ss.not_after > now())) k
          WHERE s.name = $1"
@@ -181,7 +187,12 @@ pub async fn for_ingest(
             .key_ids
             .into_iter()
             .zip(r.ciphertexts)
-            .map(|(key_id, ciphertext)| SealedSecret { key_id, ciphertext })
+            .zip(r.not_afters)
+            .map(|((key_id, ciphertext), not_after)| SealedSecret {
+                key_id,
+                ciphertext,
+                not_after,
+            })
             .collect();
         (r.source, secrets)
     }))
@@ -427,5 +438,65 @@ pub async fn delete_declared(
     .bind(namespace)
     .bind(name)
     .fetch_optional(on(conn))
+    .await?)
+}
+
+/// Adds requests counted by one API process to `hookd.source_requests`, in the current
+/// hour, in one statement: `(source id, outcome, count, last request's time)`.
+pub async fn add_requests(
+    pool: &PgPool,
+    counted: &[(Uuid, &str, i64, DateTime<Utc>)],
+) -> Result<(), DbError> {
+    let ids: Vec<Uuid> = counted.iter().map(|c| c.0).collect();
+    let outcomes: Vec<&str> = counted.iter().map(|c| c.1).collect();
+    let counts: Vec<i64> = counted.iter().map(|c| c.2).collect();
+    let last: Vec<DateTime<Utc>> = counted.iter().map(|c| c.3).collect();
+    sqlx::query(
+        "INSERT INTO hookd.source_requests AS r (source_id, hour, outcome, count, last_at)
+         SELECT id, date_trunc('hour', now()), outcome, n, last_at
+         FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::timestamptz[])
+              AS u(id, outcome, n, last_at)
+         ORDER BY id, outcome
+         ON CONFLICT (source_id, hour, outcome) DO UPDATE
+         SET count = r.count + excluded.count, last_at = greatest(r.last_at, excluded.last_at)",
+    )
+    .bind(&ids)
+    .bind(&outcomes)
+    .bind(&counts)
+    .bind(&last)
+    .execute(on(pool))
+    .await?;
+    Ok(())
+}
+
+/// Deletes request counts of hours before `keep` ago.
+pub async fn prune_requests(pool: &PgPool, keep: std::time::Duration) -> Result<u64, DbError> {
+    let r = sqlx::query(
+        "DELETE FROM hookd.source_requests
+         WHERE hour < now() - make_interval(secs => $1)",
+    )
+    .bind(keep.as_secs_f64())
+    .execute(on(pool))
+    .await?;
+    Ok(r.rows_affected())
+}
+
+/// Requests to the source `id` by outcome since `since` (whole hours: the hour `since`
+/// falls in counts whole), most first.
+pub async fn request_counts(
+    pool: &PgPool,
+    id: Uuid,
+    since: DateTime<Utc>,
+) -> Result<Vec<(String, i64, DateTime<Utc>)>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT outcome, sum(count)::bigint, max(last_at)
+         FROM hookd.source_requests
+         WHERE source_id = $1 AND hour >= date_trunc('hour', $2::timestamptz)
+         GROUP BY outcome
+         ORDER BY 2 DESC, 1",
+    )
+    .bind(id)
+    .bind(since)
+    .fetch_all(on(pool))
     .await?)
 }

@@ -152,6 +152,7 @@ function chrome() {
     link("/ui/dead-letters", "Dead letters"),
     link("/ui/endpoints", "Endpoints"),
     who.consumer ? null : link("/ui/consumers", "Consumers"),
+    who.consumer || !can("manage") ? null : link("/ui/sources", "Sources"),
   );
   put(
     document.getElementById("who"),
@@ -195,6 +196,8 @@ async function route() {
   if (path === "/ui/endpoints") return endpointsPage();
   if ((m = path.match(/^\/ui\/endpoints\/([^/]+)$/))) return endpointPage(decodeURIComponent(m[1]));
   if (path === "/ui/consumers") return consumersPage();
+  if (path === "/ui/sources") return sourcesPage();
+  if ((m = path.match(/^\/ui\/sources\/([^/]+)$/))) return sourcePage(decodeURIComponent(m[1]));
   show(h("h1", {}, "Not found"), h("p", {}, "There is no console page at this address."), h("a", { href: "/ui" }, "Messages"));
 }
 
@@ -291,7 +294,7 @@ async function messagesPage() {
   show(h("h1", {}, "Messages"), filters, openForm, list);
 
   const params = new URLSearchParams({ limit: String(PAGE) });
-  for (const k of ["eventType", "consumer", "status", "cursor"]) if (q.get(k)) params.set(k, q.get(k));
+  for (const k of ["eventType", "consumer", "status", "source", "cursor"]) if (q.get(k)) params.set(k, q.get(k));
   for (const k of ["since", "until"]) if (localToIso(q.get(k))) params.set(k, localToIso(q.get(k)));
   let page;
   try {
@@ -345,6 +348,8 @@ async function messagePage(id) {
       m.consumer !== undefined ? fact("Consumer", m.consumer ?? "— (tenant-wide)") : null,
       fact("Created", fmtTime(m.createdAt)),
       fact("Idempotency key", m.idempotencyKey ?? "—"),
+      m.source ? fact("Source", h("a", { href: "/ui/sources/" + enc(m.source) }, m.source)) : null,
+      m.sourceEventId ? fact("Provider's event id", h("span", { class: "mono" }, m.sourceEventId)) : null,
     ),
     h(
       "section",
@@ -731,6 +736,122 @@ function portalButton(uid, cell) {
       },
     },
     "Portal link",
+  );
+}
+
+// ---- inbound sources ----
+
+async function sourcesPage() {
+  const q = new URLSearchParams(location.search);
+  const list = h("div", {}, h("p", { class: "muted" }, "Loading…"));
+  show(
+    h("h1", {}, "Sources"),
+    h("p", { class: "muted" }, "Providers' webhooks (Stripe, GitHub, …) taken at POST /in/{name}, verified, and sent on to your endpoints like any event."),
+    list,
+  );
+  const params = new URLSearchParams({ limit: String(PAGE) });
+  if (q.get("cursor")) params.set("cursor", q.get("cursor"));
+  let page;
+  try {
+    page = await api("GET", "/v1/sources?" + params);
+  } catch (e) {
+    return put(list, errorBox(e, "Could not list sources"));
+  }
+  if (!page.items.length) return put(list, h("p", { class: "muted" }, "No sources yet (POST /v1/sources, or a WebhookSource object)."), pager(null));
+  const rows = page.items.map((s) =>
+    h(
+      "tr",
+      {},
+      h("td", {}, h("a", { href: "/ui/sources/" + enc(s.name), class: "source-link" }, s.name)),
+      h("td", {}, s.provider),
+      h("td", { class: "mono" }, s.url),
+      h("td", {}, s.consumer ?? "—"),
+      h("td", {}, s.managedBy),
+    ),
+  );
+  put(list, table(["Name", "Provider", "URL", "Consumer", "Managed by"], rows, "Sources"), pager(page.nextCursor));
+}
+
+const OUTCOME_TEXT = {
+  accepted: "accepted",
+  duplicate: "duplicate (taken before; nothing written)",
+  url_verification: "Slack's URL check, answered",
+  missing_signature: "refused: no signature",
+  malformed_signature: "refused: malformed signature",
+  bad_signature: "refused: signature does not match",
+  stale_timestamp: "refused: signed too long ago (replay or clock skew)",
+  not_json: "refused: body is not JSON",
+  not_admitted: "held back before verification (size, bytes in flight or rate)",
+  not_taken: "verified, not committed (rate or outage; the provider retries)",
+};
+
+async function sourcePage(name) {
+  const top = h("div", {}, h("p", { class: "muted" }, "Loading…"));
+  const requests = h("section", { "aria-labelledby": "requests-title" });
+  const events = h("section", { "aria-labelledby": "events-title" });
+  show(h("p", {}, h("a", { href: "/ui/sources" }, "← Sources")), top, requests, events);
+  let s, stats;
+  try {
+    [s, stats] = await Promise.all([api("GET", "/v1/sources/" + enc(name)), api("GET", `/v1/sources/${enc(name)}/stats`)]);
+  } catch (e) {
+    return put(top, h("h1", {}, "Source"), errorBox(e, `Could not open source ${name}`));
+  }
+  put(
+    top,
+    h("h1", {}, h("span", { class: "muted" }, "Source "), h("span", { id: "source-name" }, s.name)),
+    h(
+      "dl",
+      { class: "facts" },
+      fact("Provider", s.provider),
+      fact("URL for the provider", h("span", { class: "mono" }, s.url)),
+      fact("Tenant", s.tenant),
+      fact("Consumer", s.consumer ?? "— (tenant-wide)"),
+      fact("Event types", `${s.eventTypePrefix}.{provider's type}`),
+      fact("Largest body", `${s.maxBodyBytes} bytes`),
+      fact("Managed by", s.managedBy),
+      s.description ? fact("Description", s.description) : null,
+    ),
+  );
+  const rows = stats.outcomes.map((o) =>
+    h(
+      "tr",
+      { class: o.taken ? "" : "refused", "data-outcome": o.outcome },
+      h("td", {}, badge(o.taken ? "taken" : "refused"), " ", OUTCOME_TEXT[o.outcome] ?? o.outcome),
+      h("td", { class: "num" }, String(o.count)),
+      h("td", {}, fmtTime(o.lastAt)),
+    ),
+  );
+  put(
+    requests,
+    h("h2", { id: "requests-title" }, "Requests since " + fmtTime(stats.since)),
+    rows.length
+      ? table(["Outcome", "Requests", "Last"], rows, "Requests to this source by outcome")
+      : h("p", { class: "muted" }, "No requests yet. Counts show a few seconds after a request; a request to an unknown name is counted in the metrics only."),
+  );
+  put(events, h("h2", { id: "events-title" }, "Accepted requests"), h("p", { class: "muted" }, "Loading…"));
+  let page;
+  try {
+    page = await api("GET", "/v1/messages?" + new URLSearchParams({ source: s.name, limit: "20" }));
+  } catch (e) {
+    return put(events, h("h2", { id: "events-title" }, "Accepted requests"), errorBox(e, "Could not list its events"));
+  }
+  const eventRows = page.items.map((m) =>
+    h(
+      "tr",
+      {},
+      h("td", {}, h("time", { datetime: m.createdAt }, fmtTime(m.createdAt))),
+      h("td", {}, h("a", { href: "/ui/messages/" + enc(m.id), class: "event-link" }, m.eventType)),
+      h("td", { class: "mono" }, m.sourceEventId ?? "—"),
+      h("td", {}, deliveryCounts(m.deliveries)),
+    ),
+  );
+  put(
+    events,
+    h("h2", { id: "events-title" }, "Accepted requests"),
+    eventRows.length
+      ? table(["Received", "Event type", "Provider's event id", "Deliveries"], eventRows, "Events this source took, newest first")
+      : h("p", { class: "muted" }, "None yet."),
+    page.nextCursor ? h("p", {}, h("a", { href: "/ui?" + new URLSearchParams({ source: s.name }) }, "All its events →")) : null,
   );
 }
 

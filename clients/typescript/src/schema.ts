@@ -607,6 +607,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sources/{name}/stats": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Requests to an inbound source in the last 24 hours, by outcome (scope: manage)
+         * @description Counted by every API process and written every few seconds, so the newest requests show a moment later. The events it took are listed by GET /v1/messages?source={name}.
+         */
+        get: operations["getSourceStats"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tokens": {
         parameters: {
             query?: never;
@@ -1172,6 +1192,10 @@ export interface components {
             consumer?: string | null;
             /** Format: date-time */
             createdAt: string;
+            /** @description the inbound source that took it; absent for a produced event */
+            source?: string | null;
+            /** @description the provider's own id of the event, when its source took one */
+            sourceEventId?: string | null;
             deliveries: components["schemas"]["DeliverySummary"][];
         };
         MessagePage: {
@@ -1192,6 +1216,10 @@ export interface components {
             consumer?: string | null;
             /** Format: date-time */
             createdAt: string;
+            /** @description the inbound source that took it; absent for a produced event */
+            source?: string | null;
+            /** @description the provider's own id of the event, when its source took one */
+            sourceEventId?: string | null;
             deliveries: components["schemas"]["DeliveryCounts"];
         };
         Outcomes: {
@@ -1328,6 +1356,23 @@ export interface components {
              */
             managedBy: components["schemas"]["ManagedBy"];
         };
+        /** @description Requests to a source with one outcome. */
+        SourceOutcomeOut: {
+            /**
+             * @description `accepted`, `duplicate`, `url_verification`, or why a request was not taken:
+             *     `missing_signature`, `malformed_signature`, `bad_signature`, `stale_timestamp`,
+             *     `not_json`, `not_admitted` (held back before its signature was read: size, bytes
+             *     in flight, rate), `not_taken` (verified, not committed: the tenant's rate or an
+             *     outage; the provider retries)
+             */
+            outcome: string;
+            /** @description true for the outcomes that answered 2xx */
+            taken: boolean;
+            /** Format: int64 */
+            count: number;
+            /** Format: date-time */
+            lastAt: string;
+        };
         SourcePage: {
             /** @description in name order */
             items: components["schemas"]["SourceOut"][];
@@ -1361,6 +1406,19 @@ export interface components {
             secret: string;
             /** Format: date-time */
             previousValidUntil: string;
+        };
+        /** @description What a source was sent. */
+        SourceStatsOut: {
+            /**
+             * Format: date-time
+             * @description counted from the start of this hour on (the last 24 hours)
+             */
+            since: string;
+            /**
+             * @description most frequent first; a request to an unknown name is nobody's and is in the
+             *     metrics only (`hookd_inbound_requests_total{source="(unknown)"}`)
+             */
+            outcomes: components["schemas"]["SourceOutcomeOut"][];
         };
         TestEventIn: {
             /**
@@ -2579,6 +2637,8 @@ export interface operations {
                 eventType?: string;
                 /** @description only messages with at least one delivery in this status */
                 status?: components["schemas"]["DeliveryStatus"];
+                /** @description only events this inbound source took (combines with since, until and cursor only) */
+                source?: string;
                 /** @description created at or after */
                 since?: string;
                 /** @description created before */
@@ -3044,6 +3104,38 @@ export interface operations {
             414: components["responses"]["UriTooLong"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Unprocessable"];
+            429: components["responses"]["TooManyRequests"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    getSourceStats: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The source's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Its requests by outcome */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SourceStatsOut"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
             429: components["responses"]["TooManyRequests"];
             431: components["responses"]["HeadersTooLarge"];
             500: components["responses"]["Internal"];
