@@ -626,6 +626,58 @@ else
   fail "a deleted WebhookSource takes nothing" "$(head -c 200 "$WORK/source-delete.err") $(head -c 200 "$WORK/in.json")"
 fi
 
+# The README's "Stripe to an in-cluster service", its two blocks as a user runs them: the
+# first as written; the second with this run's API address in place of the port-forward
+# (no kubelet runs pods here). The in-cluster service is played by a hookd receiver holding
+# the Secret the guide made, its endpoint's URL pointed at it between the two blocks (no
+# pod network either).
+readme_block() { # N: the Nth ```sh block after a "tested: e2e/controlplane/local.sh" marker
+  python3 - "$1" <<'PY'
+import re, sys
+text = open("README.md").read()
+blocks = re.findall(r"<!-- tested: e2e/controlplane/local\.sh[^>]*-->\n```sh\n(.*?)```", text, re.S)
+print(blocks[int(sys.argv[1])], end="")
+PY
+}
+export STRIPE_WEBHOOK_SECRET="whsec_guide$(head -c 24 /dev/urandom | base64 | tr -d '\n/+=')"
+guide_ready() {
+  [[ "$(kubectl -n billing get webhooksource stripe -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]] &&
+    k_ready billing billing
+}
+if readme_block 0 >"$WORK/guide-1.sh" && bash -e "$WORK/guide-1.sh" >"$WORK/guide-1.log" 2>&1 &&
+  wait_for 30 guide_ready && kubectl -n hookd-system get ingress hookd-inbound >/dev/null 2>&1; then
+  ok "the README's Stripe guide, first block as written: Secrets, kubectl apply -f examples/stripe/, source and endpoint READY True"
+else
+  fail "the README's Stripe guide, first block" "$(tail -n 5 "$WORK/guide-1.log" 2>/dev/null | tr '\n' ' ' | cut -c1-400) $(kubectl -n billing get webhooksources,webhookendpoints -o wide --no-headers 2>&1 | tr '\n' ' ')"
+fi
+GUIDE_PORT=$(free_port)
+GUIDE_URL="http://127.0.0.1:$GUIDE_PORT/webhooks/stripe"
+start guide-receiver env HOOKD_LISTEN="127.0.0.1:$GUIDE_PORT" \
+  HOOKD_RECEIVER_SECRETS="$(kubectl -n billing get secret billing-webhooks -o jsonpath='{.data.secret}' | base64 -d)" "$HOOKD" receiver
+kubectl -n billing patch webhookendpoint billing --type merge -p "{\"spec\":{\"url\":\"$GUIDE_URL\"}}" >/dev/null
+guide_url_is_live() { [[ "$(sql "SELECT url FROM hookd.endpoints WHERE k8s_namespace = 'billing' AND k8s_name = 'billing'")" == "$GUIDE_URL" ]]; }
+wait_for 30 guide_url_is_live || fail "the guide's endpoint points at the stand-in service" "url $(sql "SELECT url FROM hookd.endpoints WHERE k8s_namespace = 'billing'")"
+readme_block 1 | sed -e '/port-forward/d' -e "s|localhost:8080|$API_LISTEN|g" >"$WORK/guide-2.sh"
+guide_verified() {
+  curl -s --max-time 5 "http://127.0.0.1:$GUIDE_PORT/received" >"$WORK/guide-received.json" &&
+    jq -e --arg id "$1" '(.ids[$id].verified // 0) >= 1 and .invalid == 0' "$WORK/guide-received.json"
+}
+if bash -e "$WORK/guide-2.sh" >"$WORK/guide-2.out" 2>&1 &&
+  jq -e '.duplicate == false and (.deliveryIds | length) == 1' "$WORK/guide-2.out" >/dev/null &&
+  GUIDE_DELIVERY=$(jq -er '.deliveryIds[0]' "$WORK/guide-2.out") &&
+  [[ "$(sql "SELECT source || ' ' || source_event_id || ' ' || event_type FROM hookd.events WHERE id = '$(jq -r .eventId "$WORK/guide-2.out")'")" == "stripe evt_test_1 stripe.invoice.paid" ]] &&
+  wait_for 60 guide_verified "$GUIDE_DELIVERY"; then
+  ok "the README's Stripe guide, second block: a Stripe-signed request taken (202) and delivered to the service as stripe.invoice.paid, signed with billing-webhooks and verified"
+else
+  fail "the README's Stripe guide, second block" "answer: $(head -c 300 "$WORK/guide-2.out"); received: $(head -c 300 "$WORK/guide-received.json" 2>/dev/null)"
+fi
+if bash -e "$WORK/guide-2.sh" >"$WORK/guide-3.out" 2>&1 && jq -e '.duplicate == true' "$WORK/guide-3.out" >/dev/null &&
+  sleep 2 && [[ "$(jq '.ids | length' "$WORK/guide-received.json")" == "$(curl -s "http://127.0.0.1:$GUIDE_PORT/received" | jq '.ids | length')" ]]; then
+  ok "the guide's request sent again is a duplicate: 202 with duplicate true, nothing more delivered"
+else
+  fail "the guide's request sent again is a duplicate" "$(head -c 300 "$WORK/guide-3.out")"
+fi
+
 # --- f. leader election, an API outage, a compaction, a CRD gone -------------------------
 
 holder() { kubectl -n hookd-system get lease hookd-controller -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
