@@ -115,6 +115,56 @@ $$;
 
 
 --
+-- Name: emit_operational(text, text, jsonb, uuid); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.emit_operational(p_tenant text, p_type text, p_payload jsonb, p_about uuid) RETURNS uuid
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+  v_id uuid;
+  v_payload text := p_payload::text;
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM hookd.subscribers(p_tenant, NULL, p_type) AS s(endpoint_id)
+                 WHERE s.endpoint_id <> p_about) THEN
+    RETURN NULL;
+  END IF;
+  INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash)
+  VALUES (hookd.uuid_v7(), p_tenant, p_type, v_payload,
+          sha256(convert_to(p_type || E'\n' || v_payload, 'UTF8')))
+  RETURNING id INTO v_id;
+  INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant)
+  SELECT hookd.uuid_v7(), v_id, s.endpoint_id, p_tenant
+  FROM hookd.subscribers(p_tenant, NULL, p_type) AS s(endpoint_id)
+  WHERE s.endpoint_id <> p_about;
+  PERFORM pg_notify('hookd_deliveries', '');
+  RETURN v_id;
+END
+$$;
+
+
+--
+-- Name: endpoint_circuit_moved(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.endpoint_circuit_moved() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NEW.circuit_state = 'closed' THEN
+        NEW.circuit_opened_at := NULL;
+        NEW.circuit_alerted_at := NULL;
+    ELSIF OLD.circuit_state = 'closed' THEN
+        -- half_open <-> open keeps the time it first opened
+        NEW.circuit_opened_at := now();
+        NEW.circuit_alerted_at := NULL;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+
+--
 -- Name: endpoint_hold(text, text, timestamp with time zone); Type: FUNCTION; Schema: hookd; Owner: -
 --
 
@@ -141,6 +191,49 @@ BEGIN
     NEW.circuit_open_until := NULL;
     NEW.config_version := OLD.config_version + 1;
     RETURN NEW;
+END
+$$;
+
+
+--
+-- Name: endpoint_operational(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.endpoint_operational() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+  v_type text;
+  v_reason text;
+BEGIN
+  IF NEW.state = 'disabled' AND OLD.state <> 'disabled' THEN
+    v_type := 'hookd.endpoint.disabled';
+    v_reason := NEW.state_reason;
+  ELSIF OLD.state = 'disabled' AND NEW.state <> 'disabled' THEN
+    v_type := 'hookd.endpoint.enabled';
+  ELSIF NEW.secret_unreadable IS NOT NULL AND OLD.secret_unreadable IS NULL THEN
+    v_type := 'hookd.endpoint.secret_unreadable';
+    v_reason := NEW.secret_unreadable;
+  ELSIF NEW.circuit_alerted_at IS NOT NULL AND OLD.circuit_alerted_at IS NULL THEN
+    v_type := 'hookd.endpoint.circuit_open';
+    v_reason := 'the circuit has been open since ' || to_char(NEW.circuit_opened_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+                || ' after ' || NEW.circuit_failures || ' consecutive failures';
+  ELSE
+    RETURN NULL;
+  END IF;
+  PERFORM hookd.emit_operational(NEW.tenant, v_type, jsonb_build_object(
+    'type', v_type,
+    'endpointId', NEW.id,
+    'consumer', NEW.consumer,
+    'url', NEW.url,
+    'description', NEW.description,
+    'state', NEW.state,
+    'reason', v_reason,
+    'circuitOpenedAt', NEW.circuit_opened_at,
+    'kubernetes', CASE WHEN NEW.k8s_namespace IS NULL THEN NULL
+                       ELSE jsonb_build_object('namespace', NEW.k8s_namespace, 'name', NEW.k8s_name) END,
+    'at', now()), NEW.id);
+  RETURN NULL;
 END
 $$;
 
@@ -299,6 +392,8 @@ DECLARE
   v_id   uuid;
   v_hash bytea;
   v_existing_hash bytea;
+  v_traceparent text;
+  v_tracestate text;
 BEGIN
   IF tenant IS NULL OR tenant !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$' THEN
     RAISE EXCEPTION 'hookd.enqueue: invalid tenant %', coalesce(quote_literal(tenant), 'NULL') USING ERRCODE = '22023';
@@ -320,10 +415,26 @@ BEGIN
   IF event_type IS NULL OR length(event_type) > 128 OR event_type !~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$' THEN
     RAISE EXCEPTION 'hookd.enqueue: invalid event type %', coalesce(quote_literal(event_type), 'NULL') USING ERRCODE = '22023';
   END IF;
+  IF starts_with(event_type, 'hookd.') THEN
+    RAISE EXCEPTION 'hookd.enqueue: event type % is reserved: types under hookd. are hookd''s own (operational events)', quote_literal(event_type)
+      USING ERRCODE = '22023';
+  END IF;
   IF payload IS NULL THEN
     RAISE EXCEPTION 'hookd.enqueue: payload is required' USING ERRCODE = '22023';
   END IF;
   PERFORM payload::json;  -- validates JSON without re-serializing what is stored
+  -- the caller's W3C trace context, if it set one for its transaction (SET LOCAL
+  -- hookd.traceparent = '00-…'); one that is not well-formed is ignored, as the W3C
+  -- recommendation says of a traceparent it cannot parse
+  v_traceparent := nullif(current_setting('hookd.traceparent', true), '');
+  IF v_traceparent IS NOT NULL AND (v_traceparent !~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+       OR v_traceparent ~ '^ff-' OR v_traceparent ~ '^[0-9a-f]{2}-0{32}-' OR v_traceparent ~ '-0{16}-[0-9a-f]{2}$') THEN
+    v_traceparent := NULL;
+  END IF;
+  v_tracestate := nullif(current_setting('hookd.tracestate', true), '');
+  IF v_traceparent IS NULL OR length(v_tracestate) > 512 OR v_tracestate !~ '^[\x20-\x7e]*$' THEN
+    v_tracestate := NULL;
+  END IF;
   PERFORM set_config('synchronous_commit', 'on', true);
   -- the consumer is part of what a key stands for: the same key re-sent for another
   -- consumer is different content (the API hashes the same way, outbox::request_hash)
@@ -333,8 +444,10 @@ BEGIN
   IF idempotency_key IS NOT NULL THEN
     -- the key's claim, shared with the API's committers (db::events::try_lock_keys)
     PERFORM pg_advisory_xact_lock(hashtextextended(enqueue.tenant || E'\n' || enqueue.idempotency_key, 0));
-    INSERT INTO hookd.events (id, tenant, event_type, payload, idempotency_key, request_hash, consumer)
-    VALUES (hookd.uuid_v7(), enqueue.tenant, enqueue.event_type, enqueue.payload, enqueue.idempotency_key, v_hash, enqueue.consumer)
+    INSERT INTO hookd.events (id, tenant, event_type, payload, idempotency_key, request_hash, consumer,
+                              traceparent, tracestate)
+    VALUES (hookd.uuid_v7(), enqueue.tenant, enqueue.event_type, enqueue.payload, enqueue.idempotency_key, v_hash, enqueue.consumer,
+            v_traceparent, v_tracestate)
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id INTO v_id;
     IF v_id IS NULL THEN
@@ -351,8 +464,10 @@ BEGIN
       RETURN v_id;
     END IF;
   ELSE
-    INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash, consumer)
-    VALUES (hookd.uuid_v7(), enqueue.tenant, enqueue.event_type, enqueue.payload, v_hash, enqueue.consumer)
+    INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash, consumer,
+                              traceparent, tracestate)
+    VALUES (hookd.uuid_v7(), enqueue.tenant, enqueue.event_type, enqueue.payload, v_hash, enqueue.consumer,
+            v_traceparent, v_tracestate)
     RETURNING id INTO v_id;
   END IF;
 
@@ -517,6 +632,7 @@ CREATE FUNCTION hookd.subscribers(tenant text, consumer text, event_type text) R
         AND s.consumer = coalesce(subscribers.consumer, '')
         AND s.pattern = k.pattern
       OFFSET 0) m
+  WHERE k.pattern <> '*' OR NOT starts_with(subscribers.event_type, 'hookd.')
 $$;
 
 
@@ -965,6 +1081,8 @@ CREATE TABLE hookd.endpoints (
     secret_unreadable text,
     secret_unreadable_since timestamp with time zone,
     consumer_generation bigint,
+    circuit_opened_at timestamp with time zone,
+    circuit_alerted_at timestamp with time zone,
     CONSTRAINT endpoints_circuit_state_check CHECK ((circuit_state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
     CONSTRAINT endpoints_consumer_check CHECK (((consumer IS NULL) OR (consumer ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'::text))),
     CONSTRAINT endpoints_description_check CHECK (((description IS NULL) OR (length(description) <= 1000))),
@@ -994,7 +1112,9 @@ CREATE TABLE hookd.events (
     consumer text,
     source text,
     source_event_id text,
-    source_headers jsonb
+    source_headers jsonb,
+    traceparent text,
+    tracestate text
 )
 WITH (autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02');
 
@@ -1637,6 +1757,13 @@ CREATE INDEX endpoints_consumer_page ON hookd.endpoints USING btree (tenant, con
 
 
 --
+-- Name: endpoints_open_circuit; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX endpoints_open_circuit ON hookd.endpoints USING btree (circuit_opened_at) WHERE ((circuit_state <> 'closed'::text) AND (circuit_alerted_at IS NULL));
+
+
+--
 -- Name: endpoints_removed; Type: INDEX; Schema: hookd; Owner: -
 --
 
@@ -1928,6 +2055,20 @@ CREATE TRIGGER endpoints_history_cascade AFTER DELETE ON hookd.endpoints REFEREN
 --
 
 CREATE TRIGGER endpoints_new_url BEFORE UPDATE OF url ON hookd.endpoints FOR EACH ROW WHEN ((new.url IS DISTINCT FROM old.url)) EXECUTE FUNCTION hookd.endpoint_new_url();
+
+
+--
+-- Name: endpoints endpoints_opened_circuit; Type: TRIGGER; Schema: hookd; Owner: -
+--
+
+CREATE TRIGGER endpoints_opened_circuit BEFORE UPDATE OF circuit_state, url ON hookd.endpoints FOR EACH ROW WHEN ((old.circuit_state IS DISTINCT FROM new.circuit_state)) EXECUTE FUNCTION hookd.endpoint_circuit_moved();
+
+
+--
+-- Name: endpoints endpoints_operational; Type: TRIGGER; Schema: hookd; Owner: -
+--
+
+CREATE TRIGGER endpoints_operational AFTER UPDATE ON hookd.endpoints FOR EACH ROW WHEN (((new.removed_at IS NULL) AND (((old.state = 'disabled'::text) <> (new.state = 'disabled'::text)) OR ((old.secret_unreadable IS NULL) AND (new.secret_unreadable IS NOT NULL)) OR ((old.circuit_alerted_at IS NULL) AND (new.circuit_alerted_at IS NOT NULL))))) EXECUTE FUNCTION hookd.endpoint_operational();
 
 
 --

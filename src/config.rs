@@ -282,6 +282,9 @@ pub struct DispatchSettings {
     /// How long an open circuit waits before one probe, in seconds
     #[arg(long, env = "HOOKD_CIRCUIT_COOLDOWN_SECS", default_value_t = 30)]
     pub circuit_cooldown_secs: u64,
+    /// Seconds an endpoint's circuit may stay open before hookd emits hookd.endpoint.circuit_open to the tenant's endpoints that subscribe to it (once per opening; 0: never)
+    #[arg(long, env = "HOOKD_CIRCUIT_ALERT_SECS", default_value_t = 3600)]
+    pub circuit_alert_secs: u64,
     /// Fallback poll interval when no NOTIFY arrives, in milliseconds
     #[arg(long, env = "HOOKD_POLL_MS", default_value_t = 1000)]
     pub poll_ms: u64,

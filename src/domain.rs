@@ -157,6 +157,84 @@ pub fn validate_event_type(t: &str) -> Result<(), String> {
     }
 }
 
+/// A W3C trace context (`traceparent`, `tracestate`) a producer sent with an event; kept
+/// with it and sent on with each delivery, so a receiver's trace joins the producer's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceContext {
+    pub traceparent: String,
+    /// only with a traceparent (W3C: tracestate without one is ignored)
+    pub tracestate: Option<String>,
+}
+
+/// The longest `tracestate` kept: the W3C limit of 32 list members fits in it.
+pub const MAX_TRACESTATE_BYTES: usize = 512;
+
+impl TraceContext {
+    /// The trace context of request headers, or `None` when there is none or its
+    /// `traceparent` is not well-formed: W3C Trace Context says a receiver that cannot parse
+    /// it ignores it (and starts a new trace), so it is never a reason to refuse an event.
+    /// Repeated headers: the first of each, as `tracestate` split over several lines is
+    /// rare and one line of it is still a valid list.
+    pub fn from_headers(headers: &http::HeaderMap) -> Option<TraceContext> {
+        let traceparent = headers.get("traceparent")?.to_str().ok()?.trim();
+        if !is_traceparent(traceparent) {
+            return None;
+        }
+        let tracestate = headers
+            .get("tracestate")
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|s| {
+                !s.is_empty()
+                    && s.len() <= MAX_TRACESTATE_BYTES
+                    && s.bytes().all(|b| (0x20..0x7f).contains(&b))
+            })
+            .map(str::to_string);
+        Some(TraceContext {
+            traceparent: traceparent.to_string(),
+            tracestate,
+        })
+    }
+}
+
+/// `{version}-{trace-id}-{parent-id}-{flags}` in lower-case hex (2-32-16-2), version not
+/// `ff`, neither id all zeros: the form W3C Trace Context defines (migration 0031 checks
+/// the same for `hookd.enqueue`).
+pub fn is_traceparent(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('-').collect();
+    let hex = |p: &str, n: usize| {
+        p.len() == n
+            && p.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let zero = |p: &str| p.bytes().all(|b| b == b'0');
+    parts.len() == 4
+        && hex(parts[0], 2)
+        && parts[0] != "ff"
+        && hex(parts[1], 32)
+        && !zero(parts[1])
+        && hex(parts[2], 16)
+        && !zero(parts[2])
+        && hex(parts[3], 2)
+}
+
+/// The prefix of hookd's own event types (operational events such as
+/// `hookd.endpoint.disabled`, and `hookd.test`): producers and sources cannot use it, and a
+/// subscription to every type does not match it (migration 0030).
+pub const RESERVED_EVENT_TYPE_PREFIX: &str = "hookd.";
+
+/// Refuses an event type under [`RESERVED_EVENT_TYPE_PREFIX`] (or `hookd` itself), for the
+/// doors producers and sources come in by.
+pub fn check_not_reserved(t: &str) -> Result<(), String> {
+    if t == "hookd" || t.starts_with(RESERVED_EVENT_TYPE_PREFIX) {
+        Err(format!(
+            "eventType {t:?} is reserved: types under hookd. are hookd's own (operational events such as hookd.endpoint.disabled)"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 /// Free text bound for Postgres (a description, a name): Postgres text cannot hold U+0000.
 pub fn validate_text(field: &str, text: &str, max_chars: usize) -> Result<(), String> {
     if text.chars().count() > max_chars {
@@ -352,5 +430,50 @@ mod frame_ancestors_tests {
         ] {
             assert!(ok(bad).is_err(), "{bad:?} must be refused");
         }
+    }
+}
+
+#[cfg(test)]
+mod trace_context_tests {
+    use super::*;
+
+    #[test]
+    fn traceparents_of_the_w3c_form_only() {
+        // the W3C recommendation's own example
+        assert!(is_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_01",
+        ] {
+            assert!(!is_traceparent(bad), "{bad}");
+        }
+        let mut h = http::HeaderMap::new();
+        h.insert("tracestate", "congo=t61rcWkgMzE".parse().unwrap());
+        assert_eq!(TraceContext::from_headers(&h), None, "tracestate alone");
+        h.insert(
+            "traceparent",
+            " 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 "
+                .parse()
+                .unwrap(),
+        );
+        let t = TraceContext::from_headers(&h).unwrap();
+        assert_eq!(
+            t.traceparent,
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        );
+        assert_eq!(t.tracestate.as_deref(), Some("congo=t61rcWkgMzE"));
+        h.insert(
+            "tracestate",
+            "x".repeat(MAX_TRACESTATE_BYTES + 1).parse().unwrap(),
+        );
+        assert_eq!(TraceContext::from_headers(&h).unwrap().tracestate, None);
     }
 }

@@ -41,13 +41,14 @@ pub const MAX_EVENT_TYPES: usize = 64;
 pub const MAX_HEADERS: usize = 32;
 
 /// Headers hookd sets itself (`hookd-source*` on an inbound event's deliveries: a
-/// receiver may trust them to say the event came from a provider), and the hop-by-hop and body-framing ones that would change
+/// receiver may trust them to say the event came from a provider; the producer's W3C
+/// trace context), and the hop-by-hop and body-framing ones that would change
 /// how a delivery is sent or read (a `content-encoding: gzip` on a plain body makes every
 /// delivery unreadable to a standard receiver); an endpoint cannot set them, whichever
 /// door it comes in by. The API and `hookd apply` check them here, a WebhookEndpoint's CRD
 /// by [`HEADER_NAME_CEL`] (which lists the same names: a test ties the two), and the
 /// controller holds an object stored before its CRD refused the name.
-pub const RESERVED_HEADERS: [&str; 17] = [
+pub const RESERVED_HEADERS: [&str; 19] = [
     "content-type",
     "content-length",
     "host",
@@ -65,10 +66,12 @@ pub const RESERVED_HEADERS: [&str; 17] = [
     "proxy-authorization",
     "hookd-source",
     "hookd-source-event-id",
+    "traceparent",
+    "tracestate",
 ];
 
 /// The CRD's rule for `spec.headers` keys: [`RESERVED_HEADERS`] in CEL.
-pub const HEADER_NAME_CEL: &str = "self.all(k, k.matches('^[A-Za-z0-9-]{1,64}$') && !k.lowerAscii().startsWith('webhook-') && !(k.lowerAscii() in ['content-type', 'content-length', 'host', 'idempotency-key', 'user-agent', 'transfer-encoding', 'connection', 'content-encoding', 'expect', 'upgrade', 'te', 'trailer', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'hookd-source', 'hookd-source-event-id']))";
+pub const HEADER_NAME_CEL: &str = "self.all(k, k.matches('^[A-Za-z0-9-]{1,64}$') && !k.lowerAscii().startsWith('webhook-') && !(k.lowerAscii() in ['content-type', 'content-length', 'host', 'idempotency-key', 'user-agent', 'transfer-encoding', 'connection', 'content-encoding', 'expect', 'upgrade', 'te', 'trailer', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'hookd-source', 'hookd-source-event-id', 'traceparent', 'tracestate']))";
 
 /// True for a name no endpoint may set (`webhook-*` and [`RESERVED_HEADERS`], any case).
 /// The dispatcher also skips these when it sends, for rows stored before a door refused
@@ -79,7 +82,7 @@ pub fn is_reserved_header(name: &str) -> bool {
 }
 
 /// The one refusal of a header name, word for word in every door (the CRD's message).
-pub const HEADER_NAME_RULE: &str = "headers keys must be header names (letters, digits, '-'; at most 64) and must not set webhook-* or a header hookd sets or that changes how a delivery is framed: content-type, content-length, host, idempotency-key, user-agent, transfer-encoding, connection, content-encoding, expect, upgrade, te, trailer, keep-alive, proxy-connection, proxy-authorization, hookd-source, hookd-source-event-id";
+pub const HEADER_NAME_RULE: &str = "headers keys must be header names (letters, digits, '-'; at most 64) and must not set webhook-* or a header hookd sets or that changes how a delivery is framed: content-type, content-length, host, idempotency-key, user-agent, transfer-encoding, connection, content-encoding, expect, upgrade, te, trailer, keep-alive, proxy-connection, proxy-authorization, hookd-source, hookd-source-event-id, traceparent, tracestate";
 
 /// The one refusal of a header value, in every door (the CRD's message).
 pub const HEADER_VALUE_RULE: &str =

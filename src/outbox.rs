@@ -33,6 +33,8 @@ pub struct NewMessage {
     pub consumer: Option<String>,
     /// where an inbound event came from (`POST /in/{name}`); `None` for a produced one
     pub origin: Option<crate::db::events::Origin>,
+    /// the W3C trace context the request carried (`traceparent`, `tracestate`)
+    pub trace: Option<crate::domain::TraceContext>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -515,6 +517,7 @@ async fn insert_messages(
             request_hash: request_hash(&m.event_type, &m.payload, m.consumer.as_deref()),
             consumer: m.consumer.clone(),
             origin: m.origin.clone(),
+            trace: m.trace.clone(),
         })
         .collect();
     if rows.is_empty() {

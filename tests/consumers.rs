@@ -1282,6 +1282,7 @@ async fn fan_out_reads_only_the_matching_subscriptions_whatever_the_statistics(p
             request_hash: vec![0],
             consumer: None,
             origin: None,
+            trace: None,
         })
         .collect();
     let mut tx = pool.begin().await.unwrap();

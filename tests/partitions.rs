@@ -143,6 +143,7 @@ async fn a_lock_timeout_in_ingest_is_retried(pool: PgPool) {
                 idempotency_key: None,
                 consumer: None,
                 origin: None,
+                trace: None,
             }])
             .await
     });

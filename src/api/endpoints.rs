@@ -933,6 +933,7 @@ pub async fn send_test(
         idempotency_key: None,
         consumer: e.consumer,
         origin: None,
+        trace: None,
     };
     let (event_id, delivery_id) = db::events::insert_for_endpoint(&state.pool, &event, id).await?;
     state.notifier.wake();

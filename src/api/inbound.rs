@@ -180,6 +180,8 @@ pub async fn receive(
         idempotency_key: Some(event.idempotency_key),
         consumer: source.consumer.clone(),
         origin: Some(event.origin),
+        // a provider that traces its webhooks (most do not) joins the receiver's trace
+        trace: crate::domain::TraceContext::from_headers(&headers),
     };
     // verified but not committed (the tenant's rate, an outage): counted, and the
     // provider retries what it was not given a 2xx for

@@ -161,6 +161,9 @@ fn validate(
     domain::validate_event_type(&event_type).map_err(|e| {
         ApiError::unprocessable(ErrorCode::InvalidEventType, format!("{prefix}{e}"))
     })?;
+    domain::check_not_reserved(&event_type).map_err(|e| {
+        ApiError::unprocessable(ErrorCode::ReservedEventType, format!("{prefix}{e}"))
+    })?;
     let payload = m.payload.ok_or_else(|| {
         ApiError::unprocessable(
             ErrorCode::MissingField,
@@ -210,6 +213,8 @@ fn validate(
         idempotency_key,
         consumer,
         origin: None,
+        // the request's, set by the route (a body carries none)
+        trace: None,
     })
 }
 
@@ -360,13 +365,14 @@ pub async fn create(
     require_json(&headers)?;
     let mut admitted = state.admit_upload(&caller, &headers, state.limits.max_body_bytes)?;
     let bytes = admitted.read(body).await?;
-    let msg = parse_single(
+    let mut msg = parse_single(
         &bytes,
         &caller,
         header_idempotency_key(&headers)?,
         &state.limits,
     )?;
     drop(bytes);
+    msg.trace = crate::domain::TraceContext::from_headers(&headers);
     admitted.admit_events(&state, &[(msg.tenant.as_str(), 1)])?;
     let described = Addressed::from(&msg);
     let started = Instant::now();
@@ -444,8 +450,13 @@ pub async fn create_batch(
     }
     let mut admitted = state.admit_upload(&caller, &headers, state.limits.max_batch_body_bytes)?;
     let bytes = admitted.read(body).await?;
-    let messages = parse_batch(&bytes, &caller, &state.limits)?;
+    let mut messages = parse_batch(&bytes, &caller, &state.limits)?;
     drop(bytes);
+    // one request, one trace context: every message of a batch carries it
+    let trace = crate::domain::TraceContext::from_headers(&headers);
+    for m in &mut messages {
+        m.trace = trace.clone();
+    }
     let mut demand: Vec<(&str, u32)> = Vec::new();
     for m in &messages {
         match demand.iter_mut().find(|d| d.0 == m.tenant) {

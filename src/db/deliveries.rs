@@ -60,6 +60,9 @@ pub struct ClaimedDelivery {
     /// an inbound event's source and the provider's id for it (migration 0026)
     pub source: Option<String>,
     pub source_event_id: Option<String>,
+    /// the producer's W3C trace context (migration 0031)
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
     pub url: String,
     pub headers: sqlx::types::Json<serde_json::Value>,
     pub timeout_ms: Option<i32>,
@@ -238,10 +241,11 @@ const CLAIM_SQL: &str = r#"
             ) x
         ), rows AS (
             SELECT p.*, ev.event_type, ev.payload, ev.created_at AS event_created_at,
-                   ev.source, ev.source_event_id
+                   ev.source, ev.source_event_id, ev.traceparent, ev.tracestate
             FROM picked p
             CROSS JOIN LATERAL (
-                SELECT ev.event_type, ev.payload, ev.created_at, ev.source, ev.source_event_id
+                SELECT ev.event_type, ev.payload, ev.created_at, ev.source, ev.source_event_id,
+                       ev.traceparent, ev.tracestate
                 FROM hookd.events ev
                 WHERE ev.id = p.event_id LIMIT 1
             ) ev
@@ -266,7 +270,7 @@ const CLAIM_SQL: &str = r#"
                   d.claim_token, d.attempt_seq, r.config_version,
                   d.visible_at AS lease_until,
                   r.event_type, r.payload, r.event_created_at, r.source, r.source_event_id,
-                  r.url, r.headers, r.timeout_ms, r.max_attempts, r.retry_schedule_secs,
+                  r.traceparent, r.tracestate, r.url, r.headers, r.timeout_ms, r.max_attempts, r.retry_schedule_secs,
                   sec.secret_ids, sec.secret_key_ids, sec.secret_ciphertexts
         "#;
 

@@ -659,6 +659,30 @@ pub async fn mark_secret_unreadable(
     Ok(())
 }
 
+/// Marks as reported the circuits open for longer than `after` and not reported since
+/// they opened; migration 0030's trigger emits `hookd.endpoint.circuit_open` for each in
+/// the same transaction. Locks in id order (as the outcome batches do) and skips rows
+/// another transaction holds: they are found on the next pass. Returns how many.
+pub async fn report_open_circuits(
+    pool: &PgPool,
+    after: std::time::Duration,
+) -> Result<u64, DbError> {
+    let r = sqlx::query(
+        "UPDATE hookd.endpoints e SET circuit_alerted_at = now()
+         WHERE e.id = ANY (ARRAY(
+             SELECT id FROM hookd.endpoints
+             WHERE circuit_state <> 'closed' AND circuit_alerted_at IS NULL
+               AND circuit_opened_at < now() - make_interval(secs => $1)
+               AND state <> 'disabled' AND removed_at IS NULL
+             ORDER BY id
+             FOR NO KEY UPDATE SKIP LOCKED))",
+    )
+    .bind(after.as_secs_f64())
+    .execute(on(pool))
+    .await?;
+    Ok(r.rows_affected())
+}
+
 // ---- the endpoints API ----
 
 /// An endpoint as the endpoints API shows it.

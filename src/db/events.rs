@@ -22,6 +22,8 @@ pub struct NewEvent {
     pub consumer: Option<String>,
     /// where an inbound event came from; `None` for a produced one
     pub origin: Option<Origin>,
+    /// the producer's W3C trace context (migration 0031)
+    pub trace: Option<crate::domain::TraceContext>,
 }
 
 /// Where an inbound event came from (issue 33, migration 0026).
@@ -73,6 +75,8 @@ pub async fn insert_with_fanout(
     let mut sources = Vec::with_capacity(events.len());
     let mut source_ids = Vec::with_capacity(events.len());
     let mut source_headers = Vec::with_capacity(events.len());
+    let mut traceparents = Vec::with_capacity(events.len());
+    let mut tracestates = Vec::with_capacity(events.len());
     for e in events {
         ids.push(e.id);
         tenants.push(e.tenant.as_str());
@@ -86,20 +90,22 @@ pub async fn insert_with_fanout(
         source_ids.push(origin.and_then(|o| o.source_event_id.as_deref()));
         source_headers
             .push(origin.map(|o| serde_json::Value::Object(o.headers.clone()).to_string()));
+        traceparents.push(e.trace.as_ref().map(|t| t.traceparent.as_str()));
+        tracestates.push(e.trace.as_ref().and_then(|t| t.tracestate.as_deref()));
     }
     let rows = sqlx::query_as::<_, EventIds>(
         r#"
         WITH input AS (
             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[],
-                                 $8::text[], $9::text[], $10::text[])
+                                 $8::text[], $9::text[], $10::text[], $11::text[], $12::text[])
                 AS i(id, tenant, event_type, payload, idempotency_key, request_hash, consumer,
-                     source, source_event_id, source_headers)
+                     source, source_event_id, source_headers, traceparent, tracestate)
         ), ev AS (
             INSERT INTO hookd.events (id, tenant, event_type, payload, idempotency_key, request_hash, consumer,
-                                      source, source_event_id, source_headers)
+                                      source, source_event_id, source_headers, traceparent, tracestate)
             -- a stable key order keeps two concurrent groups sharing keys from deadlocking
             SELECT id, tenant, event_type, payload, idempotency_key, request_hash, consumer,
-                   source, source_event_id, source_headers::jsonb
+                   source, source_event_id, source_headers::jsonb, traceparent, tracestate
             FROM input ORDER BY tenant, idempotency_key NULLS LAST
             ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
             RETURNING id, tenant, event_type, consumer
@@ -127,6 +133,8 @@ pub async fn insert_with_fanout(
     .bind(&sources)
     .bind(&source_ids)
     .bind(&source_headers)
+    .bind(&traceparents)
+    .bind(&tracestates)
     .fetch_all(on(conn))
     .await?;
     Ok(rows)

@@ -165,10 +165,13 @@ fn signed_headers(d: &ClaimedDelivery, secrets: &[SigningSecret]) -> HeaderMap {
         headers.insert("hookd-event-type", v);
     }
     headers.insert("hookd-attempt", HeaderValue::from(d.attempts));
-    // an inbound event says where it came from (checked to be header values when taken)
+    // an inbound event says where it came from (checked to be header values when taken),
+    // and a traced one carries its producer's trace context on to the receiver
     for (name, value) in [
         ("hookd-source", &d.source),
         ("hookd-source-event-id", &d.source_event_id),
+        ("traceparent", &d.traceparent),
+        ("tracestate", &d.tracestate),
     ] {
         if let Some(v) = value.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
             headers.insert(name, v);
@@ -256,10 +259,12 @@ mod tests {
             event_created_at: now,
             source: Some("stripe-live".into()),
             source_event_id: Some("evt_1".into()),
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+            tracestate: Some("congo=t61rcWkgMzE".into()),
             url: "https://example.com".into(),
             headers: sqlx::types::Json(serde_json::json!({
                 "Content-Encoding": "gzip", "Webhook-Id": "forged", "X-Team": "billing",
-                "Hookd-Source": "forged"
+                "Hookd-Source": "forged", "Traceparent": "forged"
             })),
             timeout_ms: None,
             max_attempts: None,
@@ -276,13 +281,21 @@ mod tests {
         assert_eq!(h["hookd-source"], "stripe-live");
         assert_eq!(h.get_all("hookd-source").iter().count(), 1);
         assert_eq!(h["hookd-source-event-id"], "evt_1");
+        assert_eq!(
+            h["traceparent"],
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        );
+        assert_eq!(h["tracestate"], "congo=t61rcWkgMzE");
         // and a produced event never carries one, whatever an endpoint stored
         let produced = ClaimedDelivery {
             source: None,
             source_event_id: None,
+            traceparent: None,
+            tracestate: None,
             ..d
         };
         let h = signed_headers(&produced, &[]);
         assert!(h.get("hookd-source").is_none(), "{h:?}");
+        assert!(h.get("traceparent").is_none(), "{h:?}");
     }
 }

@@ -15,13 +15,15 @@ use crate::retention::RetentionPolicy;
 use crate::runtime::Duties;
 
 /// Starts every duty: the history days ahead, the retention pruner (unless its interval
-/// is 0), the backlog sampler and the straggler sweep.
+/// is 0), the backlog sampler, the straggler sweep and the open-circuit report (unless
+/// `circuit_alert` is 0).
 pub(super) fn start(
     duties: &mut Duties,
     pool: &PgPool,
     policy: RetentionPolicy,
     retention: &RetentionSettings,
     metrics: &Metrics,
+    circuit_alert: Duration,
     shutdown: &CancellationToken,
 ) {
     duties.start(
@@ -48,6 +50,12 @@ pub(super) fn start(
         "straggler sweep",
         run_straggler_sweep(pool.clone(), shutdown.clone()),
     );
+    if !circuit_alert.is_zero() {
+        duties.start(
+            "open-circuit report",
+            run_circuit_report(pool.clone(), circuit_alert, shutdown.clone()),
+        );
+    }
 }
 
 /// Secrets stored before encryption at rest (migration 0004) are never handed to a
@@ -100,6 +108,28 @@ async fn run_straggler_sweep(pool: PgPool, shutdown: CancellationToken) {
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Marks the circuits open longer than `after` as reported, which makes migration 0030's
+/// trigger emit `hookd.endpoint.circuit_open` for each, once per opening (another
+/// dispatcher's pass finds them marked). Checked every `after / 4`, between 1 s and 30 s.
+async fn run_circuit_report(pool: PgPool, after: Duration, shutdown: CancellationToken) {
+    let every = (after / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
+    loop {
+        match db::endpoints::report_open_circuits(&pool, after).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                endpoints = n,
+                open_for_secs = after.as_secs(),
+                "circuits open past HOOKD_CIRCUIT_ALERT_SECS reported (hookd.endpoint.circuit_open)"
+            ),
+            Err(e) => tracing::warn!(error = %e, "open-circuit report failed; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
             _ = shutdown.cancelled() => return,
         }
     }

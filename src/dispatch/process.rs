@@ -12,7 +12,7 @@ use crate::crypto::Keyring;
 use crate::metrics::Metrics;
 
 /// `hookd dispatch`: the dispatcher, its background duties (history days, the retention
-/// pruner, the backlog sampler, the straggler sweep; awaited together at shutdown) and its
+/// pruner, the backlog sampler, the straggler sweep, the open-circuit report; awaited together at shutdown) and its
 /// health/metrics listener.
 pub async fn run(
     pool: PgPool,
@@ -52,6 +52,7 @@ pub async fn run_on(
         policy,
         &retention,
         &metrics,
+        std::time::Duration::from_secs(settings.circuit_alert_secs),
         &shutdown,
     );
     run_dispatcher(pool, cfg, keyring, metrics, shutdown).await;

@@ -380,9 +380,16 @@ fn check_fields(
         crate::domain::validate_consumer(c)?;
     }
     let p = provider(provider_name, hmac)?;
-    crate::domain::validate_event_type(event_type_prefix)
-        .map_err(|e| format!("eventTypePrefix: {e}"))?;
+    check_prefix(event_type_prefix)?;
     Ok(p)
+}
+
+/// A source's event-type prefix, in every door (and in a change): an event type, and not
+/// hookd's own (`hookd` as a name defaults the prefix to it, so that name needs another).
+fn check_prefix(prefix: &str) -> Result<(), String> {
+    crate::domain::validate_event_type(prefix)
+        .and_then(|()| crate::domain::check_not_reserved(prefix))
+        .map_err(|e| format!("eventTypePrefix: {e}"))
 }
 
 /// A source's description, in every door (and in a change).
@@ -535,8 +542,7 @@ pub async fn change(
         crate::domain::validate_consumer(consumer).map_err(invalid)?;
     }
     if let Some(prefix) = &c.event_type_prefix {
-        crate::domain::validate_event_type(prefix)
-            .map_err(|e| invalid(format!("eventTypePrefix: {e}")))?;
+        check_prefix(prefix).map_err(invalid)?;
     }
     if let Some(max) = c.max_body_bytes {
         check_max_body(max, max_body_allowed)?;

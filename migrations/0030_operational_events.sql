@@ -1,0 +1,139 @@
+-- Operational events (issue 34): when an endpoint is disabled (its receiver answered 410,
+-- an operator or its declaration disabled it), enabled again, its signing secret cannot
+-- be opened, or its circuit has been open past a threshold, hookd emits an event of a
+-- reserved type to the tenant's own endpoints that subscribe to it, through the same
+-- outbox: in the transaction that made the change, signed, retried and replayable like
+-- any other. The types, under the reserved `hookd.` prefix:
+--
+--   hookd.endpoint.disabled, hookd.endpoint.enabled, hookd.endpoint.secret_unreadable,
+--   hookd.endpoint.circuit_open
+--
+-- A `hookd.` type reaches only endpoints that name it (`hookd.endpoint.*`, `hookd.*`, or
+-- the type itself): an endpoint of every type (`eventTypes: []`) does not get them, and
+-- they are the tenant's (no consumer), so a customer's endpoint never does. Producers
+-- cannot enqueue `hookd.` types (the API answers 422; hookd.enqueue raises, migration
+-- 0031).
+
+-- When the circuit opened (NULL while closed), and when that opening was reported.
+ALTER TABLE hookd.endpoints
+    ADD COLUMN circuit_opened_at timestamptz,
+    ADD COLUMN circuit_alerted_at timestamptz;
+UPDATE hookd.endpoints SET circuit_opened_at = now() WHERE circuit_state <> 'closed';
+-- The dispatchers' report of circuits open too long reads this, not every endpoint. Its
+-- columns change only when a circuit moves, so the hot path's updates stay HOT.
+CREATE INDEX endpoints_open_circuit ON hookd.endpoints (circuit_opened_at)
+    WHERE circuit_state <> 'closed' AND circuit_alerted_at IS NULL;
+
+-- Kept by a trigger, not by each statement that moves a circuit. Named to fire after
+-- endpoints_new_url (BEFORE triggers fire in name order), which closes the circuit of a
+-- new URL; `UPDATE OF` names url for that reason. The WHEN clause is evaluated in C: the
+-- outcome batches' circuit updates, which set circuit_state on every row they touch, pay
+-- nothing for rows whose circuit did not move.
+CREATE FUNCTION hookd.endpoint_circuit_moved() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.circuit_state = 'closed' THEN
+        NEW.circuit_opened_at := NULL;
+        NEW.circuit_alerted_at := NULL;
+    ELSIF OLD.circuit_state = 'closed' THEN
+        -- half_open <-> open keeps the time it first opened
+        NEW.circuit_opened_at := now();
+        NEW.circuit_alerted_at := NULL;
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER endpoints_opened_circuit
+    BEFORE UPDATE OF circuit_state, url ON hookd.endpoints
+    FOR EACH ROW WHEN (OLD.circuit_state IS DISTINCT FROM NEW.circuit_state)
+    EXECUTE FUNCTION hookd.endpoint_circuit_moved();
+
+-- The fan-out rule (migration 0025) with the reserved prefix: a `hookd.` type does not
+-- match the all-types pattern `*`. Still inlined (plain SQL, STABLE).
+CREATE OR REPLACE FUNCTION hookd.subscribers(tenant text, consumer text, event_type text)
+RETURNS SETOF uuid
+LANGUAGE sql STABLE AS $$
+  SELECT DISTINCT m.endpoint_id
+  FROM unnest(hookd.event_type_keys(subscribers.event_type)) AS k(pattern)
+  CROSS JOIN LATERAL (
+      SELECT s.endpoint_id FROM hookd.subscriptions s
+      WHERE s.tenant = subscribers.tenant
+        AND s.consumer = coalesce(subscribers.consumer, '')
+        AND s.pattern = k.pattern
+      OFFSET 0) m
+  WHERE k.pattern <> '*' OR NOT starts_with(subscribers.event_type, 'hookd.')
+$$;
+
+-- One operational event, for the tenant (no consumer), with its deliveries; nothing when
+-- no endpoint of the tenant subscribes to the type.
+-- `p_about` is the endpoint the event is about, which never gets its own.
+CREATE FUNCTION hookd.emit_operational(p_tenant text, p_type text, p_payload jsonb, p_about uuid)
+RETURNS uuid
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  v_id uuid;
+  v_payload text := p_payload::text;
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM hookd.subscribers(p_tenant, NULL, p_type) AS s(endpoint_id)
+                 WHERE s.endpoint_id <> p_about) THEN
+    RETURN NULL;
+  END IF;
+  INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash)
+  VALUES (hookd.uuid_v7(), p_tenant, p_type, v_payload,
+          sha256(convert_to(p_type || E'\n' || v_payload, 'UTF8')))
+  RETURNING id INTO v_id;
+  INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant)
+  SELECT hookd.uuid_v7(), v_id, s.endpoint_id, p_tenant
+  FROM hookd.subscribers(p_tenant, NULL, p_type) AS s(endpoint_id)
+  WHERE s.endpoint_id <> p_about;
+  PERFORM pg_notify('hookd_deliveries', '');
+  RETURN v_id;
+END
+$$;
+REVOKE ALL ON FUNCTION hookd.emit_operational(text, text, jsonb, uuid) FROM PUBLIC;
+
+CREATE FUNCTION hookd.endpoint_operational() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_type text;
+  v_reason text;
+BEGIN
+  IF NEW.state = 'disabled' AND OLD.state <> 'disabled' THEN
+    v_type := 'hookd.endpoint.disabled';
+    v_reason := NEW.state_reason;
+  ELSIF OLD.state = 'disabled' AND NEW.state <> 'disabled' THEN
+    v_type := 'hookd.endpoint.enabled';
+  ELSIF NEW.secret_unreadable IS NOT NULL AND OLD.secret_unreadable IS NULL THEN
+    v_type := 'hookd.endpoint.secret_unreadable';
+    v_reason := NEW.secret_unreadable;
+  ELSIF NEW.circuit_alerted_at IS NOT NULL AND OLD.circuit_alerted_at IS NULL THEN
+    v_type := 'hookd.endpoint.circuit_open';
+    v_reason := 'the circuit has been open since ' || to_char(NEW.circuit_opened_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+                || ' after ' || NEW.circuit_failures || ' consecutive failures';
+  ELSE
+    RETURN NULL;
+  END IF;
+  PERFORM hookd.emit_operational(NEW.tenant, v_type, jsonb_build_object(
+    'type', v_type,
+    'endpointId', NEW.id,
+    'consumer', NEW.consumer,
+    'url', NEW.url,
+    'description', NEW.description,
+    'state', NEW.state,
+    'reason', v_reason,
+    'circuitOpenedAt', NEW.circuit_opened_at,
+    'kubernetes', CASE WHEN NEW.k8s_namespace IS NULL THEN NULL
+                       ELSE jsonb_build_object('namespace', NEW.k8s_namespace, 'name', NEW.k8s_name) END,
+    'at', now()), NEW.id);
+  RETURN NULL;
+END
+$$;
+-- Deletions (removed_at set) are not operational events: the owner did them.
+CREATE TRIGGER endpoints_operational
+    AFTER UPDATE ON hookd.endpoints
+    FOR EACH ROW WHEN (NEW.removed_at IS NULL AND (
+        (OLD.state = 'disabled') <> (NEW.state = 'disabled')
+        OR (OLD.secret_unreadable IS NULL AND NEW.secret_unreadable IS NOT NULL)
+        OR (OLD.circuit_alerted_at IS NULL AND NEW.circuit_alerted_at IS NOT NULL)))
+    EXECUTE FUNCTION hookd.endpoint_operational();
+
