@@ -205,6 +205,8 @@ CREATE FUNCTION hookd.endpoint_operational() RETURNS trigger
 DECLARE
   v_type text;
   v_reason text;
+  v_sent integer;
+  v_window timestamptz;
 BEGIN
   IF NEW.state = 'disabled' AND OLD.state <> 'disabled' THEN
     v_type := 'hookd.endpoint.disabled';
@@ -221,6 +223,15 @@ BEGIN
   ELSE
     RETURN NULL;
   END IF;
+  INSERT INTO hookd.operational_budget AS b (endpoint_id, window_start, sent)
+  VALUES (NEW.id, now(), 1)
+  ON CONFLICT (endpoint_id) DO UPDATE
+  SET window_start = CASE WHEN b.window_start <= now() - interval '1 hour' THEN now() ELSE b.window_start END,
+      sent = CASE WHEN b.window_start <= now() - interval '1 hour' THEN 1 ELSE b.sent + 1 END
+  RETURNING b.sent, b.window_start INTO v_sent, v_window;
+  IF v_sent > 10 THEN
+    RETURN NULL;
+  END IF;
   PERFORM hookd.emit_operational(NEW.tenant, v_type, jsonb_build_object(
     'type', v_type,
     'endpointId', NEW.id,
@@ -232,6 +243,7 @@ BEGIN
     'circuitOpenedAt', NEW.circuit_opened_at,
     'kubernetes', CASE WHEN NEW.k8s_namespace IS NULL THEN NULL
                        ELSE jsonb_build_object('namespace', NEW.k8s_namespace, 'name', NEW.k8s_name) END,
+    'quietUntil', CASE WHEN v_sent = 10 THEN v_window + interval '1 hour' END,
     'at', now()), NEW.id);
   RETURN NULL;
 END
@@ -415,7 +427,7 @@ BEGIN
   IF event_type IS NULL OR length(event_type) > 128 OR event_type !~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$' THEN
     RAISE EXCEPTION 'hookd.enqueue: invalid event type %', coalesce(quote_literal(event_type), 'NULL') USING ERRCODE = '22023';
   END IF;
-  IF starts_with(event_type, 'hookd.') THEN
+  IF hookd.is_reserved_event_type(event_type) THEN
     RAISE EXCEPTION 'hookd.enqueue: event type % is reserved: types under hookd. are hookd''s own (operational events)', quote_literal(event_type)
       USING ERRCODE = '22023';
   END IF;
@@ -588,6 +600,17 @@ $$;
 
 
 --
+-- Name: is_reserved_event_type(text); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.is_reserved_event_type(event_type text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+  SELECT lower(event_type) = 'hookd' OR starts_with(lower(event_type), 'hookd.')
+$$;
+
+
+--
 -- Name: revoke_sessions(); Type: FUNCTION; Schema: hookd; Owner: -
 --
 
@@ -632,7 +655,7 @@ CREATE FUNCTION hookd.subscribers(tenant text, consumer text, event_type text) R
         AND s.consumer = coalesce(subscribers.consumer, '')
         AND s.pattern = k.pattern
       OFFSET 0) m
-  WHERE k.pattern <> '*' OR NOT starts_with(subscribers.event_type, 'hookd.')
+  WHERE k.pattern <> '*' OR NOT hookd.is_reserved_event_type(subscribers.event_type)
 $$;
 
 
@@ -1120,6 +1143,17 @@ WITH (autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_fac
 
 
 --
+-- Name: operational_budget; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.operational_budget (
+    endpoint_id uuid NOT NULL,
+    window_start timestamp with time zone NOT NULL,
+    sent integer NOT NULL
+);
+
+
+--
 -- Name: producer_roles; Type: TABLE; Schema: hookd; Owner: -
 --
 
@@ -1195,6 +1229,7 @@ CREATE TABLE hookd.sources (
     CONSTRAINT sources_managed_by CHECK ((managed_by = ANY (ARRAY['kubernetes'::text, 'api'::text]))),
     CONSTRAINT sources_max_body CHECK (((max_body_bytes >= 1) AND (max_body_bytes <= 16777216))),
     CONSTRAINT sources_name_label CHECK ((name ~ '^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$'::text)),
+    CONSTRAINT sources_prefix_not_reserved CHECK ((NOT hookd.is_reserved_event_type(event_type_prefix))),
     CONSTRAINT sources_provider CHECK ((provider = ANY (ARRAY['standard-webhooks'::text, 'stripe'::text, 'github'::text, 'shopify'::text, 'slack'::text, 'hmac'::text])))
 );
 
@@ -1404,6 +1439,14 @@ ALTER TABLE ONLY hookd.endpoints
 
 ALTER TABLE ONLY hookd.events
     ADD CONSTRAINT events_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: operational_budget operational_budget_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.operational_budget
+    ADD CONSTRAINT operational_budget_pkey PRIMARY KEY (endpoint_id);
 
 
 --
@@ -2151,6 +2194,14 @@ ALTER TABLE ONLY hookd.endpoint_queue
 
 ALTER TABLE ONLY hookd.endpoint_secrets
     ADD CONSTRAINT endpoint_secrets_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES hookd.endpoints(id) ON DELETE CASCADE;
+
+
+--
+-- Name: operational_budget operational_budget_endpoint_id_fkey; Type: FK CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.operational_budget
+    ADD CONSTRAINT operational_budget_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES hookd.endpoints(id) ON DELETE CASCADE;
 
 
 --

@@ -48,8 +48,24 @@ CREATE TRIGGER endpoints_opened_circuit
     FOR EACH ROW WHEN (OLD.circuit_state IS DISTINCT FROM NEW.circuit_state)
     EXECUTE FUNCTION hookd.endpoint_circuit_moved();
 
--- The fan-out rule (migration 0025) with the reserved prefix: a `hookd.` type does not
--- match the all-types pattern `*`. Still inlined (plain SQL, STABLE).
+-- The reserved types, in any case (domain::is_reserved_event_type holds the same rule).
+CREATE FUNCTION hookd.is_reserved_event_type(event_type text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+  SELECT lower(event_type) = 'hookd' OR starts_with(lower(event_type), 'hookd.')
+$$;
+
+-- A source's prefix made its events' types; one made `hookd` before this migration (a
+-- source named hookd took its name as the prefix) would make reserved types, which a
+-- provider that signs no type header lets anyone choose. Such a source gets the prefix
+-- `inbound.hookd`, and no source can have a reserved prefix from now on.
+UPDATE hookd.sources SET event_type_prefix = 'inbound.' || event_type_prefix
+WHERE hookd.is_reserved_event_type(event_type_prefix);
+ALTER TABLE hookd.sources ADD CONSTRAINT sources_prefix_not_reserved
+    CHECK (NOT hookd.is_reserved_event_type(event_type_prefix));
+
+-- The fan-out rule (migration 0025) with the reserved types: they do not match the
+-- all-types pattern `*`. Still inlined (plain SQL, STABLE; the function it calls is
+-- IMMUTABLE and inlined in turn).
 CREATE OR REPLACE FUNCTION hookd.subscribers(tenant text, consumer text, event_type text)
 RETURNS SETOF uuid
 LANGUAGE sql STABLE AS $$
@@ -61,7 +77,7 @@ LANGUAGE sql STABLE AS $$
         AND s.consumer = coalesce(subscribers.consumer, '')
         AND s.pattern = k.pattern
       OFFSET 0) m
-  WHERE k.pattern <> '*' OR NOT starts_with(subscribers.event_type, 'hookd.')
+  WHERE k.pattern <> '*' OR NOT hookd.is_reserved_event_type(subscribers.event_type)
 $$;
 
 -- One operational event, for the tenant (no consumer), with its deliveries; nothing when
@@ -92,11 +108,23 @@ END
 $$;
 REVOKE ALL ON FUNCTION hookd.emit_operational(text, text, jsonb, uuid) FROM PUBLIC;
 
+-- A storm guard: at most 10 operational events per endpoint per hour. A customer can
+-- flap its own endpoint (a receiver answering 410, re-enabled in a loop through the
+-- portal), and each flap would otherwise be two events to the tenant's alerting; the
+-- 10th says the endpoint goes quiet until its hour is over (`quietUntil`).
+CREATE TABLE hookd.operational_budget (
+    endpoint_id  uuid PRIMARY KEY REFERENCES hookd.endpoints (id) ON DELETE CASCADE,
+    window_start timestamptz NOT NULL,
+    sent         integer NOT NULL
+);
+
 CREATE FUNCTION hookd.endpoint_operational() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
   v_type text;
   v_reason text;
+  v_sent integer;
+  v_window timestamptz;
 BEGIN
   IF NEW.state = 'disabled' AND OLD.state <> 'disabled' THEN
     v_type := 'hookd.endpoint.disabled';
@@ -113,6 +141,15 @@ BEGIN
   ELSE
     RETURN NULL;
   END IF;
+  INSERT INTO hookd.operational_budget AS b (endpoint_id, window_start, sent)
+  VALUES (NEW.id, now(), 1)
+  ON CONFLICT (endpoint_id) DO UPDATE
+  SET window_start = CASE WHEN b.window_start <= now() - interval '1 hour' THEN now() ELSE b.window_start END,
+      sent = CASE WHEN b.window_start <= now() - interval '1 hour' THEN 1 ELSE b.sent + 1 END
+  RETURNING b.sent, b.window_start INTO v_sent, v_window;
+  IF v_sent > 10 THEN
+    RETURN NULL;
+  END IF;
   PERFORM hookd.emit_operational(NEW.tenant, v_type, jsonb_build_object(
     'type', v_type,
     'endpointId', NEW.id,
@@ -124,6 +161,7 @@ BEGIN
     'circuitOpenedAt', NEW.circuit_opened_at,
     'kubernetes', CASE WHEN NEW.k8s_namespace IS NULL THEN NULL
                        ELSE jsonb_build_object('namespace', NEW.k8s_namespace, 'name', NEW.k8s_name) END,
+    'quietUntil', CASE WHEN v_sent = 10 THEN v_window + interval '1 hour' END,
     'at', now()), NEW.id);
   RETURN NULL;
 END

@@ -49,7 +49,7 @@ BEGIN
   IF event_type IS NULL OR length(event_type) > 128 OR event_type !~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$' THEN
     RAISE EXCEPTION 'hookd.enqueue: invalid event type %', coalesce(quote_literal(event_type), 'NULL') USING ERRCODE = '22023';
   END IF;
-  IF starts_with(event_type, 'hookd.') THEN
+  IF hookd.is_reserved_event_type(event_type) THEN
     RAISE EXCEPTION 'hookd.enqueue: event type % is reserved: types under hookd. are hookd''s own (operational events)', quote_literal(event_type)
       USING ERRCODE = '22023';
   END IF;

@@ -223,10 +223,18 @@ pub fn is_traceparent(s: &str) -> bool {
 /// subscription to every type does not match it (migration 0030).
 pub const RESERVED_EVENT_TYPE_PREFIX: &str = "hookd.";
 
-/// Refuses an event type under [`RESERVED_EVENT_TYPE_PREFIX`] (or `hookd` itself), for the
-/// doors producers and sources come in by.
+/// Whether `t` is `hookd` or under [`RESERVED_EVENT_TYPE_PREFIX`], in any case (so
+/// `HOOKD.endpoint.disabled` cannot pass for one either); migrations 0030 and 0031 hold
+/// the same rule.
+pub fn is_reserved_event_type(t: &str) -> bool {
+    let lower = t.to_ascii_lowercase();
+    lower == "hookd" || lower.starts_with(RESERVED_EVENT_TYPE_PREFIX)
+}
+
+/// Refuses a reserved event type ([`is_reserved_event_type`]), for the doors producers and
+/// sources come in by.
 pub fn check_not_reserved(t: &str) -> Result<(), String> {
-    if t == "hookd" || t.starts_with(RESERVED_EVENT_TYPE_PREFIX) {
+    if is_reserved_event_type(t) {
         Err(format!(
             "eventType {t:?} is reserved: types under hookd. are hookd's own (operational events such as hookd.endpoint.disabled)"
         ))

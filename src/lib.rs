@@ -27,4 +27,5 @@ pub mod rekey;
 pub mod retention;
 pub mod runtime;
 pub mod signing;
+pub mod telemetry;
 pub mod ui;

@@ -29,7 +29,8 @@ pub struct InboundOutcome {
     /// was not taken: refused (`unknown_source`, `missing_signature`, `bad_signature`,
     /// `stale_timestamp`, `malformed_signature`, `not_json`), held back before its
     /// signature was read (`not_admitted`), or verified but not committed (`not_taken`:
-    /// the tenant's rate or an outage; the provider retries)
+    /// the tenant's rate or an outage; the provider retries), or the source could not be
+    /// read or its secrets opened (`unavailable`, under `(unknown)`)
     pub outcome: &'static str,
 }
 

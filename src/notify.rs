@@ -82,6 +82,9 @@ pub fn listen(
     mut on: impl FnMut(Heard) + Send + 'static,
     shutdown: CancellationToken,
 ) -> bool {
+    // a direct URL must name the database DATABASE_URL does: a LISTEN on another one
+    // succeeds and hears nothing, which a cache would take for "nothing changed"
+    let main = direct_url.is_some().then(|| pool.clone());
     let pool = match (direct_url, db::pooler()) {
         (Some(url), _) => match db::connect_lazy(&db::PoolSettings {
             url,
@@ -107,7 +110,17 @@ pub fn listen(
         loop {
             let listener = match PgListener::connect_with(&pool).await {
                 Ok(mut l) => match l.listen(channel).await {
-                    Ok(()) => Some(l),
+                    Ok(()) if same_database(main.as_ref(), &mut l).await => Some(l),
+                    Ok(()) => {
+                        tracing::error!(
+                            channel,
+                            "HOOKD_NOTIFY_DATABASE_URL names another database than DATABASE_URL: not listening there (it would hear nothing); retrying in 10 s"
+                        );
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_secs(10)) => continue,
+                            _ = shutdown.cancelled() => return,
+                        }
+                    }
                     Err(e) => {
                         tracing::debug!(channel, error = %e, "LISTEN failed; retrying");
                         None
@@ -144,6 +157,19 @@ pub fn listen(
         }
     });
     true
+}
+
+/// Whether `listener` is connected to the database `main` is (true without `main`: the
+/// listener is one of its own connections). Unknown (a query failed) counts as the same:
+/// the next reconnect asks again.
+async fn same_database(main: Option<&PgPool>, listener: &mut PgListener) -> bool {
+    let Some(main) = main else { return true };
+    let ours = db::current_database(db::on(main)).await;
+    let theirs = db::current_database(&mut *listener).await;
+    match (ours, theirs) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => true,
+    }
 }
 
 /// Pokes `wake` on every notification of new deliveries, and also after a reconnect

@@ -9,16 +9,30 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{DbArgs, LogFormat};
 use crate::db;
 
-pub fn init_tracing(filter: &str, format: LogFormat) {
+/// Logs to stderr at `filter`, and traces over OTLP when the environment asks for them
+/// (`telemetry`; hold the returned value until the process ends, so the last spans are
+/// flushed). `service` names the process in traces.
+pub fn init_tracing(filter: &str, format: LogFormat, service: &str) -> crate::telemetry::Exporting {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs = match format {
+        LogFormat::Json => logs.json().with_filter(filter).boxed(),
+        LogFormat::Text => logs.with_filter(filter).boxed(),
+    };
+    // the log filter does not apply to spans: HOOKD_LOG=warn must not turn traces off
+    let (otlp, exporting) = crate::telemetry::layer(service);
+    let otlp = otlp.map(|l| {
+        l.with_filter(
+            tracing_subscriber::filter::Targets::new()
+                .with_target(crate::telemetry::TARGET, tracing::Level::INFO),
+        )
+    });
+    tracing_subscriber::registry().with(logs).with(otlp).init();
+    exporting
 }
 
 /// A token cancelled on the first SIGTERM or SIGINT.

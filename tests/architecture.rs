@@ -27,6 +27,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("notify", 2),
     ("ops", 2),
     ("rekey", 2),
+    ("telemetry", 2),
     ("ui", 2),
     // the endpoint rules, the enqueue contract, retention, process plumbing
     ("endpoints", 3),

@@ -849,3 +849,75 @@ async fn a_kept_source_is_forgotten_on_every_change_and_on_a_lost_listener(pool:
         "a source deleted elsewhere stops verifying"
     );
 }
+
+/// A request whose headers arrived before a rotation without grace and whose body after it
+/// is verified with the source as it is once the body is in: refused, as it would be had
+/// it started a moment later (before, the secret read at its start verified it).
+#[sqlx::test]
+async fn a_request_in_flight_across_a_rotation_is_verified_after_it(pool: PgPool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let api = TestApi::start(&pool).await;
+    let token = api.token_for(TENANT).await;
+    let (s, v) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/sources",
+        Some(json!({"name": "slow", "provider": "stripe", "secret": STRIPE_SECRET})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let addr = api.base.trim_start_matches("http://").to_string();
+    // the head and 5 bytes of the body; `between` runs; then the rest
+    let slow_post = |id: &'static str| {
+        let addr = addr.clone();
+        async move {
+            let body = format!(r#"{{"id":"{id}","type":"invoice.paid"}}"#);
+            let sig = stripe_signature(STRIPE_SECRET, chrono::Utc::now().timestamp(), &body);
+            let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            let head = format!(
+                "POST /in/slow HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\nstripe-signature: {sig}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            s.write_all(head.as_bytes()).await.unwrap();
+            s.write_all(&body.as_bytes()[..5]).await.unwrap();
+            (s, body)
+        }
+    };
+    let finish = |(mut s, body): (tokio::net::TcpStream, String)| async move {
+        s.write_all(&body.as_bytes()[5..]).await.unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).await.unwrap();
+        answer.lines().next().unwrap_or_default().to_string()
+    };
+    // without a change meanwhile, a slow request is taken
+    let pending = slow_post("evt_slow_0").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(finish(pending).await, "HTTP/1.1 202 Accepted");
+    // with a rotation without grace meanwhile, it is refused
+    let pending = slow_post("evt_slow_1").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (s, v) = call(
+        &api,
+        &token,
+        Method::POST,
+        "/v1/sources/slow/secret/rotate",
+        Some(json!({"secret": "whsec_test_rotatedAwayNoGrace000000", "graceSeconds": 0})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(finish(pending).await, "HTTP/1.1 401 Unauthorized");
+    assert_eq!(events(&pool).await, 1, "only the first was taken");
+    // a listing by source takes a source's name only
+    for bad in ["slow%00", "", "Slow"] {
+        let (s, v) = call(
+            &api,
+            &token,
+            Method::GET,
+            &format!("/v1/messages?source={bad}"),
+            None,
+        )
+        .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {v}");
+    }
+}

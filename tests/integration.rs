@@ -44,4 +44,5 @@ mod retention;
 mod scale;
 mod security;
 mod smoke;
+mod telemetry;
 mod trace_context;

@@ -194,3 +194,73 @@ async fn a_producer_hears_when_its_endpoints_are_disabled_enabled_unreadable_or_
     assert!(types.contains(&"invoice.paid".to_string()), "{types:?}");
     assert!(!types.iter().any(|t| t.starts_with("hookd.")), "{types:?}");
 }
+
+/// A customer flapping its own endpoint (a receiver answering 410, enabled again in a
+/// loop) reaches the tenant's alerting at most 10 times an hour per endpoint, the 10th
+/// saying until when it goes quiet; and a reserved type cannot be named in any case, nor
+/// a source's prefix be one.
+#[sqlx::test]
+async fn a_flapping_endpoint_is_reported_at_most_ten_times_an_hour(pool: PgPool) {
+    let ops_rx = Receiver::start(&[OPS_SECRET]).await;
+    endpoint(
+        &pool,
+        EndpointOpts {
+            url: ops_rx.url("/ops"),
+            event_types: vec!["hookd.endpoint.*".into()],
+            ..Default::default()
+        },
+    )
+    .await;
+    let flapping = endpoint(
+        &pool,
+        EndpointOpts {
+            consumer: Some("cust_1".into()),
+            ..Default::default()
+        },
+    )
+    .await;
+    for _ in 0..15 {
+        for state in ["disabled", "active"] {
+            sqlx::query("UPDATE hookd.endpoints SET state = $2 WHERE id = $1")
+                .bind(flapping)
+                .bind(state)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    }
+    let sent: Vec<(String, Value)> = sqlx::query_as::<_, (String, String)>(
+        "SELECT event_type, payload FROM hookd.events WHERE event_type LIKE 'hookd.endpoint.%' ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(t, p)| (t, serde_json::from_str(&p).unwrap()))
+    .collect();
+    assert_eq!(sent.len(), 10, "{sent:?}");
+    assert!(sent.iter().all(|(_, p)| p["consumer"] == "cust_1"));
+    assert!(sent[..9].iter().all(|(_, p)| p["quietUntil"].is_null()));
+    assert!(sent[9].1["quietUntil"].is_string(), "{}", sent[9].1);
+
+    for reserved in ["HOOKD.endpoint.disabled", "Hookd.x", "hookd"] {
+        let e = sqlx::query("SELECT hookd.enqueue('team-a', $1, '{}')")
+            .bind(reserved)
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("reserved"), "{reserved}: {e}");
+        assert!(
+            hookd::domain::check_not_reserved(reserved).is_err(),
+            "{reserved}"
+        );
+    }
+    let e = sqlx::query(
+        "INSERT INTO hookd.sources (id, name, tenant, provider, event_type_prefix, max_body_bytes)
+         VALUES (gen_random_uuid(), 'legacy', 'team-a', 'github', 'Hookd', 1024)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("sources_prefix_not_reserved"), "{e}");
+}

@@ -245,7 +245,7 @@ pub async fn delete_endpoints(pool: &PgPool) -> Result<(), DbError> {
     // every referencing table named, so Postgres has no cascade to announce
     sqlx::query(
         "TRUNCATE hookd.endpoints, hookd.subscriptions, hookd.consumers, hookd.endpoint_secrets, hookd.events, hookd.deliveries,
-                  hookd.delivery_attempts, hookd.dead_letters, hookd.endpoint_queue",
+                  hookd.delivery_attempts, hookd.dead_letters, hookd.endpoint_queue, hookd.operational_budget",
     )
     .execute(pool)
     .await?;

@@ -30,7 +30,7 @@ async fn main() -> std::process::ExitCode {
         return hookd::cli::main(hookd::cli::Cli::parse()).await;
     }
     let cli = Cli::parse();
-    runtime::init_tracing(&cli.log, cli.log_format);
+    let _exporting = runtime::init_tracing(&cli.log, cli.log_format, "hookd-bench");
     match hookd_bench::run(cli.bench, runtime::shutdown_on_signals()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -21,7 +21,7 @@ use super::openapi::responses;
 use crate::auth::{Principal, Scope, Subject};
 use crate::db::sources::SourceRow;
 use crate::domain::ErrorCode;
-use crate::inbound::cache::OpenError;
+use crate::inbound::cache::{OpenError, Ready};
 use crate::inbound::{providers, sources};
 use crate::metrics::InboundOutcome;
 use crate::outbox::EnqueueError;
@@ -68,6 +68,43 @@ fn count(state: &AppState, source: Option<&SourceRow>, outcome: &'static str) {
     }
 }
 
+/// Without a listener (see `inbound::cache`), how slow a body read must be for the source
+/// to be read again before the request is verified.
+const REREAD_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The source named `name`, ready to verify with; an unknown one is the one 401, and what
+/// keeps a known one from verifying is answered (and counted) here.
+async fn open(
+    state: &AppState,
+    keyring: &crate::crypto::Keyring,
+    name: &str,
+) -> Result<std::sync::Arc<Ready>, ApiError> {
+    match state.sources.get(&state.pool, keyring, name).await {
+        Ok(Some(ready)) => Ok(ready),
+        Ok(None) => {
+            count(state, None, "unknown_source");
+            Err(unauthorized())
+        }
+        Err(e) => {
+            count(state, None, "unavailable");
+            match e {
+                OpenError::Db(e) => Err(e.into()),
+                OpenError::Corrupt(_) => {
+                    tracing::error!(source = %name, error = %e, "a stored source cannot be read");
+                    Err(ApiError::internal())
+                }
+                // every secret is sealed under a key this process lacks: not the sender's
+                // fault, and the provider retries a 503
+                OpenError::Sealed => Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    ErrorCode::EncryptionUnavailable,
+                    "this API process cannot open the source's secrets (its HOOKD_ENCRYPTION_KEY or HOOKD_ENCRYPTION_OLD_KEYS lacks the key they were sealed with); nothing was written, retry later",
+                )),
+            }
+        }
+    }
+}
+
 /// POST /in/{name}
 #[utoipa::path(
     post,
@@ -106,28 +143,9 @@ pub async fn receive(
         }
     };
     let keyring = super::endpoints::keyring(&state)?;
-    let ready = match state.sources.get(&state.pool, keyring, &name).await {
-        Ok(Some(ready)) => ready,
-        Ok(None) => {
-            count(&state, None, "unknown_source");
-            return Err(unauthorized());
-        }
-        Err(OpenError::Db(e)) => return Err(e.into()),
-        Err(e @ OpenError::Corrupt(_)) => {
-            tracing::error!(source = %name, error = %e, "a stored source cannot be read");
-            return Err(ApiError::internal());
-        }
-        Err(OpenError::Sealed) => {
-            // every secret is sealed under a key this process lacks: not the sender's
-            // fault, and the provider retries a 503
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                ErrorCode::EncryptionUnavailable,
-                "this API process cannot open the source's secrets (its HOOKD_ENCRYPTION_KEY or HOOKD_ENCRYPTION_OLD_KEYS lacks the key they were sealed with); nothing was written, retry later",
-            ));
-        }
-    };
-    let (source, provider) = (&ready.source, &ready.provider);
+    let generation = state.sources.generation();
+    let first = open(&state, keyring, &name).await?;
+    let source = &first.source;
     // Admitted on its head as the source itself (`in:{name}`, never a tenant's name: a
     // tenant has no ':'), from the inbound budget: its own share of body bytes in flight
     // and its own rate bucket, so requests nobody signed, slow or many, cost the source
@@ -150,7 +168,19 @@ pub async fn receive(
     let mut admitted = state
         .admit_inbound(&caller, &headers, max.min(state.limits.max_payload_bytes))
         .map_err(refused)?;
+    let read_started = std::time::Instant::now();
     let bytes = admitted.read(body).await.map_err(refused)?;
+    // A change heard while the body was read (a rotation without grace, a deletion)
+    // applies to this request too: it is verified with the source as it is now. Without a
+    // listener nothing is heard, so a slow body reads the source again.
+    let ready = if state.sources.generation() != generation
+        || (!state.sources.is_live() && read_started.elapsed() > REREAD_AFTER)
+    {
+        open(&state, keyring, &name).await?
+    } else {
+        first.clone()
+    };
+    let (source, provider) = (&ready.source, &ready.provider);
     let now = chrono::Utc::now();
     let refs = ready.secrets_at(now);
     let verified =

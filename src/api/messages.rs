@@ -133,6 +133,31 @@ pub struct BatchOut {
     results: Vec<BatchResultOut>,
 }
 
+/// With traces on (`telemetry`): the span of one enqueue request, a child of the
+/// producer's trace context, which becomes the messages' own, so each delivery's
+/// `hookd.send` (and the receiver) descends from it. `None`, and nothing done, when off.
+fn ingest_span(messages: &mut [NewMessage]) -> Option<tracing::Span> {
+    if !crate::telemetry::enabled() {
+        return None;
+    }
+    let first = messages.first()?;
+    let span = tracing::info_span!(
+        target: crate::telemetry::TARGET,
+        "hookd.ingest",
+        hookd.tenant = %first.tenant,
+        hookd.messages = messages.len(),
+        hookd.event_id = tracing::field::Empty,
+    );
+    crate::telemetry::set_parent(&span, first.trace.as_ref());
+    let own = crate::telemetry::context_of(&span);
+    for m in messages.iter_mut() {
+        if own.is_some() {
+            m.trace = own.clone();
+        }
+    }
+    Some(span)
+}
+
 fn validate(
     m: MessageIn,
     caller: &Caller,
@@ -373,6 +398,7 @@ pub async fn create(
     )?;
     drop(bytes);
     msg.trace = crate::domain::TraceContext::from_headers(&headers);
+    let span = ingest_span(std::slice::from_mut(&mut msg));
     admitted.admit_events(&state, &[(msg.tenant.as_str(), 1)])?;
     let described = Addressed::from(&msg);
     let started = Instant::now();
@@ -386,6 +412,9 @@ pub async fn create(
         delivery_ids,
         created,
     } = result.into_iter().next().expect("one result per message");
+    if let Some(span) = &span {
+        span.record("hookd.event_id", tracing::field::display(event_id));
+    }
     if created {
         state.metrics.count_enqueued(delivery_ids.len());
     }
@@ -457,6 +486,8 @@ pub async fn create_batch(
     for m in &mut messages {
         m.trace = trace.clone();
     }
+    // held to the answer: the span ends with the request
+    let _span = ingest_span(&mut messages);
     let mut demand: Vec<(&str, u32)> = Vec::new();
     for m in &messages {
         match demand.iter_mut().find(|d| d.0 == m.tenant) {
@@ -716,6 +747,11 @@ pub async fn list(
     let limit = super::listing::page_limit(p.limit)?;
     let status = super::listing::parse_status(p.status.as_deref())?;
     super::listing::check_consumer_filter(p.consumer.as_deref())?;
+    if let Some(s) = p.source.as_deref() {
+        crate::inbound::sources::validate_name(s).map_err(|e| {
+            ApiError::unprocessable(ErrorCode::InvalidField, format!("source: {e}"))
+        })?;
+    }
     if let Some(t) = p.event_type.as_deref() {
         domain::validate_event_type(t)
             .map_err(|e| ApiError::unprocessable(ErrorCode::InvalidEventType, e))?;

@@ -66,6 +66,19 @@ pub enum Command {
     Bench(BenchMoved),
 }
 
+impl Command {
+    /// The process's name in traces (`service.name`, unless OTEL_SERVICE_NAME is set).
+    pub fn service_name(&self) -> &'static str {
+        match self {
+            Command::Api(_) => "hookd-api",
+            Command::Dispatch(_) => "hookd-dispatch",
+            Command::Controller(_) => "hookd-controller",
+            Command::Dev(_) => "hookd-dev",
+            _ => "hookd",
+        }
+    }
+}
+
 /// `hookd bench [args]`: the benchmark is no longer part of the product (it is the
 /// hookd-bench crate of this workspace); old scripts and docs get the command to run.
 #[derive(Debug, clap::Args)]
@@ -110,7 +123,7 @@ pub fn parse() -> Cli {
 /// exit status. Public so that the bench can run its child processes as `hookd api` and
 /// `hookd dispatch` from its own executable (the same build, no second binary to find).
 pub async fn main(cli: Cli) -> std::process::ExitCode {
-    runtime::init_tracing(&cli.log, cli.log_format);
+    let _exporting = runtime::init_tracing(&cli.log, cli.log_format, cli.command.service_name());
     if let Some(token) = cli.metrics_token.as_deref().filter(|t| !t.is_empty()) {
         crate::metrics::require_scrape_token(token);
     }

@@ -137,6 +137,14 @@ pub async fn notify(pool: &PgPool, channel: &str) -> Result<(), DbError> {
     Ok(())
 }
 
+/// The database a connection is in: `DATABASE_URL`'s (through `pool`), or a LISTEN
+/// connection's (`notify::listen` checks the two are one).
+pub async fn current_database<'e>(e: impl sqlx::PgExecutor<'e>) -> Result<String, DbError> {
+    Ok(sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(e)
+        .await?)
+}
+
 /// True when the error means "the database cannot be reached right now" rather than
 /// "this statement is wrong": connection failures, pool exhaustion, and the server-side
 /// states a restarting or failing-over Postgres reports.

@@ -160,6 +160,13 @@ async fn write_batch(
     metrics: &Metrics,
 ) -> Result<(), DbError> {
     let completions: Vec<Completion> = batch.iter().map(|f| f.completion.clone()).collect();
+    let _span = crate::telemetry::enabled().then(|| {
+        tracing::info_span!(
+            target: crate::telemetry::TARGET,
+            "hookd.outcome",
+            hookd.rows = batch.len(),
+        )
+    });
     let mut tx = crate::db::begin(pool).await?;
     // Outcomes may commit asynchronously (invariant 9): losing one in a crash re-sends a
     // delivery, which receivers dedupe by webhook-id; it never drops one.

@@ -11,7 +11,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AF
 use super::policy::{AttemptResult, parse_retry_after};
 use super::secrets::SecretUnreadable;
 use crate::db::deliveries::ClaimedDelivery;
-use crate::domain::ErrorClass;
+use crate::domain::{ErrorClass, TraceContext};
 use crate::outbound::{self, AllowList};
 use crate::signing::{self, SigningSecret};
 
@@ -43,10 +43,43 @@ impl Sender<'_> {
     ) -> AttemptReport {
         let started_at = Utc::now();
         let t0 = Instant::now();
+        // with traces on, this attempt's span, a child of the event's trace context
+        let span = crate::telemetry::enabled().then(|| {
+            let span = tracing::info_span!(
+                target: crate::telemetry::TARGET,
+                "hookd.send",
+                hookd.delivery_id = %d.id,
+                hookd.endpoint_id = %d.endpoint_id,
+                hookd.attempt = d.attempts,
+                http.response.status_code = tracing::field::Empty,
+                error.type = tracing::field::Empty,
+            );
+            crate::telemetry::set_parent(&span, trace_of(d).as_ref());
+            span
+        });
         let (result, snippet) = match preflight(d, self.allow, secrets) {
-            Ok(cleared) => self.request(d, cleared).await,
+            Ok(cleared) => self.request(d, cleared, span.as_ref()).await,
             Err(refused) => (refused, None),
         };
+        if let Some(span) = &span {
+            match &result {
+                AttemptResult::Success { status } => {
+                    span.record("http.response.status_code", status);
+                }
+                AttemptResult::Retryable { status, class, .. } => {
+                    if let Some(s) = status {
+                        span.record("http.response.status_code", s);
+                    }
+                    span.record("error.type", class.as_str());
+                }
+                AttemptResult::Permanent { class, .. } => {
+                    span.record("error.type", class.as_str());
+                }
+                AttemptResult::Gone => {
+                    span.record("http.response.status_code", 410);
+                }
+            }
+        }
         AttemptReport {
             result,
             started_at,
@@ -60,8 +93,13 @@ impl Sender<'_> {
         &self,
         d: &ClaimedDelivery,
         cleared: Cleared,
+        span: Option<&tracing::Span>,
     ) -> (AttemptResult, Option<String>) {
-        let headers = signed_headers(d, &cleared.secrets);
+        // the receiver's parent: this attempt's span when traced, else the producer's own
+        let trace = span
+            .and_then(crate::telemetry::context_of)
+            .or_else(|| trace_of(d));
+        let headers = signed_headers(d, &cleared.secrets, trace.as_ref());
         let timeout = d
             .timeout_ms
             .and_then(|ms| u64::try_from(ms).ok())
@@ -130,9 +168,21 @@ fn preflight(
     Ok(Cleared { url, secrets })
 }
 
-/// The endpoint's static headers, then the protocol's: ids, timestamp and signature, and
-/// an inbound event's source and provider event id.
-fn signed_headers(d: &ClaimedDelivery, secrets: &[SigningSecret]) -> HeaderMap {
+/// The event's stored trace context (migration 0031).
+fn trace_of(d: &ClaimedDelivery) -> Option<TraceContext> {
+    d.traceparent.clone().map(|traceparent| TraceContext {
+        traceparent,
+        tracestate: d.tracestate.clone(),
+    })
+}
+
+/// The endpoint's static headers, then the protocol's: ids, timestamp and signature, an
+/// inbound event's source and provider event id, and the trace context `trace`.
+fn signed_headers(
+    d: &ClaimedDelivery,
+    secrets: &[SigningSecret],
+    trace: Option<&TraceContext>,
+) -> HeaderMap {
     let id = d.id.to_string();
     let ts = Utc::now().timestamp();
     let signature = signing::signature_header(secrets, &id, ts, d.payload.as_bytes());
@@ -168,12 +218,12 @@ fn signed_headers(d: &ClaimedDelivery, secrets: &[SigningSecret]) -> HeaderMap {
     // an inbound event says where it came from (checked to be header values when taken),
     // and a traced one carries its producer's trace context on to the receiver
     for (name, value) in [
-        ("hookd-source", &d.source),
-        ("hookd-source-event-id", &d.source_event_id),
-        ("traceparent", &d.traceparent),
-        ("tracestate", &d.tracestate),
+        ("hookd-source", d.source.as_deref()),
+        ("hookd-source-event-id", d.source_event_id.as_deref()),
+        ("traceparent", trace.map(|t| t.traceparent.as_str())),
+        ("tracestate", trace.and_then(|t| t.tracestate.as_deref())),
     ] {
-        if let Some(v) = value.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
+        if let Some(v) = value.and_then(|v| HeaderValue::from_str(v).ok()) {
             headers.insert(name, v);
         }
     }
@@ -273,7 +323,7 @@ mod tests {
             secret_key_ids: vec![],
             secret_ciphertexts: vec![],
         };
-        let h = signed_headers(&d, &[]);
+        let h = signed_headers(&d, &[], trace_of(&d).as_ref());
         assert!(h.get("content-encoding").is_none());
         assert_eq!(h["webhook-id"], d.id.to_string().as_str());
         assert_eq!(h["x-team"], "billing");
@@ -294,7 +344,7 @@ mod tests {
             tracestate: None,
             ..d
         };
-        let h = signed_headers(&produced, &[]);
+        let h = signed_headers(&produced, &[], trace_of(&produced).as_ref());
         assert!(h.get("hookd-source").is_none(), "{h:?}");
         assert!(h.get("traceparent").is_none(), "{h:?}");
     }

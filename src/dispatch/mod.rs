@@ -211,6 +211,14 @@ impl Dispatcher {
         };
         let cfg = &self.cfg;
         let started = Instant::now();
+        let span = crate::telemetry::enabled().then(|| {
+            tracing::info_span!(
+                target: crate::telemetry::TARGET,
+                "hookd.claim",
+                hookd.limit = limit,
+                hookd.rows = tracing::field::Empty,
+            )
+        });
         let claimed = db::deliveries::claim_shared(
             &self.pool,
             &ClaimRequest {
@@ -228,6 +236,10 @@ impl Dispatcher {
         self.metrics
             .claim_seconds
             .observe(started.elapsed().as_secs_f64());
+        if let (Some(span), Ok(rows)) = (&span, &claimed) {
+            span.record("hookd.rows", rows.len());
+        }
+        drop(span);
         match claimed {
             Ok(rows) => {
                 self.error_backoff = Duration::from_millis(100);

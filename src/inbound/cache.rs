@@ -113,6 +113,13 @@ impl SourceCache {
         cache
     }
 
+    /// Moves on every change heard (and every connect or loss of the listener): a request
+    /// that read its source at one value and sees another later knows the source may have
+    /// changed meanwhile.
+    pub fn generation(&self) -> u64 {
+        self.inner.generation.load(Ordering::Acquire)
+    }
+
     /// Whether sources are being kept (the listener is connected).
     pub fn is_live(&self) -> bool {
         self.inner.live.load(Ordering::Acquire)
