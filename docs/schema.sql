@@ -124,9 +124,12 @@ CREATE FUNCTION hookd.emit_operational(p_tenant text, p_type text, p_payload jso
 DECLARE
   v_id uuid;
   v_payload text := p_payload::text;
+  v_to uuid[];
 BEGIN
-  IF NOT EXISTS (SELECT 1 FROM hookd.subscribers(p_tenant, NULL, p_type) AS s(endpoint_id)
-                 WHERE s.endpoint_id <> p_about) THEN
+  SELECT array_agg(s.endpoint_id) INTO v_to
+  FROM hookd.subscribers(p_tenant, NULL, p_type) AS s(endpoint_id)
+  WHERE s.endpoint_id <> p_about;
+  IF v_to IS NULL THEN
     RETURN NULL;
   END IF;
   INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash)
@@ -134,9 +137,8 @@ BEGIN
           sha256(convert_to(p_type || E'\n' || v_payload, 'UTF8')))
   RETURNING id INTO v_id;
   INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant)
-  SELECT hookd.uuid_v7(), v_id, s.endpoint_id, p_tenant
-  FROM hookd.subscribers(p_tenant, NULL, p_type) AS s(endpoint_id)
-  WHERE s.endpoint_id <> p_about;
+  SELECT hookd.uuid_v7(), v_id, t.endpoint_id, p_tenant
+  FROM unnest(v_to) AS t(endpoint_id);
   PERFORM pg_notify('hookd_deliveries', '');
   RETURN v_id;
 END

@@ -764,21 +764,6 @@ async fn a_fresh_link_in_the_same_tab_signs_in_again(pool: PgPool) {
     assert_eq!(b.client.current_url().await.unwrap().fragment(), None);
 }
 
-/// Stripe's scheme, as tests/inbound.rs computes it: `t=`, `v1=` hex HMAC-SHA256 of
-/// `{t}.{body}`.
-fn stripe_signed(secret: &str, t: i64, body: &str) -> String {
-    use hmac::{Hmac, Mac};
-    let mut m = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-    m.update(format!("{t}.{body}").as_bytes());
-    let hex: String = m
-        .finalize()
-        .into_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("t={t},v1={hex}")
-}
-
 /// An operator opens an inbound source's page: its requests by outcome (accepted,
 /// duplicate, refused with the reason), the events it took with their deliveries, and
 /// from one of them the delivery that failed, replayed.
@@ -825,18 +810,25 @@ async fn operator_sees_a_sources_requests_and_replays_what_it_took(pool: PgPool)
     };
     let now = chrono::Utc::now().timestamp();
     let paid = r#"{"id":"evt_console_1","type":"invoice.paid","data":{"object":{"id":"in_1"}}}"#;
-    let r = post(paid, stripe_signed(SECRET, now, paid)).await.unwrap();
+    let r = post(paid, common::stripe_signature(SECRET, now, paid))
+        .await
+        .unwrap();
     assert_eq!(r.status(), 202);
     let taken: serde_json::Value = r.json().await.unwrap();
     let delivery: uuid::Uuid = taken["deliveryIds"][0].as_str().unwrap().parse().unwrap();
     // the provider's retry, a forged request and a replayed old one
-    let r = post(paid, stripe_signed(SECRET, now, paid)).await.unwrap();
-    assert_eq!(r.status(), 202);
-    let r = post(paid, stripe_signed("whsec_not_the_secret", now, paid))
+    let r = post(paid, common::stripe_signature(SECRET, now, paid))
         .await
         .unwrap();
+    assert_eq!(r.status(), 202);
+    let r = post(
+        paid,
+        common::stripe_signature("whsec_not_the_secret", now, paid),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status(), 401);
-    let r = post(paid, stripe_signed(SECRET, now - 3600, paid))
+    let r = post(paid, common::stripe_signature(SECRET, now - 3600, paid))
         .await
         .unwrap();
     assert_eq!(r.status(), 401);

@@ -8,34 +8,13 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use common::*;
-use hmac::{Hmac, Mac};
 use reqwest::Method;
 use serde_json::{Value, json};
-use sha2::Sha256;
 use sqlx::PgPool;
 
 const TENANT: &str = DEFAULT_TENANT;
 const ENDPOINT_SECRET: &str = "whsec_RzJH00HTPAJeFtgT0NteobsaX6JniEw0YX6Ro3Uz0HA=";
 const STRIPE_SECRET: &str = "whsec_test_5hX2qJv0Yk3mNpR7sT9uVwXy1zA4bC6d";
-
-fn hmac_hex(key: &[u8], content: &[u8]) -> String {
-    let mut m = Hmac::<Sha256>::new_from_slice(key).unwrap();
-    m.update(content);
-    m.finalize()
-        .into_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// Stripe's scheme: `t={unix}`, `v1=` hex HMAC-SHA256 of `{t}.{body}` keyed with the
-/// secret as shown (`whsec_…` included).
-fn stripe_signature(secret: &str, t: i64, body: &str) -> String {
-    format!(
-        "t={t},v1={}",
-        hmac_hex(secret.as_bytes(), format!("{t}.{body}").as_bytes())
-    )
-}
 
 async fn post_in(
     api: &TestApi,

@@ -149,10 +149,9 @@ fn ingest_span(messages: &mut [NewMessage]) -> Option<tracing::Span> {
         hookd.event_id = tracing::field::Empty,
     );
     crate::telemetry::set_parent(&span, first.trace.as_ref());
-    let own = crate::telemetry::context_of(&span);
-    for m in messages.iter_mut() {
-        if own.is_some() {
-            m.trace = own.clone();
+    if let Some(own) = crate::telemetry::context_of(&span) {
+        for m in messages.iter_mut() {
+            m.trace = Some(own.clone());
         }
     }
     Some(span)

@@ -261,6 +261,22 @@ fn path_name(raw: Result<Path<String>, PathRejection>) -> Result<String, ApiErro
     Ok(name)
 }
 
+/// The source of a path, for a tenant-wide caller with scope manage within its read
+/// rate; another tenant's is as absent as an unknown name.
+async fn readable(
+    caller: &Caller,
+    state: &AppState,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<db::sources::SourceRow, ApiError> {
+    caller.require(Scope::Manage)?;
+    caller.require_tenant_wide()?;
+    state.admit_read(caller)?;
+    let name = path_name(name)?;
+    db::sources::get(&state.pool, &name, caller.tenant_scope())
+        .await?
+        .ok_or_else(|| ApiError::not_found("source"))
+}
+
 /// GET /v1/sources/{name}
 #[utoipa::path(
     get,
@@ -285,13 +301,7 @@ pub async fn get(
     State(state): State<AppState>,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    caller.require(Scope::Manage)?;
-    caller.require_tenant_wide()?;
-    state.admit_read(&caller)?;
-    let name = path_name(name)?;
-    let row = db::sources::get(&state.pool, &name, caller.tenant_scope())
-        .await?
-        .ok_or_else(|| ApiError::not_found("source"))?;
+    let row = readable(&caller, &state, name).await?;
     Ok(Json(out(&state, row)).into_response())
 }
 
@@ -559,13 +569,7 @@ pub async fn stats(
     State(state): State<AppState>,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    caller.require(Scope::Manage)?;
-    caller.require_tenant_wide()?;
-    state.admit_read(&caller)?;
-    let name = path_name(name)?;
-    let row = db::sources::get(&state.pool, &name, caller.tenant_scope())
-        .await?
-        .ok_or_else(|| ApiError::not_found("source"))?;
+    let row = readable(&caller, &state, name).await?;
     let since = Utc::now() - chrono::Duration::hours(24);
     let outcomes = db::sources::request_counts(&state.pool, row.id, since).await?;
     Ok(Json(SourceStatsOut {

@@ -44,6 +44,7 @@ impl Sender<'_> {
         let started_at = Utc::now();
         let t0 = Instant::now();
         // with traces on, this attempt's span, a child of the event's trace context
+        let stored = trace_of(d);
         let span = crate::telemetry::enabled().then(|| {
             let span = tracing::info_span!(
                 target: crate::telemetry::TARGET,
@@ -54,11 +55,16 @@ impl Sender<'_> {
                 http.response.status_code = tracing::field::Empty,
                 error.type = tracing::field::Empty,
             );
-            crate::telemetry::set_parent(&span, trace_of(d).as_ref());
+            crate::telemetry::set_parent(&span, stored.as_ref());
             span
         });
+        // the receiver's parent: this attempt's span when traced, else the producer's own
+        let forwarded = span
+            .as_ref()
+            .and_then(crate::telemetry::context_of)
+            .or(stored);
         let (result, snippet) = match preflight(d, self.allow, secrets) {
-            Ok(cleared) => self.request(d, cleared, span.as_ref()).await,
+            Ok(cleared) => self.request(d, cleared, forwarded.as_ref()).await,
             Err(refused) => (refused, None),
         };
         if let Some(span) = &span {
@@ -93,13 +99,9 @@ impl Sender<'_> {
         &self,
         d: &ClaimedDelivery,
         cleared: Cleared,
-        span: Option<&tracing::Span>,
+        trace: Option<&TraceContext>,
     ) -> (AttemptResult, Option<String>) {
-        // the receiver's parent: this attempt's span when traced, else the producer's own
-        let trace = span
-            .and_then(crate::telemetry::context_of)
-            .or_else(|| trace_of(d));
-        let headers = signed_headers(d, &cleared.secrets, trace.as_ref());
+        let headers = signed_headers(d, &cleared.secrets, trace);
         let timeout = d
             .timeout_ms
             .and_then(|ms| u64::try_from(ms).ok())

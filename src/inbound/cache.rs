@@ -69,12 +69,13 @@ pub enum OpenError {
     Sealed,
 }
 
-/// Cheap to clone; one per API process.
-#[derive(Clone)]
+/// Cheap to clone; one per API process. Starts keeping nothing (not live).
+#[derive(Clone, Default)]
 pub struct SourceCache {
     inner: Arc<Inner>,
 }
 
+#[derive(Default)]
 struct Inner {
     /// the listener is connected: what is kept is kept up to date
     live: AtomicBool,
@@ -82,18 +83,6 @@ struct Inner {
     /// before a change is not kept after it
     generation: AtomicU64,
     entries: Mutex<HashMap<String, (Instant, Arc<Ready>)>>,
-}
-
-impl Default for SourceCache {
-    fn default() -> Self {
-        SourceCache {
-            inner: Arc::new(Inner {
-                live: AtomicBool::new(false),
-                generation: AtomicU64::new(0),
-                entries: Mutex::new(HashMap::new()),
-            }),
-        }
-    }
 }
 
 impl SourceCache {

@@ -21,9 +21,8 @@ use chrono::Utc;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use kube::api::{Api, PartialObjectMeta};
+use kube::api::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
@@ -43,25 +42,20 @@ pub const STATS_CAP: i64 = 100_000;
 
 /// Entry point for the `Controller`: finalizer first, then apply or cleanup.
 pub async fn reconcile(ep: Arc<WebhookEndpoint>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let _timer = ctx.reconcile_timer(CONTROLLER);
-    let ns = ep
-        .namespace()
-        .ok_or_else(|| Error::NoNamespace(ep.name_any()))?;
-    let name = ep.name_any();
-    let api: Api<WebhookEndpoint> = Api::namespaced(ctx.client.clone(), &ns);
-    let result = finalizer(&api, FINALIZER, ep, |event| async {
-        match event {
-            Finalizer::Apply(ep) => apply(&ep, &ctx).await,
-            Finalizer::Cleanup(ep) => cleanup(&ep, &ctx).await,
-        }
-    })
+    ctx.reconcile_finalized(
+        CONTROLLER,
+        FINALIZER,
+        ep,
+        |e| {
+            let ctx = &ctx;
+            async move { apply(&e, ctx).await }
+        },
+        |e| {
+            let ctx = &ctx;
+            async move { cleanup(&e, ctx).await }
+        },
+    )
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
-    ctx.count_reconcile(CONTROLLER, result.is_ok());
-    if result.is_ok() {
-        ctx.reset_backoff(CONTROLLER, &ns, &name);
-    }
-    result
 }
 
 /// Retries with per-object exponential backoff and jitter: an outage (database, API

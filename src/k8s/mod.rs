@@ -406,6 +406,51 @@ impl Context {
         self.backoff.reset(&backoff_key(controller, ns, name));
     }
 
+    /// The reconcile of a namespaced kind kept with a finalizer (WebhookEndpoint,
+    /// WebhookSource): the finalizer first, then `apply` or, once the object is deleted,
+    /// `cleanup`; timed and counted, and a success ends the object's backoff.
+    pub async fn reconcile_finalized<K, A, AF, C, CF>(
+        self: &Arc<Self>,
+        controller: &'static str,
+        finalizer_name: &str,
+        obj: Arc<K>,
+        apply: A,
+        cleanup: C,
+    ) -> Result<Action, Error>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned
+            + serde::Serialize,
+        A: FnOnce(Arc<K>) -> AF,
+        AF: std::future::Future<Output = Result<Action, Error>>,
+        C: FnOnce(Arc<K>) -> CF,
+        CF: std::future::Future<Output = Result<Action, Error>>,
+    {
+        use kube::ResourceExt as _;
+        use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+        let _timer = self.reconcile_timer(controller);
+        let ns = obj
+            .namespace()
+            .ok_or_else(|| Error::NoNamespace(obj.name_any()))?;
+        let name = obj.name_any();
+        let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
+        let result = finalizer(&api, finalizer_name, obj, |event| async move {
+            match event {
+                Finalizer::Apply(o) => apply(o).await,
+                Finalizer::Cleanup(o) => cleanup(o).await,
+            }
+        })
+        .await
+        .map_err(|e| Error::Finalizer(Box::new(e)));
+        self.count_reconcile(controller, result.is_ok());
+        if result.is_ok() {
+            self.reset_backoff(controller, &ns, &name);
+        }
+        result
+    }
+
     pub fn new(
         client: Client,
         pool: PgPool,

@@ -19,9 +19,8 @@ use chrono::Utc;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use kube::api::{Api, PartialObjectMeta};
+use kube::api::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::conditions::{condition, to_time};
@@ -38,25 +37,20 @@ pub const CONTROLLER: &str = "webhooksource";
 
 /// Entry point for the `Controller`: finalizer first, then apply or cleanup.
 pub async fn reconcile(src: Arc<WebhookSource>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let _timer = ctx.reconcile_timer(CONTROLLER);
-    let ns = src
-        .namespace()
-        .ok_or_else(|| Error::NoNamespace(src.name_any()))?;
-    let name = src.name_any();
-    let api: Api<WebhookSource> = Api::namespaced(ctx.client.clone(), &ns);
-    let result = finalizer(&api, FINALIZER, src, |event| async {
-        match event {
-            Finalizer::Apply(src) => apply(&src, &ctx).await,
-            Finalizer::Cleanup(src) => cleanup(&src, &ctx).await,
-        }
-    })
+    ctx.reconcile_finalized(
+        CONTROLLER,
+        FINALIZER,
+        src,
+        |s| {
+            let ctx = &ctx;
+            async move { apply(&s, ctx).await }
+        },
+        |s| {
+            let ctx = &ctx;
+            async move { cleanup(&s, ctx).await }
+        },
+    )
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
-    ctx.count_reconcile(CONTROLLER, result.is_ok());
-    if result.is_ok() {
-        ctx.reset_backoff(CONTROLLER, &ns, &name);
-    }
-    result
 }
 
 /// Retries with the same per-object backoff as the other controllers.

@@ -655,3 +655,24 @@ pub async fn delivery_status(pool: &PgPool, id: Uuid) -> (String, i32) {
         .await
         .unwrap()
 }
+
+/// Hex HMAC-SHA256, as GitHub and Stripe sign.
+pub fn hmac_hex(key: &[u8], content: &[u8]) -> String {
+    use hmac::Mac as _;
+    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).unwrap();
+    m.update(content);
+    m.finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Stripe's scheme: `t={unix}`, `v1=` hex HMAC-SHA256 of `{t}.{body}` keyed with the
+/// secret as shown (`whsec_…` included).
+pub fn stripe_signature(secret: &str, t: i64, body: &str) -> String {
+    format!(
+        "t={t},v1={}",
+        hmac_hex(secret.as_bytes(), format!("{t}.{body}").as_bytes())
+    )
+}
