@@ -181,6 +181,17 @@ $$;
 
 
 --
+-- Name: endpoint_hold(text, text, timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.endpoint_hold(state text, circuit_state text, circuit_open_until timestamp with time zone, rate_wait_until timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+  SELECT greatest(hookd.endpoint_hold(state, circuit_state, circuit_open_until), rate_wait_until)
+$$;
+
+
+--
 -- Name: endpoint_new_url(); Type: FUNCTION; Schema: hookd; Owner: -
 --
 
@@ -372,9 +383,12 @@ CREATE FUNCTION hookd.endpoints_queue_hold() RETURNS trigger
     AS $$
 BEGIN
   UPDATE hookd.endpoint_queue q
-  SET hold_until = hookd.endpoint_hold(NEW.state, NEW.circuit_state, NEW.circuit_open_until)
+  SET hold_until = hookd.endpoint_hold(NEW.state, NEW.circuit_state, NEW.circuit_open_until,
+                                       NEW.rate_wait_until)
   WHERE q.endpoint_id = NEW.id
-    AND q.hold_until IS DISTINCT FROM hookd.endpoint_hold(NEW.state, NEW.circuit_state, NEW.circuit_open_until);
+    AND q.hold_until IS DISTINCT FROM hookd.endpoint_hold(NEW.state, NEW.circuit_state,
+                                                          NEW.circuit_open_until,
+                                                          NEW.rate_wait_until);
   RETURN NULL;
 END
 $$;
@@ -609,6 +623,35 @@ CREATE FUNCTION hookd.is_reserved_event_type(event_type text) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
   SELECT lower(event_type) = 'hookd' OR starts_with(lower(event_type), 'hookd.')
+$$;
+
+
+--
+-- Name: rate_tokens(double precision, integer, double precision, timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.rate_tokens(per_second double precision, burst integer, tokens double precision, since timestamp with time zone, at_time timestamp with time zone) RETURNS double precision
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+  SELECT least(burst::double precision,
+               coalesce(tokens, burst::double precision)
+               + greatest(0, extract(epoch FROM at_time - coalesce(since, at_time)))::double precision
+                 * per_second)
+$$;
+
+
+--
+-- Name: rate_wait(double precision, integer, double precision, timestamp with time zone); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.rate_wait(per_second double precision, burst integer, "left" double precision, at_time timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+  SELECT CASE WHEN "left" >= 1 THEN NULL
+              ELSE at_time + make_interval(secs =>
+                     (least(burst::double precision, greatest(1, per_second * 0.05)) - "left")
+                     / per_second + 0.001)
+         END
 $$;
 
 
@@ -1108,6 +1151,11 @@ CREATE TABLE hookd.endpoints (
     consumer_generation bigint,
     circuit_opened_at timestamp with time zone,
     circuit_alerted_at timestamp with time zone,
+    rate_per_second double precision,
+    rate_burst integer,
+    rate_tokens double precision,
+    rate_at timestamp with time zone,
+    rate_wait_until timestamp with time zone,
     CONSTRAINT endpoints_circuit_state_check CHECK ((circuit_state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
     CONSTRAINT endpoints_consumer_check CHECK (((consumer IS NULL) OR (consumer ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'::text))),
     CONSTRAINT endpoints_description_check CHECK (((description IS NULL) OR (length(description) <= 1000))),
@@ -1115,6 +1163,7 @@ CREATE TABLE hookd.endpoints (
     CONSTRAINT endpoints_managed_by_check CHECK ((managed_by = ANY (ARRAY['kubernetes'::text, 'api'::text]))),
     CONSTRAINT endpoints_max_attempts_check CHECK (((max_attempts IS NULL) OR ((max_attempts >= 1) AND (max_attempts <= 100)))),
     CONSTRAINT endpoints_max_in_flight_check CHECK (((max_in_flight IS NULL) OR ((max_in_flight >= 1) AND (max_in_flight <= 10000)))),
+    CONSTRAINT endpoints_rate_limit CHECK ((((rate_per_second IS NULL) = (rate_burst IS NULL)) AND ((rate_per_second IS NULL) OR ((rate_per_second >= (0.01)::double precision) AND (rate_per_second <= (100000)::double precision))) AND ((rate_burst IS NULL) OR ((rate_burst >= 1) AND (rate_burst <= 100000))))),
     CONSTRAINT endpoints_secret_grace_secs_check CHECK ((secret_grace_secs >= 0)),
     CONSTRAINT endpoints_state_check CHECK ((state = ANY (ARRAY['active'::text, 'paused'::text, 'disabled'::text]))),
     CONSTRAINT endpoints_timeout_ms_check CHECK (((timeout_ms IS NULL) OR ((timeout_ms >= 100) AND (timeout_ms <= 300000))))
@@ -2127,7 +2176,7 @@ CREATE TRIGGER endpoints_owner_immutable BEFORE UPDATE OF tenant, consumer ON ho
 -- Name: endpoints endpoints_queue_hold; Type: TRIGGER; Schema: hookd; Owner: -
 --
 
-CREATE TRIGGER endpoints_queue_hold AFTER UPDATE OF state, circuit_state, circuit_open_until, url ON hookd.endpoints FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) OR (old.circuit_state IS DISTINCT FROM new.circuit_state) OR (old.circuit_open_until IS DISTINCT FROM new.circuit_open_until))) EXECUTE FUNCTION hookd.endpoints_queue_hold();
+CREATE TRIGGER endpoints_queue_hold AFTER UPDATE OF state, circuit_state, circuit_open_until, url, rate_wait_until ON hookd.endpoints FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) OR (old.circuit_state IS DISTINCT FROM new.circuit_state) OR (old.circuit_open_until IS DISTINCT FROM new.circuit_open_until) OR (old.rate_wait_until IS DISTINCT FROM new.rate_wait_until))) EXECUTE FUNCTION hookd.endpoints_queue_hold();
 
 
 --

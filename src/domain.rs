@@ -12,7 +12,7 @@ mod endpoint;
 mod error_code;
 mod queue;
 
-pub use endpoint::{EndpointState, ManagedBy};
+pub use endpoint::{EndpointState, ManagedBy, RATE_BURST, RATE_PER_SECOND, RateLimit};
 pub use error_code::ErrorCode;
 pub use queue::{CircuitState, DeliveryStatus, ErrorClass};
 

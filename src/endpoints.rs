@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use crate::crypto::Keyring;
 use crate::db::{self, DbError};
+pub use crate::domain::RateLimit;
 use crate::outbound::{AllowList, check_ip, check_url};
 use crate::signing::MAX_ROTATION_GRACE_SECS;
 
@@ -206,6 +207,7 @@ pub struct Declared<'a> {
     pub max_attempts: Option<u32>,
     pub retry_schedule: Option<&'a [u32]>,
     pub max_in_flight: Option<u32>,
+    pub rate_limit: Option<&'a RateLimit>,
     pub secret_rotation_grace_seconds: Option<u32>,
 }
 
@@ -246,6 +248,9 @@ pub fn validate_declared(d: &Declared<'_>) -> Result<(), String> {
         }
     }
     range("maxInFlight", d.max_in_flight, MAX_IN_FLIGHT)?;
+    if let Some(r) = d.rate_limit {
+        r.validate()?;
+    }
     validate_headers(d.headers)?;
     range(
         "secretRotationGraceSeconds",
@@ -328,6 +333,7 @@ pub struct NewEndpoint {
     pub description: Option<String>,
     pub headers: BTreeMap<String, String>,
     pub paused: bool,
+    pub rate_limit: Option<RateLimit>,
     /// None: hookd generates one
     pub secret: Option<String>,
 }
@@ -387,6 +393,12 @@ fn supplied_or_generated(secret: Option<String>) -> Result<String, EndpointError
     }
 }
 
+/// A rate limit from the API, checked, with its burst resolved.
+fn resolve_rate_limit(r: Option<RateLimit>) -> Result<Option<RateLimit>, EndpointError> {
+    r.map(|r| r.validate().map_err(EndpointError::Invalid))
+        .transpose()
+}
+
 /// Creates an endpoint through the API in one transaction: the caller's consumer must
 /// exist (and be the generation a consumer token was minted for), the consumer's and the
 /// tenant's limits are counted under locks (two creates count one after the other), then
@@ -411,6 +423,7 @@ pub async fn create_api(
         e.description.as_deref(),
     )
     .await?;
+    let rate_limit = resolve_rate_limit(e.rate_limit)?;
     let secret = supplied_or_generated(e.secret)?;
     let id = Uuid::now_v7();
     let mut tx = db::begin(pool).await?;
@@ -457,6 +470,7 @@ pub async fn create_api(
             description: e.description,
             headers: serde_json::to_value(&e.headers).unwrap_or_default(),
             paused: e.paused,
+            rate_limit,
             consumer_generation,
         },
     )
@@ -474,9 +488,12 @@ pub async fn patch_api(
     allow: &AllowList,
     audience: db::Audience<'_>,
     id: Uuid,
-    patch: db::endpoints::EndpointPatch,
+    mut patch: db::endpoints::EndpointPatch,
     headers: Option<&BTreeMap<String, String>>,
 ) -> Result<db::endpoints::EndpointView, EndpointError> {
+    if let Some(r) = patch.rate_limit {
+        patch.rate_limit = Some(resolve_rate_limit(r)?);
+    }
     validate_api_fields(
         allow,
         patch.url.as_deref(),

@@ -503,6 +503,14 @@ async fn customer_adds_an_endpoint_and_tests_it_in_the_portal(pool: PgPool) {
     b.click("#endpoints .endpoint .edit button[type=submit]")
         .await;
     b.wait_for_text("#endpoints .types", "order.*").await;
+    // a rate limit the customer sets for its own server
+    assert_eq!(b.text("#endpoints .rate").await.unwrap(), "no rate limit");
+    b.click("#endpoints .endpoint button.edit-rate").await;
+    b.type_into("#endpoints .endpoint .edit input", "2.5").await;
+    b.click("#endpoints .endpoint .edit button[type=submit]")
+        .await;
+    b.wait_for_text("#endpoints .rate", "at most 2.5/s (bursts of 3)")
+        .await;
     b.click("#endpoints .endpoint button.pause").await;
     b.wait_for_text("#endpoints .endpoint .badge", "paused")
         .await;

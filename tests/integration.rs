@@ -39,6 +39,7 @@ mod operational;
 mod outbound;
 mod partitions;
 mod pooler;
+mod rate_limits;
 mod receiver;
 mod retention;
 mod scale;

@@ -101,6 +101,19 @@ pub async fn open_deliveries(pool: &PgPool) -> Result<i64, DbError> {
     .await?)
 }
 
+/// The endpoint of each delivery in `ids`.
+pub async fn endpoints_of(
+    pool: &PgPool,
+    ids: &[Uuid],
+) -> Result<std::collections::HashMap<Uuid, Uuid>, DbError> {
+    let rows: Vec<(Uuid, Uuid)> =
+        sqlx::query_as("SELECT id, endpoint_id FROM hookd.deliveries WHERE id = ANY ($1)")
+            .bind(ids)
+            .fetch_all(pool)
+            .await?;
+    Ok(rows.into_iter().collect())
+}
+
 /// Deliveries in `status`.
 pub async fn count_status(pool: &PgPool, status: &str) -> Result<i64, DbError> {
     Ok(

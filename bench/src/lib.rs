@@ -128,12 +128,13 @@ pub enum Section {
     Claim,
     Endpoints,
     Consumers,
+    Limits,
     /// Only when named in --only: a long paced run (issue 13's steady state)
     Sustained,
 }
 
 impl Section {
-    pub const ALL: [Section; 7] = [
+    pub const ALL: [Section; 8] = [
         Section::Ingest,
         Section::Baselines,
         Section::Dispatch,
@@ -141,6 +142,7 @@ impl Section {
         Section::Claim,
         Section::Endpoints,
         Section::Consumers,
+        Section::Limits,
     ];
 
     pub fn name(self) -> &'static str {
@@ -152,6 +154,7 @@ impl Section {
             Section::Claim => "claim",
             Section::Endpoints => "endpoints",
             Section::Consumers => "consumers",
+            Section::Limits => "limits",
             Section::Sustained => "sustained",
         }
     }
@@ -594,6 +597,7 @@ async fn run_sections(ctx: &Ctx) -> Result<Report, BenchError> {
             Section::Claim => sections::claim(ctx, &mut report).await?,
             Section::Endpoints => sections::endpoint_scale(ctx, &mut report).await?,
             Section::Consumers => sections::consumers(ctx, &mut report).await?,
+            Section::Limits => sections::limits(ctx, &mut report).await?,
             Section::Sustained => sections::sustained(ctx, &mut report).await?,
         }
         progress(&format!(

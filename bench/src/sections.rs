@@ -54,14 +54,16 @@ async fn reset(ctx: &Ctx) -> Result<(), BenchError> {
 /// code, all signed with the run's secret; returns their ids.
 async fn endpoints(ctx: &Ctx, tenant: &str, urls: &[String]) -> Result<Vec<Uuid>, BenchError> {
     let all: Vec<(String, Option<String>)> = urls.iter().map(|u| (u.clone(), None)).collect();
-    typed_endpoints(ctx, tenant, &all).await
+    typed_endpoints(ctx, tenant, &all, "").await
 }
 
 /// [`endpoints`], each subscribed to its event type (`None`: every type).
+/// `spec` is added to every endpoint's spec (YAML lines indented by two).
 async fn typed_endpoints(
     ctx: &Ctx,
     tenant: &str,
     urls: &[(String, Option<String>)],
+    spec: &str,
 ) -> Result<Vec<Uuid>, BenchError> {
     // Files of ENDPOINTS_PER_FILE endpoints: `hookd apply` reads at most
     // `apply::MAX_FILE_BYTES` per file, and 10,000 endpoints are about 2 MB.
@@ -84,6 +86,7 @@ async fn typed_endpoints(
             if let Some(t) = event_type {
                 yaml.push_str(&format!("  eventTypes: [\"{t}\"]\n"));
             }
+            yaml.push_str(spec);
         }
         let file = PathBuf::from(format!("bench-{n}.yaml"));
         let docs = hookd::apply::parse_documents(&file, &yaml)
@@ -735,50 +738,12 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
             .map(|i| rx.url(&format!("/ep{i}")))
             .collect();
         let ids = endpoints(ctx, "bench-dispatch", &urls).await?;
-        let t = Instant::now();
-        db::fill(
-            &ctx.pool,
-            "bench-dispatch",
-            &ids,
-            rows,
-            &payload(s.payload_bytes, 0),
-            false,
-        )
-        .await?;
-        db::vacuum_analyze(&ctx.pool).await?;
-        progress(&format!(
-            "dispatch: {rows} deliveries pre-filled in {}",
-            secs(t.elapsed())
-        ));
-        rx.take();
-        let started = Instant::now();
-        let mut running = Vec::with_capacity(dispatchers);
-        for _ in 0..dispatchers {
-            running.push(Dispatcher::start(ctx)?);
-        }
-        let pids: Vec<i32> = running.iter().filter_map(Dispatcher::pid).collect();
-        let meter = cpu::Meter::start(&ctx.pool, &pids).await;
-        let want = rows as usize;
-        let timeout = Duration::from_secs(60) + Duration::from_millis(rows as u64 * 5);
-        let waited = async {
-            wait_for("receiver got every delivery", timeout, async || {
-                Ok(rx.count() >= want)
-            })
-            .await?;
-            wait_for("every outcome written", timeout, async || {
-                Ok(db::open_deliveries(&ctx.pool).await? == 0)
-            })
-            .await
-        }
-        .await;
-        let elapsed = started.elapsed();
-        let spent = meter.stop(&ctx.pool).await;
-        let topology = running.first().map_or("", Dispatcher::topology);
-        for d in running {
-            d.stop().await;
-        }
-        waited?;
-        let arrivals = rx.take();
+        let Drained {
+            elapsed,
+            arrivals,
+            spent,
+            topology,
+        } = drain(ctx, &rx, "bench-dispatch", &ids, rows, dispatchers).await?;
         let unique: std::collections::HashSet<Uuid> = arrivals.iter().map(|a| a.0).collect();
         let succeeded = db::count_status(&ctx.pool, "succeeded").await?;
         let rate = rows as f64 / elapsed.as_secs_f64();
@@ -849,6 +814,217 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
         });
     }
     Ok(())
+}
+
+/// A drain as users see it: `rows` deliveries pre-filled over the endpoints `ids` of
+/// `tenant`, then `dispatchers` dispatchers started and timed until the receiver has every
+/// delivery and every outcome is written.
+struct Drained {
+    elapsed: Duration,
+    arrivals: Vec<(Uuid, Instant)>,
+    spent: cpu::Spent,
+    topology: &'static str,
+}
+
+async fn drain(
+    ctx: &Ctx,
+    rx: &FastReceiver,
+    tenant: &str,
+    ids: &[Uuid],
+    rows: i64,
+    dispatchers: usize,
+) -> Result<Drained, BenchError> {
+    let s = &ctx.scale;
+    let t = Instant::now();
+    db::fill(
+        &ctx.pool,
+        tenant,
+        ids,
+        rows,
+        &payload(s.payload_bytes, 0),
+        false,
+    )
+    .await?;
+    db::vacuum_analyze(&ctx.pool).await?;
+    progress(&format!(
+        "{rows} deliveries pre-filled in {}",
+        secs(t.elapsed())
+    ));
+    rx.take();
+    let started = Instant::now();
+    let mut running = Vec::with_capacity(dispatchers);
+    for _ in 0..dispatchers {
+        running.push(Dispatcher::start(ctx)?);
+    }
+    let pids: Vec<i32> = running.iter().filter_map(Dispatcher::pid).collect();
+    let meter = cpu::Meter::start(&ctx.pool, &pids).await;
+    let want = rows as usize;
+    let timeout = Duration::from_secs(60) + Duration::from_millis(rows as u64 * 5);
+    let waited = async {
+        wait_for("receiver got every delivery", timeout, async || {
+            Ok(rx.count() >= want)
+        })
+        .await?;
+        wait_for("every outcome written", timeout, async || {
+            Ok(db::open_deliveries(&ctx.pool).await? == 0)
+        })
+        .await
+    }
+    .await;
+    let elapsed = started.elapsed();
+    let spent = meter.stop(&ctx.pool).await;
+    let topology = running.first().map_or("", Dispatcher::topology);
+    for d in running {
+        d.stop().await;
+    }
+    waited?;
+    Ok(Drained {
+        elapsed,
+        arrivals: rx.take(),
+        spent,
+        topology,
+    })
+}
+
+// ---- rate limits per endpoint (issue 34) ----
+
+/// What a rate limit costs where it does not bind (the same drain over many endpoints,
+/// unlimited and limited far above what it reaches), and how exactly it binds: endpoints
+/// limited to 10 a second with a burst of 5, drained by several dispatcher processes, the
+/// most any one of them received in a second against the limit.
+pub(crate) async fn limits(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
+    let s = &ctx.scale;
+    let rx = start_receiver(ctx).await?;
+    let (count, rows) = (s.dispatch_many_endpoints, s.dispatch_many_rows);
+    let mut rates = Vec::new();
+    for (what, spec) in [
+        ("unlimited", ""),
+        (
+            "each limited to 100000/s",
+            "  rateLimit: {perSecond: 100000, burst: 100000}\n",
+        ),
+    ] {
+        reset(ctx).await?;
+        let urls: Vec<(String, Option<String>)> = (0..count)
+            .map(|i| (rx.url(&format!("/ep{i}")), None))
+            .collect();
+        let ids = typed_endpoints(ctx, "bench-limits", &urls, spec).await?;
+        let d = drain(ctx, &rx, "bench-limits", &ids, rows, 1).await?;
+        let rate = rows as f64 / d.elapsed.as_secs_f64();
+        rates.push(rate);
+        report.checks.push(Check {
+            what: format!("limits: drain {rows} to {count} endpoints {what}: rows received"),
+            expected: rows as u64,
+            actual: distinct(&d.arrivals),
+        });
+        report.rows.push(Row {
+            section: "limits",
+            figure: format!("drain {rows} to {count} endpoints, {what}"),
+            value: rate,
+            unit: "del/s",
+            detail: format!(
+                "{}; {}",
+                secs(d.elapsed),
+                d.spent.per_item(rows as u64, "receiver")
+            ),
+            conditions: format!(
+                "backlog pre-filled, 1 {}, concurrency {DISPATCH_CONCURRENCY}, {}",
+                d.topology,
+                receiver_note(ctx)
+            ),
+        });
+    }
+    report.rows.push(Row {
+        section: "limits",
+        figure: "limited where it does not bind / unlimited".into(),
+        value: rates[1] / rates[0],
+        unit: "x",
+        detail: format!("{:.0} against {:.0} del/s", rates[1], rates[0]),
+        conditions: "the two drains above, in one run".into(),
+    });
+
+    // binding: 10/s with a burst of 5, so each endpoint's rows take (rows - 5) / 10 s
+    let (per_second, burst) = (10.0, 5);
+    let limited = (count / 10).max(2);
+    let each = 25;
+    let rows = (limited * each) as i64;
+    reset(ctx).await?;
+    let urls: Vec<(String, Option<String>)> = (0..limited)
+        .map(|i| (rx.url(&format!("/limited{i}")), None))
+        .collect();
+    let ids = typed_endpoints(
+        ctx,
+        "bench-limits",
+        &urls,
+        &format!("  rateLimit: {{perSecond: {per_second}, burst: {burst}}}\n"),
+    )
+    .await?;
+    let d = drain(ctx, &rx, "bench-limits", &ids, rows, s.dispatchers).await?;
+    let most = most_in_a_second_per_endpoint(ctx, &d.arrivals).await?;
+    let least = (each - burst) as f64 / per_second;
+    report.checks.push(Check {
+        what: format!("limits: drain {rows} to {limited} limited endpoints: rows received"),
+        expected: rows as u64,
+        actual: distinct(&d.arrivals),
+    });
+    report.rows.push(Row {
+        section: "limits",
+        figure: format!(
+            "most one endpoint received in a second ({per_second}/s, burst {burst})"
+        ),
+        value: most as f64,
+        unit: "del",
+        detail: format!(
+            "limit {}: the burst then the rate; {rows} deliveries over {limited} endpoints in {} (the limit allows no less than {least:.1} s)",
+            per_second as usize + burst,
+            secs(d.elapsed)
+        ),
+        conditions: format!(
+            "{each} deliveries pre-filled per endpoint, {} {}, arrivals at the receiver in the bench process",
+            s.dispatchers, d.topology
+        ),
+    });
+    Ok(())
+}
+
+/// The most deliveries any one endpoint received within one second (a window starting at
+/// each arrival).
+async fn most_in_a_second_per_endpoint(
+    ctx: &Ctx,
+    arrivals: &[(Uuid, Instant)],
+) -> Result<usize, BenchError> {
+    let ids: Vec<Uuid> = arrivals.iter().map(|a| a.0).collect();
+    let endpoint = db::endpoints_of(&ctx.pool, &ids).await?;
+    let mut by: std::collections::HashMap<Uuid, Vec<Instant>> = Default::default();
+    for (id, at) in arrivals {
+        if let Some(e) = endpoint.get(id) {
+            by.entry(*e).or_default().push(*at);
+        }
+    }
+    Ok(by
+        .values_mut()
+        .map(|at| {
+            at.sort();
+            (0..at.len())
+                .map(|i| {
+                    at[i..]
+                        .iter()
+                        .take_while(|t| **t - at[i] < Duration::from_secs(1))
+                        .count()
+                })
+                .max()
+                .unwrap_or(0)
+        })
+        .max()
+        .unwrap_or(0))
+}
+
+fn distinct(arrivals: &[(Uuid, Instant)]) -> u64 {
+    arrivals
+        .iter()
+        .map(|a| a.0)
+        .collect::<std::collections::HashSet<_>>()
+        .len() as u64
 }
 
 // ---- end-to-end latency ----
@@ -1745,7 +1921,7 @@ pub(crate) async fn sustained(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
         .enumerate()
         .map(|(i, t)| (rx.url(&format!("/s{i}")), Some(t.clone())))
         .collect();
-    typed_endpoints(ctx, "bench-e2e", &urls).await?;
+    typed_endpoints(ctx, "bench-e2e", &urls, "").await?;
     let (addr, topology, stack, in_process) = if crate::hookd_command().is_some() {
         let stack = ProcessStack::start(ctx).await?;
         (

@@ -25,6 +25,7 @@ use super::{AppState, path_id};
 use crate::auth::Scope;
 use crate::db::{self, endpoints::ApiState, endpoints::EndpointView, endpoints::PatchRefused};
 use crate::domain::ErrorCode;
+use crate::domain::RateLimit;
 use crate::domain::{self, CircuitState, DeliveryStatus, EndpointState, ManagedBy};
 
 /// Largest request body of these routes.
@@ -99,6 +100,8 @@ pub struct EndpointOut {
     /// present while a dispatcher holds the deliveries because it cannot decrypt the
     /// signing secret
     secret_unreadable: Option<SecretUnreadableOut>,
+    /// the most deliveries a second it is sent, with its burst; null: no limit
+    rate_limit: Option<RateLimit>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -109,6 +112,7 @@ impl From<EndpointView> for EndpointOut {
             disabled_reason: (e.state == EndpointState::Disabled)
                 .then(|| e.state_reason.clone())
                 .flatten(),
+            rate_limit: e.rate_limit(),
             kubernetes: match (e.k8s_namespace, e.k8s_name) {
                 (Some(namespace), Some(name)) => Some(KubernetesRef { namespace, name }),
                 _ => None,
@@ -157,6 +161,9 @@ pub struct EndpointIn {
     headers: Option<BTreeMap<String, String>>,
     /// create it paused (deliveries are created and held)
     paused: Option<bool>,
+    /// at most `perSecond` deliveries a second across every dispatcher, bursts of up to
+    /// `burst` (default: perSecond rounded up); absent: no limit
+    rate_limit: Option<RateLimit>,
     /// With authentication on, the credential's tenant (another is a 403); required when
     /// authentication is off
     tenant: Option<String>,
@@ -195,6 +202,11 @@ pub struct EndpointPatchIn {
     #[serde(default, deserialize_with = "nullable")]
     #[schema(value_type = Option<bool>)]
     paused: Option<Option<bool>>,
+    /// at most `perSecond` deliveries a second across every dispatcher, bursts of up to
+    /// `burst`; `null` removes the limit. A change starts with a full bucket.
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<RateLimit>, nullable = true)]
+    rate_limit: Option<Option<RateLimit>>,
 }
 
 /// 422 `invalid_field`; the message names the field.
@@ -273,6 +285,7 @@ pub async fn create(
             description: input.description,
             headers: input.headers.unwrap_or_default(),
             paused: input.paused.unwrap_or(false),
+            rate_limit: input.rate_limit,
             secret: input.secret,
         },
     )
@@ -480,6 +493,7 @@ pub async fn update(
                 ApiState::Active
             }
         }),
+        rate_limit: input.rate_limit,
     };
     patch_and_answer(&state, &caller, id, patch, hdrs.as_ref()).await
 }

@@ -132,12 +132,20 @@ const CLAIM_SQL: &str = r#"
             SELECT du.endpoint_id, du.tenant, du.turn_at, e.config_version, e.url, e.headers,
                    e.timeout_ms, e.max_attempts, e.retry_schedule_secs,
                    e.circuit_state <> 'closed' AS probe,
-                   CASE WHEN e.circuit_state <> 'closed'
-                        -- a circuit whose cool-down is over gets one probe, and none
-                        -- from a worker that still has a send in flight to it
-                        THEN CASE WHEN b.n IS NULL THEN 1 ELSE 0 END
-                        ELSE least(coalesce(e.max_in_flight, $7), $7) - coalesce(b.n, 0)
-                   END AS own,
+                   e.rate_per_second IS NOT NULL AS limited,
+                   least(
+                       CASE WHEN e.circuit_state <> 'closed'
+                            -- a circuit whose cool-down is over gets one probe, and none
+                            -- from a worker that still has a send in flight to it
+                            THEN CASE WHEN b.n IS NULL THEN 1 ELSE 0 END
+                            ELSE least(coalesce(e.max_in_flight, $7), $7) - coalesce(b.n, 0)
+                       END,
+                       -- a rate-limited endpoint: the whole tokens in its bucket
+                       -- (migration 0032), charged under its row lock below
+                       CASE WHEN e.rate_per_second IS NULL THEN $7
+                            ELSE floor(hookd.rate_tokens(e.rate_per_second, e.rate_burst,
+                                       e.rate_tokens, e.rate_at, (SELECT now FROM clock)))::int
+                       END) AS own,
                    $11 - coalesce(tb.n, 0) AS tenant_left,
                    coalesce(e.consumer, '') AS consumer,
                    coalesce(tb.consumer_cap, $13) - coalesce(cb.n, 0) AS consumer_left
@@ -187,7 +195,7 @@ const CLAIM_SQL: &str = r#"
             WINDOW wc AS (PARTITION BY tenant, consumer ORDER BY turn_at, endpoint_id
                           ROWS UNBOUNDED PRECEDING)
         ), eligible AS (
-            SELECT endpoint_id, probe, turn_at, config_version, url, headers, timeout_ms,
+            SELECT endpoint_id, probe, limited, turn_at, config_version, url, headers, timeout_ms,
                    max_attempts, retry_schedule_secs,
                    least(own_left, greatest(0, tenant_left
                        - (sum(greatest(own_left, 0)) OVER w - greatest(own_left, 0)))) AS quota
@@ -198,7 +206,7 @@ const CLAIM_SQL: &str = r#"
             -- endpoint by endpoint in turn order, each one's oldest due rows up to its
             -- quota: a range scan of deliveries_claimable (endpoint_id, visible_at) that
             -- locks only the rows it returns
-            SELECT c.id, c.event_id, el.endpoint_id, el.probe, el.config_version, el.url,
+            SELECT c.id, c.event_id, el.endpoint_id, el.probe, el.limited, el.config_version, el.url,
                    el.headers, el.timeout_ms, el.max_attempts, el.retry_schedule_secs
             FROM (SELECT * FROM eligible WHERE quota > 0 ORDER BY turn_at, endpoint_id) el
             CROSS JOIN LATERAL (
@@ -211,19 +219,48 @@ const CLAIM_SQL: &str = r#"
                 FOR UPDATE OF d SKIP LOCKED
             ) c
             LIMIT $2
-        ), probes AS (
-            -- Half-open only the circuits that got a row: a probe slot is never spent
-            -- without a probe. The re-check under the row lock makes a concurrent claimer
-            -- that also picked a row for the same circuit lose it (0 rows here, and its
-            -- row is excluded below), so there is one probe at a time. An array, not a
+        ), marks AS (
+            -- The endpoint rows this claim writes: each circuit that got a probe row
+            -- goes half-open (only those: a probe slot is never spent without a probe),
+            -- and each rate-limited endpoint that got rows has them taken from its
+            -- bucket (migration 0032). Both are checked again under the row lock, so a
+            -- concurrent claimer that picked a probe for the same circuit, or rows its
+            -- bucket no longer has tokens for, gets 0 rows here and its rows are excluded
+            -- below: one probe at a time, and never more leases than tokens, across
+            -- replicas. The rows are locked in id order whichever join is chosen (the
+            -- sorted subquery, as in the fold), so two claimers never wait on each other
+            -- in a cycle (a deadlock costs a second before it is found). An array, not a
             -- semi-join: with statistics that expect one endpoint, the semi-join scanned
             -- every endpoint on every claim (1,717 buffers at 10,000 endpoints).
             UPDATE hookd.endpoints e
-            SET circuit_state = 'half_open',
-                circuit_open_until = (SELECT now FROM clock) + make_interval(secs => $3)
-            WHERE e.id = ANY (ARRAY(SELECT endpoint_id FROM picked WHERE probe))
-              AND e.state = 'active' AND e.circuit_state <> 'closed'
-              AND e.circuit_open_until <= (SELECT now FROM clock)
+            SET circuit_state = CASE WHEN m.probe THEN 'half_open' ELSE e.circuit_state END,
+                circuit_open_until = CASE WHEN m.probe
+                    THEN (SELECT now FROM clock) + make_interval(secs => $3)
+                    ELSE e.circuit_open_until END,
+                rate_tokens = CASE WHEN e.rate_per_second IS NULL THEN e.rate_tokens
+                    ELSE hookd.rate_tokens(e.rate_per_second, e.rate_burst, e.rate_tokens,
+                                           e.rate_at, (SELECT now FROM clock)) - m.n END,
+                rate_at = CASE WHEN e.rate_per_second IS NULL THEN e.rate_at
+                    ELSE (SELECT now FROM clock) END,
+                -- a wait already over is left as it is: rewriting it would move the
+                -- queue entry's hold for nothing
+                rate_wait_until = CASE WHEN e.rate_per_second IS NULL THEN e.rate_wait_until
+                    ELSE coalesce(hookd.rate_wait(e.rate_per_second, e.rate_burst,
+                                      hookd.rate_tokens(e.rate_per_second, e.rate_burst,
+                                          e.rate_tokens, e.rate_at, (SELECT now FROM clock)) - m.n,
+                                      (SELECT now FROM clock)),
+                                  least(e.rate_wait_until, (SELECT now FROM clock))) END
+            FROM (SELECT endpoint_id, bool_or(probe) AS probe, count(*)::int AS n
+                  FROM picked WHERE probe OR limited
+                  GROUP BY endpoint_id ORDER BY endpoint_id) m
+            WHERE e.id = ANY (ARRAY(SELECT endpoint_id FROM picked WHERE probe OR limited))
+              AND e.id = m.endpoint_id
+              AND (NOT m.probe
+                   OR (e.state = 'active' AND e.circuit_state <> 'closed'
+                       AND e.circuit_open_until <= (SELECT now FROM clock)))
+              AND (e.rate_per_second IS NULL
+                   OR hookd.rate_tokens(e.rate_per_second, e.rate_burst, e.rate_tokens,
+                                        e.rate_at, (SELECT now FROM clock)) >= m.n)
             RETURNING e.id
         ), sec AS (
             -- once per claimed endpoint, not per row. Legacy plaintext rows (from before
@@ -265,7 +302,7 @@ const CLAIM_SQL: &str = r#"
         -- the status names the queue partition (migration 0014), so the update is
         -- planned on it alone rather than on every history day
         WHERE d.id = r.id AND d.status IN ('pending', 'in_progress', 'failed') AND sec.endpoint_id = r.endpoint_id
-          AND (NOT r.probe OR r.endpoint_id IN (SELECT id FROM probes))
+          AND (NOT (r.probe OR r.limited) OR r.endpoint_id IN (SELECT id FROM marks))
         RETURNING d.id, d.event_id, d.endpoint_id, d.tenant, d.consumer, d.attempts,
                   d.claim_token, d.attempt_seq, r.config_version,
                   d.visible_at AS lease_until,
@@ -391,10 +428,12 @@ const FOLD_SQL: &str = r#"
         -- A primary-key probe per endpoint whatever the statistics say; the sorted
         -- subquery makes the nested loop take the locks in id order.
         SELECT e.id, e.tenant, m.due,
-               hookd.endpoint_hold(e.state, e.circuit_state, e.circuit_open_until)
+               hookd.endpoint_hold(e.state, e.circuit_state, e.circuit_open_until,
+                                   e.rate_wait_until)
         FROM (SELECT * FROM m ORDER BY m.endpoint_id) m
         CROSS JOIN LATERAL (
-            SELECT e.id, e.tenant, e.state, e.circuit_state, e.circuit_open_until
+            SELECT e.id, e.tenant, e.state, e.circuit_state, e.circuit_open_until,
+                   e.rate_wait_until
             FROM hookd.endpoints e WHERE e.id = m.endpoint_id
             FOR SHARE OF e
         ) e

@@ -6,7 +6,7 @@ use sqlx::{Arguments, PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{DbError, on};
-use crate::domain::{CircuitState, EndpointState, ManagedBy};
+use crate::domain::{CircuitState, EndpointState, ManagedBy, RateLimit};
 
 /// The endpoint row as the sync core wants it (identity + declared policy + state).
 #[derive(Debug, Clone)]
@@ -26,6 +26,8 @@ pub struct EndpointUpsert {
     pub max_attempts: Option<i32>,
     pub retry_schedule_secs: Option<Vec<i32>>,
     pub max_in_flight: Option<i32>,
+    /// burst resolved ([`crate::endpoints::RateLimit::validate`])
+    pub rate_limit: Option<RateLimit>,
     pub headers: serde_json::Value,
     pub secret_grace_secs: i32,
     pub spec_fingerprint: Vec<u8>,
@@ -151,8 +153,10 @@ async fn upsert_row(
             INSERT INTO hookd.endpoints AS t (
                 id, k8s_namespace, k8s_name, k8s_uid, tenant, url, event_types, state, state_reason,
                 timeout_ms, max_attempts, retry_schedule_secs, max_in_flight,
-                headers, secret_grace_secs, spec_fingerprint, consumer, consumer_generation)
-            VALUES (hookd.uuid_v7(), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+                headers, secret_grace_secs, spec_fingerprint, consumer, consumer_generation,
+                rate_per_second, rate_burst)
+            VALUES (hookd.uuid_v7(), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                    $18, $19)
             ON CONFLICT (k8s_namespace, k8s_name) DO UPDATE SET
                 -- the declaration is the producer's: it follows the consumer's current
                 -- generation (visible to that consumer's tokens)
@@ -168,6 +172,15 @@ async fn upsert_row(
                 max_attempts = EXCLUDED.max_attempts,
                 retry_schedule_secs = EXCLUDED.retry_schedule_secs,
                 max_in_flight = EXCLUDED.max_in_flight,
+                rate_per_second = EXCLUDED.rate_per_second,
+                rate_burst = EXCLUDED.rate_burst,
+                -- a changed limit starts with a full bucket and holds nothing
+                rate_tokens = CASE WHEN (t.rate_per_second, t.rate_burst)
+                                        IS NOT DISTINCT FROM (EXCLUDED.rate_per_second, EXCLUDED.rate_burst)
+                                   THEN t.rate_tokens END,
+                rate_wait_until = CASE WHEN (t.rate_per_second, t.rate_burst)
+                                        IS NOT DISTINCT FROM (EXCLUDED.rate_per_second, EXCLUDED.rate_burst)
+                                   THEN t.rate_wait_until END,
                 headers = EXCLUDED.headers,
                 secret_grace_secs = EXCLUDED.secret_grace_secs,
                 spec_fingerprint = EXCLUDED.spec_fingerprint,
@@ -206,6 +219,8 @@ async fn upsert_row(
     .bind(&e.spec_fingerprint)
     .bind(&e.consumer)
     .bind(consumer_generation)
+    .bind(e.rate_limit.map(|r| r.per_second))
+    .bind(e.rate_limit.map(|r| r.burst_or_default() as i32))
     .fetch_one(on(conn))
     .await?;
     Ok(UpsertResult {
@@ -704,15 +719,26 @@ pub struct EndpointView {
     pub circuit_open_until: Option<DateTime<Utc>>,
     pub secret_unreadable: Option<String>,
     pub secret_unreadable_since: Option<DateTime<Utc>>,
+    pub rate_per_second: Option<f64>,
+    pub rate_burst: Option<i32>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+impl EndpointView {
+    pub fn rate_limit(&self) -> Option<RateLimit> {
+        Some(RateLimit {
+            per_second: self.rate_per_second?,
+            burst: self.rate_burst.map(|b| b.max(1) as u32),
+        })
+    }
 }
 
 const VIEW_COLUMNS: &str =
     "e.id, e.tenant, e.consumer, e.url, e.event_types, e.description, e.headers,
     e.state, e.state_reason, e.managed_by, e.k8s_namespace, e.k8s_name, e.circuit_state,
-    e.circuit_open_until, e.secret_unreadable, e.secret_unreadable_since, e.created_at,
-    e.updated_at";
+    e.circuit_open_until, e.secret_unreadable, e.secret_unreadable_since, e.rate_per_second,
+    e.rate_burst, e.created_at, e.updated_at";
 
 /// The endpoint with this id if `audience` may see it and it was not deleted.
 pub async fn get_visible(
@@ -777,6 +803,8 @@ pub struct NewApiEndpoint {
     pub description: Option<String>,
     pub headers: serde_json::Value,
     pub paused: bool,
+    /// burst resolved
+    pub rate_limit: Option<RateLimit>,
     /// the consumer generation it is made for (held by the caller's transaction)
     pub consumer_generation: Option<i64>,
 }
@@ -786,10 +814,10 @@ pub async fn insert_api(conn: &mut PgConnection, e: &NewApiEndpoint) -> Result<(
         r#"
         INSERT INTO hookd.endpoints (id, tenant, consumer, managed_by, url, event_types,
                                      description, headers, state, state_reason,
-                                     consumer_generation)
+                                     consumer_generation, rate_per_second, rate_burst)
         VALUES ($1, $2, $3, 'api', $4, $5, $6, $7,
                 CASE WHEN $8 THEN 'paused' ELSE 'active' END,
-                CASE WHEN $8 THEN 'paused through the API' END, $9)
+                CASE WHEN $8 THEN 'paused through the API' END, $9, $10, $11)
         "#,
     )
     .bind(e.id)
@@ -801,6 +829,8 @@ pub async fn insert_api(conn: &mut PgConnection, e: &NewApiEndpoint) -> Result<(
     .bind(&e.headers)
     .bind(e.paused)
     .bind(e.consumer_generation)
+    .bind(e.rate_limit.map(|r| r.per_second))
+    .bind(e.rate_limit.map(|r| r.burst_or_default() as i32))
     .execute(on(conn))
     .await?;
     Ok(())
@@ -815,6 +845,8 @@ pub struct EndpointPatch {
     pub description: Option<Option<String>>,
     pub headers: Option<serde_json::Value>,
     pub state: Option<ApiState>,
+    /// `Some(None)` removes the limit; burst resolved
+    pub rate_limit: Option<Option<RateLimit>>,
 }
 
 /// The states the API may set.
@@ -906,6 +938,11 @@ pub async fn patch_api(
                                 WHEN $7 = 'paused' THEN 'paused through the API'
                                 ELSE NULL END,
             consumer_deleted_at = CASE WHEN $7 = 'active' THEN NULL ELSE e.consumer_deleted_at END,
+            rate_per_second = CASE WHEN $8::bool THEN $9::float8 ELSE e.rate_per_second END,
+            rate_burst = CASE WHEN $8::bool THEN $10::int ELSE e.rate_burst END,
+            -- a changed limit starts with a full bucket and holds nothing
+            rate_tokens = CASE WHEN $8::bool THEN NULL ELSE e.rate_tokens END,
+            rate_wait_until = CASE WHEN $8::bool THEN NULL ELSE e.rate_wait_until END,
             updated_at = now()
         WHERE e.id = $1
         RETURNING {VIEW_COLUMNS}
@@ -918,6 +955,14 @@ pub async fn patch_api(
     .bind(patch.description.clone().flatten())
     .bind(&patch.headers)
     .bind(state)
+    .bind(patch.rate_limit.is_some())
+    .bind(patch.rate_limit.flatten().map(|r| r.per_second))
+    .bind(
+        patch
+            .rate_limit
+            .flatten()
+            .map(|r| r.burst_or_default() as i32),
+    )
     .fetch_one(on(&mut *conn))
     .await?;
     Ok(Ok(view))

@@ -1,4 +1,5 @@
-//! The closed vocabularies of an endpoint: its state and which door owns it. Each is stored
+//! The closed vocabularies of an endpoint: its state and which door owns it, and its rate
+//! limit. Each is stored
 //! as `text` with a CHECK constraint (migrations 0001 and 0007 spell the same values; the
 //! test `sql_literals_are_the_values_of_the_queue_enums` in tests/dispatch.rs ties them)
 //! and shown as the same string in the JSON API.
@@ -112,5 +113,65 @@ mod tests {
         for m in ManagedBy::ALL {
             assert_eq!(serde_json::to_value(m).unwrap(), m.as_str());
         }
+    }
+}
+
+/// Bounds of a rate limit (migration 0032's CHECK states the same numbers).
+pub const RATE_PER_SECOND: (f64, f64) = (0.01, 100_000.0);
+pub const RATE_BURST: (u32, u32) = (1, 100_000);
+
+/// At most `per_second` deliveries a second to one endpoint, across every dispatcher
+/// replica, with bursts of up to `burst` after a quiet spell (a token bucket the claim
+/// charges: migration 0032). Deliveries held back wait unleased; they are not attempts.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+    utoipa::ToSchema,
+)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RateLimit {
+    /// Most deliveries a second, 0.01-100000 (0.5: one every two seconds).
+    #[schemars(range(min = 0.01, max = 100000.0))]
+    #[schema(minimum = 0.01, maximum = 100000)]
+    pub per_second: f64,
+    /// Most deliveries sent at once after a quiet spell, 1-100000. Default: perSecond
+    /// rounded up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    #[schema(minimum = 1, maximum = 100000)]
+    pub burst: Option<u32>,
+}
+
+impl RateLimit {
+    /// The burst, or its default: `per_second` rounded up (at least 1).
+    pub fn burst_or_default(&self) -> u32 {
+        self.burst
+            .unwrap_or_else(|| (self.per_second.ceil() as u32).clamp(RATE_BURST.0, RATE_BURST.1))
+    }
+
+    /// The limit as stored (burst resolved), or the first broken rule as
+    /// `rateLimit.field: problem`.
+    pub fn validate(&self) -> Result<RateLimit, String> {
+        let (lo, hi) = RATE_PER_SECOND;
+        if !self.per_second.is_finite() || self.per_second < lo || self.per_second > hi {
+            return Err(format!(
+                "rateLimit.perSecond {} is outside {lo}-{hi}",
+                self.per_second
+            ));
+        }
+        let burst = self.burst_or_default();
+        let (lo, hi) = RATE_BURST;
+        if burst < lo || burst > hi {
+            return Err(format!("rateLimit.burst {burst} is outside {lo}-{hi}"));
+        }
+        Ok(RateLimit {
+            per_second: self.per_second,
+            burst: Some(burst),
+        })
     }
 }

@@ -104,6 +104,11 @@ pub struct WebhookEndpointSpec {
     #[schemars(range(min = crate::endpoints::MAX_IN_FLIGHT.0, max = crate::endpoints::MAX_IN_FLIGHT.1))]
     pub max_in_flight: Option<u32>,
 
+    /// At most `perSecond` deliveries a second to this endpoint across every dispatcher,
+    /// with bursts of up to `burst` (default: perSecond rounded up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<crate::endpoints::RateLimit>,
+
     /// Extra headers sent with every delivery (cannot set webhook-*, content or framing headers).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     // a value with CR, LF or another control character cannot be sent (the HTTP client
@@ -147,6 +152,7 @@ impl WebhookEndpointSpec {
             max_attempts: self.max_attempts,
             retry_schedule: self.retry_schedule.as_deref(),
             max_in_flight: self.max_in_flight,
+            rate_limit: self.rate_limit.as_ref(),
             secret_rotation_grace_seconds: self.secret_rotation_grace_seconds,
         }
     }

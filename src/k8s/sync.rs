@@ -179,6 +179,9 @@ pub fn desired_endpoint(
             .as_ref()
             .map(|v| v.iter().copied().map(to_i32).collect()),
         max_in_flight: spec.max_in_flight.map(to_i32),
+        // resolved (the burst's default filled in); a limit the rules refuse never gets
+        // here (the object is held)
+        rate_limit: spec.rate_limit.and_then(|r| r.validate().ok()),
         headers,
         secret_grace_secs: to_i32(
             spec.secret_rotation_grace_seconds

@@ -131,6 +131,7 @@ pub struct EndpointOpts {
     pub max_attempts: Option<u32>,
     pub retry_schedule: Option<Vec<u32>>,
     pub max_in_flight: Option<u32>,
+    pub rate_limit: Option<hookd::endpoints::RateLimit>,
     pub timeout_seconds: Option<u32>,
     pub grace_seconds: Option<u32>,
 }
@@ -149,6 +150,7 @@ impl Default for EndpointOpts {
             max_attempts: None,
             retry_schedule: None,
             max_in_flight: None,
+            rate_limit: None,
             timeout_seconds: None,
             grace_seconds: None,
         }
@@ -172,6 +174,7 @@ pub fn webhook_endpoint(o: &EndpointOpts) -> WebhookEndpoint {
             max_attempts: o.max_attempts,
             retry_schedule: o.retry_schedule.clone(),
             max_in_flight: o.max_in_flight,
+            rate_limit: o.rate_limit,
             headers: BTreeMap::new(),
             secret_rotation_grace_seconds: o.grace_seconds,
         },

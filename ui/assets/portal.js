@@ -254,6 +254,7 @@ function endpointCard(ep) {
               await loadEndpoints();
             }, "enable"),
       act("Edit event types", async () => editTypes(ep, card), "edit-types"),
+      act("Rate limit", async () => editRate(ep, card), "edit-rate"),
       act("Rotate secret", async () => {
         const r = await api("POST", `/v1/endpoints/${enc(ep.id)}/secret/rotate`, {});
         showSecret(r.secret, ep.url);
@@ -304,6 +305,8 @@ function endpointCard(ep) {
       " · events: ",
       h("span", { class: "types" }, ep.eventTypes.length ? ep.eventTypes.join(", ") : "all"),
       ep.description ? " · " + ep.description : "",
+      " · ",
+      h("span", { class: "rate" }, rateText(ep.rateLimit)),
     ),
     h("div", { class: "actions" }, actions),
     h("div", { class: "edit" }),
@@ -342,6 +345,50 @@ function editTypes(ep, card) {
     ),
   );
   types.input.focus();
+}
+
+function rateText(r) {
+  return r ? `at most ${r.perSecond}/s (bursts of ${r.burst})` : "no rate limit";
+}
+
+/** The most deliveries a second your server is sent (across every hookd dispatcher), and
+ *  how many may come at once after a quiet spell; both empty removes the limit. */
+function editRate(ep, card) {
+  const slot = card.querySelector(".edit");
+  const rate = field("rate-" + ep.id, "Most deliveries a second (empty: no limit)", { type: "number", min: "0.01", max: "100000", step: "any", inputmode: "decimal" });
+  const burst = field("burst-" + ep.id, "Burst (optional; default: the rate rounded up)", { type: "number", min: "1", max: "100000", step: "1", inputmode: "numeric" });
+  if (ep.rateLimit) {
+    rate.input.value = String(ep.rateLimit.perSecond);
+    burst.input.value = String(ep.rateLimit.burst);
+  }
+  put(
+    slot,
+    h(
+      "form",
+      {
+        class: "filters",
+        on: {
+          submit: async (ev) => {
+            ev.preventDefault();
+            const perSecond = rate.input.value.trim();
+            const b = burst.input.value.trim();
+            const rateLimit = perSecond === "" ? null : { perSecond: Number(perSecond), ...(b === "" ? {} : { burst: Number(b) }) };
+            try {
+              await api("PATCH", "/v1/endpoints/" + enc(ep.id), { rateLimit });
+              await loadEndpoints();
+            } catch (e) {
+              slot.appendChild(errorBox(e, "Not saved"));
+            }
+          },
+        },
+      },
+      rate.el,
+      burst.el,
+      h("button", { type: "submit" }, "Save"),
+      h("button", { type: "button", class: "link", on: { click: () => put(slot) } }, "Cancel"),
+    ),
+  );
+  rate.input.focus();
 }
 
 async function loadDeliveries(endpointId, el) {

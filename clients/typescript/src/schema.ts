@@ -949,6 +949,7 @@ export interface components {
             } | null;
             /** @description create it paused (deliveries are created and held) */
             paused?: boolean | null;
+            rateLimit?: null | components["schemas"]["RateLimit"];
             /**
              * @description With authentication on, the credential's tenant (another is a 403); required when
              *     authentication is off
@@ -976,6 +977,7 @@ export interface components {
             kubernetes?: null | components["schemas"]["KubernetesRef"];
             circuit: components["schemas"]["CircuitOut"];
             secretUnreadable?: null | components["schemas"]["SecretUnreadableOut"];
+            rateLimit?: null | components["schemas"]["RateLimit"];
             /** Format: date-time */
             createdAt: string;
             /** Format: date-time */
@@ -997,6 +999,7 @@ export interface components {
             } | null;
             /** @description true pauses; false resumes (and re-enables an endpoint a receiver's 410 disabled) */
             paused?: boolean | null;
+            rateLimit?: null | components["schemas"]["RateLimit"];
         };
         /** @description Which of the endpoint's deliveries to replay; an empty body takes every default. */
         EndpointReplayIn: {
@@ -1242,6 +1245,24 @@ export interface components {
             token: string;
             /** Format: date-time */
             expiresAt: string;
+        };
+        /**
+         * @description At most `per_second` deliveries a second to one endpoint, across every dispatcher
+         *     replica, with bursts of up to `burst` after a quiet spell (a token bucket the claim
+         *     charges: migration 0032). Deliveries held back wait unleased; they are not attempts.
+         */
+        RateLimit: {
+            /**
+             * Format: double
+             * @description Most deliveries a second, 0.01-100000 (0.5: one every two seconds).
+             */
+            perSecond: number;
+            /**
+             * Format: int32
+             * @description Most deliveries sent at once after a quiet spell, 1-100000. Default: perSecond
+             *     rounded up.
+             */
+            burst?: number | null;
         };
         ReplayOut: {
             /** Format: uuid */
