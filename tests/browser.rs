@@ -194,6 +194,12 @@ async fn operator_finds_an_event_by_type_and_replays_its_failed_delivery(pool: P
         .await;
     b.wait_for_text("#rate-day", "succeeded").await;
     assert_eq!(
+        b.js("return [...document.querySelectorAll('dl.facts dt')].find(d => d.textContent === 'Rate limit')?.nextElementSibling?.textContent")
+            .await,
+        "none",
+        "the facts show the endpoint's rate limit"
+    );
+    assert_eq!(
         b.js("return document.querySelectorAll('svg.chart rect').length > 0")
             .await,
         true

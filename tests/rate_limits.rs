@@ -343,3 +343,47 @@ async fn the_readmes_rate_limit_block_works_as_written(pool: PgPool) {
     let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(answer["rateLimit"], json!({"perSecond": 5.0, "burst": 10}));
 }
+
+/// A claim whose clock is behind the bucket's (it waited for the endpoint's row behind a
+/// later claim) takes what is left without moving the bucket's time back: were it moved
+/// back, the next claim would refill the time between twice. Claims with fixed clocks
+/// stand in for the two replicas' order.
+#[sqlx::test]
+async fn a_claim_behind_the_buckets_clock_does_not_refill_it_twice(pool: PgPool) {
+    use hookd::db::deliveries::{ClaimRequest, claim};
+    init();
+    let id = endpoint(
+        &pool,
+        EndpointOpts {
+            tenant: Some(TENANT.into()),
+            rate_limit: Some(RateLimit {
+                per_second: 10.0,
+                burst: Some(10),
+            }),
+            ..Default::default()
+        },
+    )
+    .await;
+    sqlx::query("SELECT hookd.enqueue($1, 'a.b', '{}') FROM generate_series(1, 50)")
+        .bind(TENANT)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let base = chrono::Utc::now() + chrono::Duration::seconds(10);
+    let at = |ms: i64, limit: i64| ClaimRequest {
+        worker_id: uuid::Uuid::now_v7(),
+        limit,
+        lease_secs: 30.0,
+        per_endpoint_cap: 1000,
+        busy: Vec::new(),
+        now: Some(base + chrono::Duration::milliseconds(ms)),
+        default_max_attempts: 8,
+    };
+    assert_eq!(claim(&pool, &at(1000, 3)).await.unwrap().len(), 3);
+    // behind by a second: 7 tokens left, takes 3 (4 left), the bucket's time stays
+    assert_eq!(claim(&pool, &at(0, 3)).await.unwrap().len(), 3);
+    // 100 ms after the first: 4 + 1 token, not 4 + 11 (capped at 10)
+    let third = claim(&pool, &at(1100, 100)).await.unwrap();
+    assert_eq!(third.len(), 5, "refilled once");
+    assert!(third.iter().all(|c| c.endpoint_id == id));
+}

@@ -240,16 +240,20 @@ const CLAIM_SQL: &str = r#"
                 rate_tokens = CASE WHEN e.rate_per_second IS NULL THEN e.rate_tokens
                     ELSE hookd.rate_tokens(e.rate_per_second, e.rate_burst, e.rate_tokens,
                                            e.rate_at, (SELECT now FROM clock)) - m.n END,
+                -- never back: a claim that waited for this row behind a later one has
+                -- an earlier clock, and moving the bucket's time back would refill the
+                -- time between twice
                 rate_at = CASE WHEN e.rate_per_second IS NULL THEN e.rate_at
-                    ELSE (SELECT now FROM clock) END,
-                -- a wait already over is left as it is: rewriting it would move the
-                -- queue entry's hold for nothing
+                    ELSE greatest(e.rate_at, (SELECT now FROM clock)) END,
+                -- while a whole token is left, no wait; one already over is left as it
+                -- is (rewriting it would move the queue entry's hold for nothing)
                 rate_wait_until = CASE WHEN e.rate_per_second IS NULL THEN e.rate_wait_until
                     ELSE coalesce(hookd.rate_wait(e.rate_per_second, e.rate_burst,
                                       hookd.rate_tokens(e.rate_per_second, e.rate_burst,
                                           e.rate_tokens, e.rate_at, (SELECT now FROM clock)) - m.n,
                                       (SELECT now FROM clock)),
-                                  least(e.rate_wait_until, (SELECT now FROM clock))) END
+                                  CASE WHEN e.rate_wait_until <= (SELECT now FROM clock)
+                                       THEN e.rate_wait_until END) END
             FROM (SELECT endpoint_id, bool_or(probe) AS probe, count(*)::int AS n
                   FROM picked WHERE probe OR limited
                   GROUP BY endpoint_id ORDER BY endpoint_id) m
