@@ -80,6 +80,17 @@ async fn smoke_run_has_every_row_and_counts_add_up(pool: PgPool) {
     );
     assert_row(&report, "dispatch", "drain 200 to 20 endpoint(s)");
     assert_row(&report, "e2e", "fsync: synchronous commit p50");
+    // issue 34: what a rate limit costs where it does not bind, and how it binds
+    assert_row(
+        &report,
+        "limits",
+        "limited where it does not bind / unlimited",
+    );
+    assert_row(
+        &report,
+        "limits",
+        "most one endpoint received in a second (10/s, burst 5)",
+    );
     for count in [10, 500] {
         assert_row(
             &report,
