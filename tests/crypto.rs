@@ -541,9 +541,17 @@ async fn rekey_while_deliveries_flow_loses_none_and_all_verify(pool: PgPool) {
     .unwrap();
     assert!(in_flight > 0, "deliveries are flowing when rekey starts");
     let before = rx.count();
+    let started = std::time::Instant::now();
     let report = hookd::rekey::rekey(&pool, &rotating, 3).await.unwrap();
+    let took = started.elapsed();
     let during = rx.count() - before;
-    assert!(during > 0, "deliveries arrived while rekey ran");
+    // A rekey can finish in a few milliseconds, between two of a loaded machine's arrivals
+    // (2 of 8 runs on this 2-core machine under load); one that takes longer must not pause
+    // the flow.
+    assert!(
+        during > 0 || took < Duration::from_millis(250),
+        "no delivery arrived while rekey ran for {took:?}"
+    );
     assert_eq!(report.reencrypted.get("k1"), Some(&36));
     assert!(report.unreadable.is_empty());
     assert_eq!(key_counts(&pool).await, vec![(Some("k2".to_string()), 36)]);
