@@ -12,7 +12,10 @@ mod endpoint;
 mod error_code;
 mod queue;
 
-pub use endpoint::{EndpointState, ManagedBy, RATE_BURST, RATE_PER_SECOND, RateLimit};
+pub use endpoint::{
+    EndpointState, ManagedBy, RATE_BURST, RATE_PER_SECOND, RATE_PER_SECOND_CEL,
+    RATE_PER_SECOND_RULE, RateLimit,
+};
 pub use error_code::ErrorCode;
 pub use queue::{CircuitState, DeliveryStatus, ErrorClass};
 

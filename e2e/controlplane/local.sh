@@ -443,6 +443,28 @@ else
   fail "a Content-Encoding header refused with the endpoint rules' message" "$(head -c 300 "$WORK/gzip.err")"
 fi
 
+# A rate limit through the CRD door (issue 34): stored on the row with its burst; a rate
+# outside the schema's range refused by the API server itself.
+rate_is() {
+  [[ "$(sql "SELECT rate_per_second || '/' || rate_burst FROM hookd.endpoints
+             WHERE k8s_namespace = '$1' AND k8s_name = '$2'")" == "$3" ]]
+}
+if kubectl -n team-a patch webhookendpoint orders --type merge \
+     -p '{"spec":{"rateLimit":{"perSecond":2.5,"burst":4}}}' >/dev/null 2>"$WORK/rate.err" &&
+  wait_for 30 rate_is team-a orders 2.5/4; then
+  ok "spec.rateLimit reaches the endpoint row (2.5/s, burst 4)"
+else
+  fail "spec.rateLimit reaches the endpoint row" "$(head -c 300 "$WORK/rate.err") row: $(sql "SELECT rate_per_second, rate_burst FROM hookd.endpoints WHERE k8s_name = 'orders'")"
+fi
+if kubectl -n team-a patch webhookendpoint orders --type merge \
+     -p '{"spec":{"rateLimit":{"perSecond":0}}}' >"$WORK/rate0.out" 2>"$WORK/rate0.err"; then
+  fail "a rate limit of 0 refused by the API server" "the API server accepted it: $(kubectl -n team-a get webhookendpoint orders -o jsonpath='{.spec.rateLimit}' 2>&1) $(head -c 300 "$WORK/rate0.err")"
+elif grep -q "rateLimit.perSecond must be between 0.01 and 100000" "$WORK/rate0.err"; then
+  ok "a rate limit of 0 refused by the API server with the endpoint rules' message"
+else
+  fail "a rate limit of 0 refused by the API server" "$(head -c 300 "$WORK/rate0.err")"
+fi
+
 live_secrets() {
   sql "SELECT count(*) FROM hookd.endpoint_secrets s JOIN hookd.endpoints e ON e.id = s.endpoint_id
        WHERE e.k8s_namespace = '$1' AND e.k8s_name = '$2' AND (s.not_after IS NULL OR s.not_after > now())"

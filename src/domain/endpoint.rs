@@ -118,6 +118,13 @@ mod tests {
 
 /// Bounds of a rate limit (migration 0032's CHECK states the same numbers).
 pub const RATE_PER_SECOND: (f64, f64) = (0.01, 100_000.0);
+
+/// The CRD's rule for `spec.rateLimit` (the schema's `minimum` alone is not enough: the API
+/// server compares an integer value with a bound cast to an integer, so `perSecond: 0` passed
+/// `minimum: 0.01` on a real kube-apiserver), and the one refusal of a rate in every door.
+pub const RATE_PER_SECOND_CEL: &str = "self.perSecond >= 0.01 && self.perSecond <= 100000.0";
+pub const RATE_PER_SECOND_RULE: &str =
+    "rateLimit.perSecond must be between 0.01 and 100000 (deliveries a second)";
 pub const RATE_BURST: (u32, u32) = (1, 100_000);
 
 /// At most `per_second` deliveries a second to one endpoint, across every dispatcher
@@ -159,10 +166,7 @@ impl RateLimit {
     pub fn validate(&self) -> Result<RateLimit, String> {
         let (lo, hi) = RATE_PER_SECOND;
         if !self.per_second.is_finite() || self.per_second < lo || self.per_second > hi {
-            return Err(format!(
-                "rateLimit.perSecond {} is outside {lo}-{hi}",
-                self.per_second
-            ));
+            return Err(format!("{RATE_PER_SECOND_RULE}; got {}", self.per_second));
         }
         let burst = self.burst_or_default();
         let (lo, hi) = RATE_BURST;
