@@ -382,6 +382,18 @@ CREATE FUNCTION hookd.endpoints_queue_hold() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+  IF OLD.state IS NOT DISTINCT FROM NEW.state
+     AND OLD.circuit_state IS NOT DISTINCT FROM NEW.circuit_state
+     AND OLD.circuit_open_until IS NOT DISTINCT FROM NEW.circuit_open_until
+     AND OLD.rate_per_second IS NOT DISTINCT FROM NEW.rate_per_second
+     AND OLD.rate_burst IS NOT DISTINCT FROM NEW.rate_burst THEN
+    UPDATE hookd.endpoint_queue q
+    SET hold_until = hookd.endpoint_hold(NEW.state, NEW.circuit_state, NEW.circuit_open_until,
+                                         NEW.rate_wait_until)
+    WHERE q.endpoint_id = (SELECT l.endpoint_id FROM hookd.endpoint_queue l
+                           WHERE l.endpoint_id = NEW.id FOR UPDATE SKIP LOCKED);
+    RETURN NULL;
+  END IF;
   UPDATE hookd.endpoint_queue q
   SET hold_until = hookd.endpoint_hold(NEW.state, NEW.circuit_state, NEW.circuit_open_until,
                                        NEW.rate_wait_until)
@@ -1163,7 +1175,7 @@ CREATE TABLE hookd.endpoints (
     CONSTRAINT endpoints_managed_by_check CHECK ((managed_by = ANY (ARRAY['kubernetes'::text, 'api'::text]))),
     CONSTRAINT endpoints_max_attempts_check CHECK (((max_attempts IS NULL) OR ((max_attempts >= 1) AND (max_attempts <= 100)))),
     CONSTRAINT endpoints_max_in_flight_check CHECK (((max_in_flight IS NULL) OR ((max_in_flight >= 1) AND (max_in_flight <= 10000)))),
-    CONSTRAINT endpoints_rate_limit CHECK ((((rate_per_second IS NULL) = (rate_burst IS NULL)) AND ((rate_per_second IS NULL) OR ((rate_per_second >= (0.01)::double precision) AND (rate_per_second <= (100000)::double precision))) AND ((rate_burst IS NULL) OR ((rate_burst >= 1) AND (rate_burst <= 100000))))),
+    CONSTRAINT endpoints_rate_limit CHECK ((((rate_per_second IS NULL) = (rate_burst IS NULL)) AND ((rate_per_second IS NULL) OR ((rate_per_second >= (0.01)::double precision) AND (rate_per_second <= (100000)::double precision))) AND ((rate_burst IS NULL) OR ((rate_burst >= 1) AND (rate_burst <= 100000))) AND ((rate_burst IS NULL) OR ((rate_burst)::double precision >= (rate_per_second * (0.05)::double precision))))),
     CONSTRAINT endpoints_secret_grace_secs_check CHECK ((secret_grace_secs >= 0)),
     CONSTRAINT endpoints_state_check CHECK ((state = ANY (ARRAY['active'::text, 'paused'::text, 'disabled'::text]))),
     CONSTRAINT endpoints_timeout_ms_check CHECK (((timeout_ms IS NULL) OR ((timeout_ms >= 100) AND (timeout_ms <= 300000))))

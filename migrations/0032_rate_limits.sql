@@ -23,7 +23,9 @@ ALTER TABLE hookd.endpoints
     ADD CONSTRAINT endpoints_rate_limit CHECK (
         (rate_per_second IS NULL) = (rate_burst IS NULL)
         AND (rate_per_second IS NULL OR rate_per_second BETWEEN 0.01 AND 100000)
-        AND (rate_burst IS NULL OR rate_burst BETWEEN 1 AND 100000));
+        AND (rate_burst IS NULL OR rate_burst BETWEEN 1 AND 100000)
+        -- tokens are handed out in steps of 50 ms (hookd.rate_wait): a burst must hold one
+        AND (rate_burst IS NULL OR rate_burst >= rate_per_second * 0.05));
 
 -- The tokens in an endpoint's bucket at `at_time`.
 CREATE FUNCTION hookd.rate_tokens(per_second double precision, burst integer,
@@ -62,9 +64,27 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
   SELECT greatest(hookd.endpoint_hold(state, circuit_state, circuit_open_until), rate_wait_until)
 $$;
 
+-- A change of the rate wait alone, the limit unchanged, is a claim's (the claim statement
+-- charges the bucket):
+-- it never waits for the entry, which an outcome batch's refresh may hold until it commits
+-- (a claim waiting here held up every tenant behind it, found by the hostile review). A
+-- skipped hold leaves the entry due while the bucket is empty: claims then take nothing
+-- from it until the tokens are back, which costs a read, not a delivery.
 CREATE OR REPLACE FUNCTION hookd.endpoints_queue_hold() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+  IF OLD.state IS NOT DISTINCT FROM NEW.state
+     AND OLD.circuit_state IS NOT DISTINCT FROM NEW.circuit_state
+     AND OLD.circuit_open_until IS NOT DISTINCT FROM NEW.circuit_open_until
+     AND OLD.rate_per_second IS NOT DISTINCT FROM NEW.rate_per_second
+     AND OLD.rate_burst IS NOT DISTINCT FROM NEW.rate_burst THEN
+    UPDATE hookd.endpoint_queue q
+    SET hold_until = hookd.endpoint_hold(NEW.state, NEW.circuit_state, NEW.circuit_open_until,
+                                         NEW.rate_wait_until)
+    WHERE q.endpoint_id = (SELECT l.endpoint_id FROM hookd.endpoint_queue l
+                           WHERE l.endpoint_id = NEW.id FOR UPDATE SKIP LOCKED);
+    RETURN NULL;
+  END IF;
   UPDATE hookd.endpoint_queue q
   SET hold_until = hookd.endpoint_hold(NEW.state, NEW.circuit_state, NEW.circuit_open_until,
                                        NEW.rate_wait_until)

@@ -13,8 +13,8 @@ mod error_code;
 mod queue;
 
 pub use endpoint::{
-    EndpointState, ManagedBy, RATE_BURST, RATE_PER_SECOND, RATE_PER_SECOND_CEL,
-    RATE_PER_SECOND_RULE, RateLimit,
+    EndpointState, ManagedBy, RATE_BURST, RATE_BURST_CEL, RATE_BURST_RULE, RATE_PER_SECOND,
+    RATE_PER_SECOND_CEL, RATE_PER_SECOND_RULE, RateLimit,
 };
 pub use error_code::ErrorCode;
 pub use queue::{CircuitState, DeliveryStatus, ErrorClass};

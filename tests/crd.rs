@@ -189,6 +189,9 @@ fn the_endpoint_rules_and_the_crd_give_one_verdict_on_a_corpus() {
         json!({"rateLimit": {"perSecond": 100001}}),
         json!({"rateLimit": {"perSecond": 10, "burst": 0}}),
         json!({"rateLimit": {"perSecond": 10, "burst": 100001}}),
+        json!({"rateLimit": {"perSecond": 1000, "burst": 50}}),
+        json!({"rateLimit": {"perSecond": 1000, "burst": 49}}),
+        json!({"rateLimit": {"perSecond": 1000, "burst": 1}}),
         json!({"secretRotationGraceSeconds": 0}),
         json!({"secretRotationGraceSeconds": 2592001}),
         // headers
@@ -534,6 +537,7 @@ mod cel_cost {
                         | "_%_"
                         | "-_"
                         | "int"
+                        | "double"
                         | "string" => (1, Ty::Scalar),
                         other => panic!(
                             "no cost formula for {other}(); add cel-go's (checker/cost.go) or the Kubernetes library's"

@@ -219,6 +219,16 @@ const CLAIM_SQL: &str = r#"
                 FOR UPDATE OF d SKIP LOCKED
             ) c
             LIMIT $2
+        ), markable AS (
+            -- The endpoint rows `marks` may write, locked here without waiting: a row
+            -- someone else holds (another claim probing it or charging its bucket, an
+            -- outcome batch, an operator's transaction) is passed over, and its picked
+            -- rows with it, rather than making this claim, and every tenant behind it,
+            -- wait. In id order, the order every writer of endpoint rows keeps.
+            SELECT e.id FROM hookd.endpoints e
+            WHERE e.id = ANY (ARRAY(SELECT endpoint_id FROM picked WHERE probe OR limited))
+            ORDER BY e.id
+            FOR NO KEY UPDATE OF e SKIP LOCKED
         ), marks AS (
             -- The endpoint rows this claim writes: each circuit that got a probe row
             -- goes half-open (only those: a probe slot is never spent without a probe),
@@ -227,9 +237,7 @@ const CLAIM_SQL: &str = r#"
             -- concurrent claimer that picked a probe for the same circuit, or rows its
             -- bucket no longer has tokens for, gets 0 rows here and its rows are excluded
             -- below: one probe at a time, and never more leases than tokens, across
-            -- replicas. The rows are locked in id order whichever join is chosen (the
-            -- sorted subquery, as in the fold), so two claimers never wait on each other
-            -- in a cycle (a deadlock costs a second before it is found). An array, not a
+            -- replicas. Only rows `markable` locked, so nothing here waits. An array, not a
             -- semi-join: with statistics that expect one endpoint, the semi-join scanned
             -- every endpoint on every claim (1,717 buffers at 10,000 endpoints).
             UPDATE hookd.endpoints e
@@ -251,13 +259,15 @@ const CLAIM_SQL: &str = r#"
                     ELSE coalesce(hookd.rate_wait(e.rate_per_second, e.rate_burst,
                                       hookd.rate_tokens(e.rate_per_second, e.rate_burst,
                                           e.rate_tokens, e.rate_at, (SELECT now FROM clock)) - m.n,
-                                      (SELECT now FROM clock)),
+                                      -- from the bucket's time, which a claim with an
+                                      -- earlier clock does not move back (above)
+                                      greatest(e.rate_at, (SELECT now FROM clock))),
                                   CASE WHEN e.rate_wait_until <= (SELECT now FROM clock)
                                        THEN e.rate_wait_until END) END
             FROM (SELECT endpoint_id, bool_or(probe) AS probe, count(*)::int AS n
                   FROM picked WHERE probe OR limited
                   GROUP BY endpoint_id ORDER BY endpoint_id) m
-            WHERE e.id = ANY (ARRAY(SELECT endpoint_id FROM picked WHERE probe OR limited))
+            WHERE e.id = ANY (ARRAY(SELECT id FROM markable))
               AND e.id = m.endpoint_id
               AND (NOT m.probe
                    OR (e.state = 'active' AND e.circuit_state <> 'closed'

@@ -940,9 +940,15 @@ pub async fn patch_api(
             consumer_deleted_at = CASE WHEN $7 = 'active' THEN NULL ELSE e.consumer_deleted_at END,
             rate_per_second = CASE WHEN $8::bool THEN $9::float8 ELSE e.rate_per_second END,
             rate_burst = CASE WHEN $8::bool THEN $10::int ELSE e.rate_burst END,
-            -- a changed limit starts with a full bucket and holds nothing
-            rate_tokens = CASE WHEN $8::bool THEN NULL ELSE e.rate_tokens END,
-            rate_wait_until = CASE WHEN $8::bool THEN NULL ELSE e.rate_wait_until END,
+            -- a changed limit starts with a full bucket and holds nothing; the same limit
+            -- sent again (a portal's Save with nothing changed) keeps its bucket, or a
+            -- customer could refill it at will
+            rate_tokens = CASE WHEN $8::bool AND (e.rate_per_second, e.rate_burst)
+                                   IS DISTINCT FROM ($9::float8, $10::int)
+                               THEN NULL ELSE e.rate_tokens END,
+            rate_wait_until = CASE WHEN $8::bool AND (e.rate_per_second, e.rate_burst)
+                                       IS DISTINCT FROM ($9::float8, $10::int)
+                                   THEN NULL ELSE e.rate_wait_until END,
             updated_at = now()
         WHERE e.id = $1
         RETURNING {VIEW_COLUMNS}

@@ -108,6 +108,7 @@ pub struct WebhookEndpointSpec {
     /// with bursts of up to `burst` (default: perSecond rounded up).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new(crate::domain::RATE_PER_SECOND_CEL).message(crate::domain::RATE_PER_SECOND_RULE))]
+    #[x_kube(validation = Rule::new(crate::domain::RATE_BURST_CEL).message(crate::domain::RATE_BURST_RULE))]
     pub rate_limit: Option<crate::endpoints::RateLimit>,
 
     /// Extra headers sent with every delivery (cannot set webhook-*, content or framing headers).
