@@ -293,6 +293,7 @@ no_warnings() {
 if kubectl apply -k crds/ >"$WORK/crds.out" 2>"$WORK/crds.err" &&
   kubectl wait --for condition=established --timeout=60s \
     crd/webhookendpoints.hookd.dev crd/webhookdispatchers.hookd.dev crd/webhooksources.hookd.dev \
+    crd/webhookeventtypes.hookd.dev \
     >/dev/null 2>>"$WORK/crds.err"; then
   no_warnings "CRDs established without warnings" "$WORK/crds.err" && ok "CRDs established without warnings"
 else
