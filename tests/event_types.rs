@@ -812,3 +812,115 @@ async fn a_webhook_event_type_applied_with_hookd_apply_is_in_the_catalog_and_rea
     .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
 }
+
+/// A customer picks event types from the catalog in the portal (a real `hookd dev` and a
+/// real headless Chromium): the catalog's types are offered beside the free-text input with
+/// their descriptions, a deprecated one is marked, an example and schema open on demand,
+/// a pick goes into the text (typed patterns stay), and the edit form shows what is picked.
+#[sqlx::test]
+async fn a_customer_picks_event_types_from_the_catalog_in_the_portal(pool: PgPool) {
+    use common::browser::{Browser, Hookd};
+    let Some(b) = Browser::start().await else {
+        return;
+    };
+    let hookd = Hookd::start(&pool, &[]).await;
+    let admin = mint_token(&pool, TENANT, &[Scope::Read, Scope::Manage]).await;
+    for body in [
+        json!({"name": "invoice.paid", "description": "An invoice was paid in full.", "schema": invoice_schema(), "example": {"invoice": "in_1", "amount": 4200}}),
+        json!({"name": "invoice.void", "description": "An invoice was voided.", "deprecated": true, "deprecationNote": "Use invoice.cancelled."}),
+    ] {
+        let (s, v) = hookd
+            .call(&admin, Method::POST, "/v1/event-types", Some(body))
+            .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    let (s, portal) = hookd
+        .call(
+            &admin,
+            Method::POST,
+            "/v1/consumers/cust_42/portal",
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(s, 201, "{portal}");
+    let link = portal["url"].as_str().unwrap();
+    let link = if link.starts_with('/') {
+        format!("{}{link}", hookd.base)
+    } else {
+        link.to_string()
+    };
+    b.goto(&link).await;
+    b.wait_for_text("#whoami", "cust_42").await;
+    let paid = b
+        .wait_for_text(
+            "#catalog-new .catalog-type[data-type='invoice.paid']",
+            "An invoice was paid in full.",
+        )
+        .await;
+    assert!(!paid.contains("hookd.endpoint"), "{paid}");
+    let void = b
+        .wait_for_text(
+            "#catalog-new .catalog-type[data-type='invoice.void']",
+            "deprecated",
+        )
+        .await;
+    assert!(void.contains("Use invoice.cancelled."), "{void}");
+    let offered = b
+        .js("return [...document.querySelectorAll('#catalog-new .catalog-type')].map(e => e.dataset.type)")
+        .await;
+    assert_eq!(
+        offered,
+        json!(["invoice.paid", "invoice.void"]),
+        "a customer is not offered hookd's own types"
+    );
+
+    // the example and schema, behind a disclosure
+    b.click("#catalog-new .catalog-type[data-type='invoice.paid'] summary")
+        .await;
+    let example = b
+        .wait_for_text(
+            "#catalog-new .catalog-type[data-type='invoice.paid'] pre.example",
+            "in_1",
+        )
+        .await;
+    assert!(example.contains("4200"), "{example}");
+    let schema = b
+        .text("#catalog-new .catalog-type[data-type='invoice.paid'] pre.schema")
+        .await
+        .unwrap();
+    assert!(schema.contains("\"required\""), "{schema}");
+
+    b.type_into("#new-url", "http://127.0.0.1:9/hooks").await;
+    b.type_into("#new-types", "order.*").await;
+    b.click("#catalog-new input[value='invoice.paid']").await;
+    assert_eq!(
+        b.js("return document.getElementById('new-types').value")
+            .await,
+        "order.*, invoice.paid"
+    );
+    b.screenshot("portal-catalog").await;
+    b.click("#add-endpoint button[type=submit]").await;
+    b.wait_for_text("#secret-value", "whsec_").await;
+    b.wait_for_text("#endpoints .types", "order.*, invoice.paid")
+        .await;
+
+    // the edit form: what is subscribed is checked; unchecking takes it out
+    b.click("#endpoints .endpoint button.edit-types").await;
+    b.wait_for(".edit .catalog-type input[value='invoice.paid']")
+        .await;
+    assert!(wait_until(std::time::Duration::from_secs(5), || async {
+        b.js("return document.querySelector(\".edit .catalog-type input[value='invoice.paid']\").checked").await == json!(true)
+    })
+    .await);
+    b.click(".edit .catalog-type input[value='invoice.paid']")
+        .await;
+    b.click(".edit button[type=submit]").await;
+    b.wait_for_text("#endpoints .types", "order.*").await;
+    assert!(
+        wait_until(std::time::Duration::from_secs(5), || async {
+            b.text("#endpoints .types").await.as_deref() == Some("order.*")
+        })
+        .await
+    );
+    b.quit().await;
+}
