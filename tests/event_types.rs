@@ -802,6 +802,10 @@ async fn a_webhook_event_type_applied_with_hookd_apply_is_in_the_catalog_and_rea
 
     let (ok, out) = hookd(&pool, "delete", &file).await;
     assert!(ok, "{out}");
+    assert!(
+        out.contains("event type invoice.paid left tenant team-a's catalog"),
+        "{out}"
+    );
     let (s, _) = call(
         &api,
         &token,
@@ -811,6 +815,44 @@ async fn a_webhook_event_type_applied_with_hookd_apply_is_in_the_catalog_and_rea
     )
     .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+/// The README's YAML, examples/event-type.yaml, applies as it says, and checks what it says.
+#[sqlx::test]
+async fn the_example_event_type_applies_and_checks_payloads(pool: PgPool) {
+    let example = YamlFile::new(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/event-type.yaml"
+        ))
+        .unwrap(),
+    );
+    let (ok, out) = hookd(&pool, "apply", &example).await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("webhookeventtype/default/invoice-paid created (event type invoice.paid)"),
+        "{out}"
+    );
+    let api = TestApi::start(&pool).await;
+    let token = api.token_for("default").await;
+    let (s, e) = send_message(
+        &api,
+        &token,
+        json!({"eventType": "invoice.paid", "validate": true, "payload": {"invoice": "INV-1", "amount": 4200}}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+    assert_eq!(
+        e["error"]["message"],
+        r#"payload/invoice: "INV-1" does not match "^in_[A-Za-z0-9]+$"; nothing was written"#
+    );
+    let (s, v) = send_message(
+        &api,
+        &token,
+        json!({"eventType": "invoice.paid", "validate": true, "payload": {"invoice": "in_1", "amount": 4200}}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
 }
 
 /// A customer picks event types from the catalog in the portal (a real `hookd dev` and a
