@@ -25,6 +25,12 @@ pub const MAX_EVENT_TYPES_PER_TENANT: i64 = 1000;
 /// Compiled schemas an API process keeps (each at most a few MB: see [`compile`]); past
 /// it one is dropped for each one compiled.
 pub const CACHED_SCHEMAS: usize = 256;
+/// The most subschemas a schema may stand for with its `$ref`s followed: a payload's check
+/// costs at most about this many subschemas per node of the payload. Without the bound a
+/// 64 KiB schema of alternatives that refer to one another checks one wrong payload in
+/// time exponential in its depth (measured: 8 alternatives over a payload nested 8 deep took
+/// 26 s of a core).
+pub const MAX_EXPANDED_SUBSCHEMAS: usize = 10_000;
 /// The most a compiled `pattern` may take (the `regex` engine's size limits): a 64 KiB
 /// schema of `\w{1000}` patterns must not cost the API gigabytes.
 const PATTERN_BYTES: usize = 256 * 1024;
@@ -115,6 +121,129 @@ pub fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {
         .map_err(|e| bounded(&format!("schema{}: {e}", e.instance_path().as_str())))
 }
 
+/// How many subschemas `schema` stands for with its `$ref`s followed (each target counted
+/// once per reference, computed once), refusing what would make a payload's check cost
+/// more than polynomial time: a reference that leads back to itself (recursion), one that is
+/// not a JSON pointer into the schema itself (`#/$defs/...`), `$dynamicRef` and
+/// `$recursiveRef`, and more than [`MAX_EXPANDED_SUBSCHEMAS`].
+pub fn expanded_size(schema: &Value) -> Result<usize, String> {
+    walk_expanded(schema, schema, &mut HashMap::new(), &mut Vec::new())
+}
+
+fn too_many_subschemas() -> String {
+    format!(
+        "schema: it stands for more than {MAX_EXPANDED_SUBSCHEMAS} subschemas with its $refs followed; checking a payload against it could take minutes"
+    )
+}
+
+fn walk_expanded(
+    root: &Value,
+    node: &Value,
+    memo: &mut HashMap<String, usize>,
+    stack: &mut Vec<String>,
+) -> Result<usize, String> {
+    let mut total: usize = 1;
+    match node {
+        Value::Array(items) => {
+            for item in items {
+                total = total.saturating_add(walk_expanded(root, item, memo, stack)?);
+                if total > MAX_EXPANDED_SUBSCHEMAS {
+                    return Err(too_many_subschemas());
+                }
+            }
+        }
+        Value::Object(map) => {
+            for (key, value) in map {
+                match key.as_str() {
+                    // data, not subschemas
+                    "enum" | "const" | "examples" | "default" => {}
+                    "$dynamicRef" | "$recursiveRef" => {
+                        return Err(format!(
+                            "schema: {key} is not supported (a recursive schema can make a payload's check take exponential time)"
+                        ));
+                    }
+                    "$ref" => {
+                        let Some(target) = value.as_str() else {
+                            return Err("schema: $ref must be a string".into());
+                        };
+                        total = total.saturating_add(follow_ref(root, target, memo, stack)?);
+                    }
+                    _ => total = total.saturating_add(walk_expanded(root, value, memo, stack)?),
+                }
+                if total > MAX_EXPANDED_SUBSCHEMAS {
+                    return Err(too_many_subschemas());
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(total)
+}
+
+fn follow_ref(
+    root: &Value,
+    target: &str,
+    memo: &mut HashMap<String, usize>,
+    stack: &mut Vec<String>,
+) -> Result<usize, String> {
+    let Some(fragment) = target.strip_prefix('#') else {
+        return Err(format!(
+            "schema: $ref {target:?} is not supported: only references into the schema itself (#/$defs/...) are, and nothing is fetched"
+        ));
+    };
+    if let Some(n) = memo.get(fragment) {
+        return Ok(*n);
+    }
+    if stack.iter().any(|p| p == fragment) {
+        return Err(format!(
+            "schema: $ref {target:?} leads back to itself; recursive schemas are not supported (checking a deep payload against one can take exponential time)"
+        ));
+    }
+    let pointer = percent_decode(fragment);
+    let node = if pointer.is_empty() {
+        Some(root)
+    } else if pointer.starts_with('/') {
+        root.pointer(&pointer)
+    } else {
+        None
+    };
+    let Some(node) = node else {
+        return Err(format!(
+            "schema: $ref {target:?} does not point into the schema (use #/$defs/name)"
+        ));
+    };
+    stack.push(fragment.to_string());
+    let n = walk_expanded(root, node, memo, stack)?;
+    stack.pop();
+    memo.insert(fragment.to_string(), n);
+    Ok(n)
+}
+
+/// The `%XX` escapes of a URI fragment decoded (a JSON pointer's `~0` and `~1` are
+/// `Value::pointer`'s to read).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| s.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match escaped {
+            Some(b) => {
+                out.push(b);
+                i += 3;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// A message of at most 500 characters: an error quotes the value it refuses, and a payload
 /// may be a megabyte.
 fn bounded(s: &str) -> String {
@@ -134,6 +263,10 @@ pub fn violation(
     instance: &Value,
     root: &str,
 ) -> Option<String> {
+    // the common case, a payload that matches, without building any error
+    if validator.is_valid(instance) {
+        return None;
+    }
     let mut errors = validator.iter_errors(instance);
     let first = errors.next()?;
     // counted to a bound: a payload of a million wrong items must not be walked whole
@@ -173,6 +306,7 @@ pub fn check_schema(schema: &Value) -> Result<jsonschema::Validator, CatalogErro
         )));
     }
     crate::domain::validate_json_text("schema", schema).map_err(CatalogError::InvalidSchema)?;
+    expanded_size(schema).map_err(CatalogError::InvalidSchema)?;
     compile(schema).map_err(CatalogError::InvalidSchema)
 }
 
@@ -363,11 +497,27 @@ pub async fn remove_declared(
 /// A compiled schema by (tenant, type), with the version it was compiled from.
 type Compiled = HashMap<(String, String), (i64, Arc<jsonschema::Validator>)>;
 
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct SchemaCache {
     compiled: Arc<Mutex<Compiled>>,
     /// schemas compiled since the process started (each is a miss)
     compiles: Arc<std::sync::atomic::AtomicU64>,
+    /// Checks of payloads run on blocking threads, at most half the cores at once: a schema
+    /// is the tenant's to write, and one whose check of a payload is costly (alternatives
+    /// nested over a deep payload) must neither stall the runtime's workers nor take every
+    /// core from the other requests.
+    checking: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for SchemaCache {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
+        SchemaCache {
+            compiled: Arc::default(),
+            compiles: Arc::default(),
+            checking: Arc::new(tokio::sync::Semaphore::new((cores / 2).max(1))),
+        }
+    }
 }
 
 impl SchemaCache {
@@ -428,6 +578,9 @@ pub enum CheckError {
     },
     #[error("{message}")]
     Violation { index: usize, message: String },
+    /// the check itself failed (its thread panicked): nothing was written
+    #[error("the schema check failed: {0}")]
+    Internal(String),
     /// the stored schema no longer compiles (a later hookd reads it differently)
     #[error("the schema of event type {event_type:?} does not compile: {problem}")]
     BrokenSchema {
@@ -458,6 +611,8 @@ pub async fn check(
     messages: &[ToCheck<'_>],
 ) -> Result<Vec<Deprecated>, CheckError> {
     let mut deprecated = Vec::new();
+    // (index, its type's schema, the payload): checked together once every type is known
+    let mut payloads: Vec<(usize, Arc<jsonschema::Validator>, String)> = Vec::new();
     let mut tenants: Vec<&str> = messages.iter().map(|m| m.tenant).collect();
     tenants.sort_unstable();
     tenants.dedup();
@@ -517,18 +672,7 @@ pub async fn check(
             // a schema changed between the two reads is checked at its newer version
             // next time; this message is checked with the one compiled
             if let Some(v) = validators.get(m.event_type) {
-                // the payload was checked to be JSON on the way in
-                let value: Value =
-                    serde_json::from_str(m.payload).map_err(|e| CheckError::Violation {
-                        index: m.index,
-                        message: format!("payload is not JSON: {e}"),
-                    })?;
-                if let Some(message) = violation(v, &value, "payload") {
-                    return Err(CheckError::Violation {
-                        index: m.index,
-                        message,
-                    });
-                }
+                payloads.push((m.index, v.clone(), m.payload.to_string()));
             }
             if d.deprecated {
                 deprecated.push(Deprecated {
@@ -539,8 +683,43 @@ pub async fn check(
             }
         }
     }
+    if !payloads.is_empty() {
+        check_payloads(cache, payloads).await?;
+    }
     deprecated.sort_by_key(|d| d.index);
     Ok(deprecated)
+}
+
+/// Checks payloads against their schemas on a blocking thread, within the process's share
+/// ([`SchemaCache`]`::checking`); the first that fails, in request order, is the refusal.
+async fn check_payloads(
+    cache: &SchemaCache,
+    mut payloads: Vec<(usize, Arc<jsonschema::Validator>, String)>,
+) -> Result<(), CheckError> {
+    payloads.sort_by_key(|p| p.0);
+    let permit = cache
+        .checking
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|e| CheckError::Internal(e.to_string()))?;
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        for (index, validator, payload) in payloads {
+            // the payload was checked to be JSON on the way in
+            let value: Value =
+                serde_json::from_str(&payload).map_err(|e| CheckError::Violation {
+                    index,
+                    message: format!("payload is not JSON: {e}"),
+                })?;
+            if let Some(message) = violation(&validator, &value, "payload") {
+                return Err(CheckError::Violation { index, message });
+            }
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| CheckError::Internal(e.to_string()))?
 }
 
 #[cfg(test)]
@@ -576,6 +755,52 @@ mod tests {
             compile(&json!({"type": "object", "properties": {"id": {"pattern": "^[a-z]+$"}}}))
                 .is_ok()
         );
+    }
+
+    /// Schemas whose check of a wrong payload would take exponential time are refused at
+    /// the write: recursion through `$ref`, and references reused until they stand for more
+    /// than [`MAX_EXPANDED_SUBSCHEMAS`] subschemas. Reuse within the bound is fine.
+    #[test]
+    fn schemas_whose_check_could_take_exponential_time_are_refused() {
+        let branches: Vec<Value> = (0..8)
+            .map(|_| json!({"items": {"$ref": "#/$defs/a"}}))
+            .collect();
+        let recursive =
+            json!({"$defs": {"a": {"anyOf": branches, "type": "array"}}, "$ref": "#/$defs/a"});
+        let e = expanded_size(&recursive).unwrap_err();
+        assert!(e.contains("leads back to itself"), "{e}");
+        assert!(check_schema(&json!({"items": {"$ref": "#"}})).is_err());
+
+        // no recursion, but each level refers to the next twice: 2^20 paths
+        let mut defs = serde_json::Map::new();
+        for i in 0..20 {
+            let next = format!("#/$defs/l{}", i + 1);
+            defs.insert(
+                format!("l{i}"),
+                json!({"anyOf": [{"$ref": next}, {"$ref": next, "minimum": 1}]}),
+            );
+        }
+        defs.insert("l20".into(), json!({"type": "string"}));
+        let dag = json!({"$defs": defs, "$ref": "#/$defs/l0"});
+        let e = expanded_size(&dag).unwrap_err();
+        assert!(e.contains("10000 subschemas"), "{e}");
+
+        let reuse = json!({
+            "$defs": {"money": {"type": "object", "required": ["amount", "currency"],
+                                "properties": {"amount": {"type": "integer"}, "currency": {"enum": ["EUR", "USD"]}}}},
+            "type": "object",
+            "properties": {"total": {"$ref": "#/$defs/money"}, "tax": {"$ref": "#/$defs/money"}, "tip": {"$ref": "#/%24defs/money"}}
+        });
+        let n = expanded_size(&reuse).unwrap();
+        assert!(n < 100, "{n}");
+        assert!(check_schema(&reuse).is_ok());
+        for bad in [
+            json!({"$ref": "https://example.com/s.json"}),
+            json!({"$ref": "#/$defs/missing"}),
+            json!({"$dynamicRef": "#meta"}),
+        ] {
+            assert!(expanded_size(&bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

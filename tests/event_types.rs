@@ -469,6 +469,18 @@ async fn schemas_that_do_not_compile_and_oversized_fields_are_refused(pool: PgPo
         "schema",
     )
     .await;
+    // a schema whose check of a wrong payload could take exponential time (alternatives over
+    // a recursive $ref) is refused at once, not found out at enqueue
+    let started = std::time::Instant::now();
+    refused(
+        json!({"name": "a.b", "schema": {"$defs": {"a": {"type": "array", "anyOf": [
+            {"items": {"$ref": "#/$defs/a"}}, {"items": {"$ref": "#/$defs/a"}, "minItems": 1}
+        ]}}, "$ref": "#/$defs/a"}}),
+        "invalid_schema",
+        "recursive",
+    )
+    .await;
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
     refused(
         json!({"name": "a.b", "schema": "string"}),
         "invalid_schema",

@@ -409,6 +409,10 @@ pub fn catalog_refusal(e: CheckError, batch: bool) -> ApiError {
                 prefix(index)
             ),
         ),
+        CheckError::Internal(detail) => {
+            tracing::error!(error = %detail, "event-type check failed");
+            ApiError::internal_nothing_written()
+        }
         CheckError::Db(e) => e.into(),
     }
 }

@@ -100,7 +100,7 @@ pub struct EventTypeIn {
     /// at most 1000 characters
     description: Option<String>,
     /// a JSON Schema object (draft 2020-12 unless its `$schema` says otherwise), at most
-    /// 64 KiB; it must compile, and may not `$ref` anything outside itself
+    /// 64 KiB; it must compile, and its `$ref`s must point into itself without recursion
     #[schema(value_type = Option<Object>)]
     schema: Option<serde_json::Value>,
     /// an example payload (kept byte for byte, at most 64 KiB); it must match the schema

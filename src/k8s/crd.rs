@@ -336,8 +336,8 @@ pub struct WebhookEventTypeSpec {
     pub description: Option<String>,
 
     /// A JSON Schema (draft 2020-12 unless its `$schema` says otherwise) that payloads of
-    /// this type match, at most 64 KiB; it must compile, and may not `$ref` anything outside
-    /// itself.
+    /// this type match, at most 64 KiB; it must compile, and its `$ref`s must point into it
+    /// without recursion.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "free_form_object")]
     pub schema: Option<serde_json::Value>,

@@ -1163,7 +1163,7 @@ export interface components {
             description?: string | null;
             /**
              * @description a JSON Schema object (draft 2020-12 unless its `$schema` says otherwise), at most
-             *     64 KiB; it must compile, and may not `$ref` anything outside itself
+             *     64 KiB; it must compile, and its `$ref`s must point into itself without recursion
              */
             schema?: Record<string, unknown> | null;
             /** @description an example payload (kept byte for byte, at most 64 KiB); it must match the schema */
