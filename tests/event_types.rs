@@ -978,3 +978,38 @@ async fn a_customer_picks_event_types_from_the_catalog_in_the_portal(pool: PgPoo
     );
     b.quit().await;
 }
+
+/// `spec.name` of a WebhookEventType: the CRD's CEL rule (what `kubectl apply` refuses) and
+/// the catalog's rule (what the API and the controller refuse) give one verdict.
+#[test]
+fn the_crd_and_the_catalog_judge_event_type_names_alike() {
+    for name in [
+        "invoice.paid",
+        "a",
+        "user.created_v2",
+        "Order-Shipped.x",
+        "hookdx",
+        "hookd-events.a",
+        "hookd",
+        "HOOKD",
+        "hookd.endpoint.disabled",
+        "Hookd.Mine",
+        "a..b",
+        ".a",
+        "a.",
+        "a b",
+        "a.*",
+    ] {
+        let et: hookd::k8s::WebhookEventType = serde_json::from_value(json!({
+            "apiVersion": "hookd.dev/v1alpha1", "kind": "WebhookEventType",
+            "metadata": {"name": "x", "namespace": "team-a"},
+            "spec": {"name": name},
+        }))
+        .unwrap();
+        assert_eq!(
+            et.validate_as_api_server().is_ok(),
+            hookd::catalog::validate_name(name).is_ok(),
+            "{name}"
+        );
+    }
+}
