@@ -1013,3 +1013,53 @@ fn the_crd_and_the_catalog_judge_event_type_names_alike() {
         );
     }
 }
+
+/// An operator reads the catalog in the console (read-only): the tenant's types with their
+/// descriptions, a deprecated one marked, hookd's own types among them, an example on demand.
+#[sqlx::test]
+async fn an_operator_reads_the_catalog_in_the_console(pool: PgPool) {
+    use common::browser::{Browser, Hookd};
+    let Some(b) = Browser::start().await else {
+        return;
+    };
+    let hookd = Hookd::start(&pool, &[]).await;
+    let admin = mint_token(&pool, TENANT, &[Scope::Read, Scope::Manage]).await;
+    for body in [
+        json!({"name": "invoice.paid", "description": "An invoice was paid in full.", "schema": invoice_schema(), "example": {"invoice": "in_1", "amount": 4200}}),
+        json!({"name": "invoice.void", "deprecated": true, "deprecationNote": "Use invoice.cancelled."}),
+    ] {
+        let (s, v) = hookd
+            .call(&admin, Method::POST, "/v1/event-types", Some(body))
+            .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    let reader = mint_token(&pool, TENANT, &[Scope::Read]).await;
+    b.goto(&format!("{}/ui#token={reader}", hookd.base)).await;
+    b.wait_for_text("#whoami", TENANT).await;
+    b.click("#nav a[href='/ui/event-types']").await;
+    let paid = b
+        .wait_for_text(
+            "tr.event-type[data-type='invoice.paid']",
+            "An invoice was paid in full.",
+        )
+        .await;
+    assert!(paid.contains("yes"), "has a schema: {paid}");
+    let void = b
+        .wait_for_text("tr.event-type[data-type='invoice.void']", "deprecated")
+        .await;
+    assert!(void.contains("Use invoice.cancelled."), "{void}");
+    b.wait_for_text(
+        "tr.event-type[data-type='hookd.endpoint.disabled']",
+        "hookd",
+    )
+    .await;
+    b.click("tr.event-type[data-type='invoice.paid'] summary")
+        .await;
+    b.wait_for_text(
+        "tr.event-type[data-type='invoice.paid'] pre.example",
+        "in_1",
+    )
+    .await;
+    b.screenshot("console-event-types").await;
+    b.quit().await;
+}
