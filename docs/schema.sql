@@ -1184,6 +1184,47 @@ WITH (fillfactor='80');
 
 
 --
+-- Name: event_type_versions; Type: SEQUENCE; Schema: hookd; Owner: -
+--
+
+CREATE SEQUENCE hookd.event_type_versions
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+
+--
+-- Name: event_types; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.event_types (
+    tenant text NOT NULL,
+    name text NOT NULL,
+    description text,
+    schema jsonb,
+    example text,
+    deprecated boolean DEFAULT false NOT NULL,
+    deprecation_note text,
+    managed_by text DEFAULT 'api'::text NOT NULL,
+    k8s_namespace text,
+    k8s_name text,
+    version bigint DEFAULT nextval('hookd.event_type_versions'::regclass) NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT event_types_description_length CHECK ((char_length(description) <= 1000)),
+    CONSTRAINT event_types_example_size CHECK ((octet_length(example) <= 65536)),
+    CONSTRAINT event_types_k8s_object CHECK (((managed_by = 'kubernetes'::text) = ((k8s_namespace IS NOT NULL) AND (k8s_name IS NOT NULL)))),
+    CONSTRAINT event_types_managed_by CHECK ((managed_by = ANY (ARRAY['kubernetes'::text, 'api'::text]))),
+    CONSTRAINT event_types_name_syntax CHECK (((length(name) <= 128) AND (name ~ '^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$'::text))),
+    CONSTRAINT event_types_not_reserved CHECK ((NOT hookd.is_reserved_event_type(name))),
+    CONSTRAINT event_types_note_length CHECK ((char_length(deprecation_note) <= 1000)),
+    CONSTRAINT event_types_schema_size CHECK ((octet_length((schema)::text) <= 131072))
+);
+
+
+--
 -- Name: events; Type: TABLE; Schema: hookd; Owner: -
 --
 
@@ -1494,6 +1535,14 @@ ALTER TABLE ONLY hookd.endpoints
 
 ALTER TABLE ONLY hookd.endpoints
     ADD CONSTRAINT endpoints_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: event_types event_types_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.event_types
+    ADD CONSTRAINT event_types_pkey PRIMARY KEY (tenant, name);
 
 
 --
@@ -1881,6 +1930,13 @@ CREATE INDEX endpoints_removed ON hookd.endpoints USING btree (removed_at) WHERE
 --
 
 CREATE INDEX endpoints_tenant_page ON hookd.endpoints USING btree (tenant, id) WHERE (removed_at IS NULL);
+
+
+--
+-- Name: event_types_k8s_object_key; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE UNIQUE INDEX event_types_k8s_object_key ON hookd.event_types USING btree (k8s_namespace, k8s_name) WHERE (managed_by = 'kubernetes'::text);
 
 
 --

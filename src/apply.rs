@@ -16,7 +16,7 @@ use crate::crypto::Keyring;
 use crate::db::DbError;
 use crate::domain::EndpointState;
 use crate::k8s::sync::{self, SyncOutcome};
-use crate::k8s::{WebhookEndpoint, WebhookSource};
+use crate::k8s::{WebhookEndpoint, WebhookEventType, WebhookSource};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
@@ -36,7 +36,7 @@ pub enum ApplyError {
     /// The file as a whole is refused (too large, too deeply nested) before parsing.
     #[error("{file}: {message}")]
     File { file: PathBuf, message: String },
-    #[error("no WebhookEndpoint or WebhookSource documents found")]
+    #[error("no WebhookEndpoint, WebhookSource or WebhookEventType documents found")]
     Empty,
     /// The database refused a declared object (a source's name taken, a tenant at its
     /// cap): the transaction is rolled back, nothing of the files was applied.
@@ -51,6 +51,7 @@ pub enum ApplyError {
 pub enum Document {
     Endpoint(Box<WebhookEndpoint>),
     Source(Box<WebhookSource>),
+    EventType(Box<WebhookEventType>),
     Secret(Box<Secret>),
 }
 
@@ -309,6 +310,19 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
                     .map_err(|e| invalid(object.clone(), e))?;
                 docs.push(Document::Source(Box::new(src)));
             }
+            (Some("hookd.dev/v1alpha1"), Some("WebhookEventType")) => {
+                let et: WebhookEventType =
+                    hookd_object(value).map_err(|e| invalid(object.clone(), e))?;
+                et.validate_as_api_server()
+                    .map_err(|e| invalid(object.clone(), e))?;
+                // the catalog rules of every door (the API's and the controller's); the
+                // tenant is the namespace's, as `plan` takes it
+                let ns = et.namespace().unwrap_or_default();
+                let name = et.event_type();
+                crate::catalog::validate_declared(&et.declared(&ns, &ns, &name))
+                    .map_err(|e| invalid(object.clone(), format!("spec: {e}")))?;
+                docs.push(Document::EventType(Box::new(et)));
+            }
             (Some("v1"), Some("Secret")) => {
                 let mut errs = Vec::new();
                 unknown_fields(&value, "", SECRET_FIELDS, &mut errs);
@@ -339,7 +353,7 @@ pub fn parse_documents(file: &Path, text: &str) -> Result<Vec<Document>, ApplyEr
                 return Err(invalid(
                     object,
                     format!(
-                        "unsupported object {}/{}: only hookd.dev/v1alpha1 WebhookEndpoint, hookd.dev/v1alpha1 WebhookSource and v1 Secret can be applied",
+                        "unsupported object {}/{}: only hookd.dev/v1alpha1 WebhookEndpoint, WebhookSource and WebhookEventType, and v1 Secret, can be applied",
                         av.unwrap_or("(no apiVersion)"),
                         k.unwrap_or("(no kind)")
                     ),
@@ -432,6 +446,8 @@ fn known_fields(
 pub struct Plan {
     pub endpoints: Vec<sync::DesiredEndpoint>,
     pub sources: Vec<DesiredSource>,
+    /// catalog entries, for the tenant of each object's namespace
+    pub event_types: Vec<WebhookEventType>,
 }
 
 /// A WebhookSource with the verification secret its Secret holds.
@@ -555,11 +571,12 @@ pub fn plan(files: &[(PathBuf, Vec<Document>)]) -> Result<Plan, ApplyError> {
                         .map_err(|e| invalid(object, &format!("spec: {e}")))?;
                     out.sources.push(desired);
                 }
+                Document::EventType(et) => out.event_types.push((**et).clone()),
                 Document::Secret(_) => {}
             }
         }
     }
-    if out.endpoints.is_empty() && out.sources.is_empty() {
+    if out.endpoints.is_empty() && out.sources.is_empty() && out.event_types.is_empty() {
         return Err(ApplyError::Empty);
     }
     Ok(out)
@@ -687,6 +704,11 @@ pub fn load_deletions(paths: &[PathBuf]) -> Result<Vec<DeclaredName>, ApplyError
                     src.namespace().unwrap_or_default(),
                     src.name_any(),
                 ),
+                Document::EventType(et) => (
+                    "webhookeventtype",
+                    et.namespace().unwrap_or_default(),
+                    et.name_any(),
+                ),
                 Document::Secret(_) => continue,
             };
             let key = DeclaredName {
@@ -716,6 +738,8 @@ pub enum Deletion {
     },
     /// A source deleted: its URL answers 401 from then on; the events it took in stay.
     SourceDeleted { source_id: uuid::Uuid },
+    /// An event type removed from its tenant's catalog.
+    EventTypeDeleted { tenant: String, name: String },
     /// Never applied, or already deleted.
     NotFound,
 }
@@ -731,7 +755,19 @@ pub async fn delete_declared(
     let mut tx = crate::db::begin(pool).await?;
     let mut out = Vec::with_capacity(names.len());
     for n in names {
-        let deletion = if n.kind == "webhooksource" {
+        let deletion = if n.kind == "webhookeventtype" {
+            match crate::catalog::remove_declared(&mut tx, &n.namespace, &n.name).await {
+                Ok(Some((tenant, name))) => Deletion::EventTypeDeleted { tenant, name },
+                Ok(None) => Deletion::NotFound,
+                Err(crate::catalog::CatalogError::Db(e)) => return Err(e.into()),
+                Err(other) => {
+                    return Err(ApplyError::Refused {
+                        object: n.to_string(),
+                        message: other.to_string(),
+                    });
+                }
+            }
+        } else if n.kind == "webhooksource" {
             match crate::inbound::sources::remove_declared(&mut tx, &n.namespace, &n.name).await {
                 Ok(Some(source_id)) => Deletion::SourceDeleted { source_id },
                 Ok(None) => Deletion::NotFound,
@@ -785,6 +821,8 @@ pub fn load_texts(texts: &[(PathBuf, String)]) -> Result<Plan, ApplyError> {
 pub struct Applied {
     pub endpoints: Vec<(String, SyncOutcome)>,
     pub sources: Vec<(String, crate::db::sources::DeclaredWrite)>,
+    /// by `namespace/object`, with the event type it declares
+    pub event_types: Vec<(String, String, crate::db::event_types::DeclaredWrite)>,
 }
 
 /// Applies a validated plan in one transaction; signing and verification secrets are
@@ -833,6 +871,38 @@ pub async fn apply_plan(
                 )));
             }
             written => applied.sources.push((label, written)),
+        }
+    }
+    for et in &plan.event_types {
+        use crate::db::event_types::DeclaredWrite as Written;
+        let ns = et.namespace().unwrap_or_default();
+        let name = et.event_type();
+        let label = format!("{ns}/{}", et.name_any());
+        let refused = |message: String| ApplyError::Refused {
+            object: format!("webhookeventtype/{label}"),
+            message,
+        };
+        // `hookd apply` has no namespace map: the tenant is the namespace, as for a
+        // declared endpoint or source without spec.tenant
+        let written = crate::catalog::apply_declared(&mut tx, &et.declared(&ns, &ns, &name))
+            .await
+            .map_err(|e| match e {
+                crate::catalog::CatalogError::Db(e) => ApplyError::Db(e),
+                other => refused(other.to_string()),
+            })?;
+        match written {
+            Written::NameTaken => {
+                return Err(refused(format!(
+                    "tenant {ns:?} has event type {name:?} already, made through the API or declared by another WebhookEventType"
+                )));
+            }
+            Written::TenantLimit => {
+                return Err(refused(format!(
+                    "tenant {ns:?} has {} event types, the most one tenant may have",
+                    crate::catalog::MAX_EVENT_TYPES_PER_TENANT
+                )));
+            }
+            written => applied.event_types.push((label, name, written)),
         }
     }
     tx.commit().await.map_err(DbError::from)?;
@@ -910,6 +980,18 @@ pub async fn describe(pool: &PgPool, applied: &Applied) -> Result<Vec<String>, A
             // refused before the commit (apply_plan)
             DeclaredWrite::NameTaken | DeclaredWrite::TenantLimit => continue,
         });
+    }
+    for (label, name, written) in &applied.event_types {
+        use crate::db::event_types::DeclaredWrite as Written;
+        let what = match written {
+            Written::Created => "created",
+            Written::Updated { changed: true } => "configured",
+            Written::Updated { changed: false } => "unchanged",
+            Written::NameTaken | Written::TenantLimit => continue,
+        };
+        lines.push(format!(
+            "webhookeventtype/{label} {what} (event type {name})"
+        ));
     }
     Ok(lines)
 }

@@ -368,7 +368,7 @@ async fn connection_cap_queues_further_clients(pool: PgPool) {
 // ---- OpenAPI ----
 
 /// Every route the router serves, as (method, OpenAPI path).
-const ROUTES: [(&str, &str); 45] = [
+const ROUTES: [(&str, &str); 50] = [
     ("post", "/v1/messages"),
     ("get", "/v1/messages"),
     ("post", "/v1/messages/batch"),
@@ -409,6 +409,11 @@ const ROUTES: [(&str, &str); 45] = [
     ("delete", "/v1/sources/{name}"),
     ("post", "/v1/sources/{name}/secret/rotate"),
     ("get", "/v1/sources/{name}/stats"),
+    ("post", "/v1/event-types"),
+    ("get", "/v1/event-types"),
+    ("get", "/v1/event-types/{name}"),
+    ("patch", "/v1/event-types/{name}"),
+    ("delete", "/v1/event-types/{name}"),
     ("post", "/in/{name}"),
     ("get", "/healthz"),
     ("get", "/readyz"),

@@ -29,7 +29,9 @@ const LAYERS: &[(&str, u8)] = &[
     ("rekey", 2),
     ("telemetry", 2),
     ("ui", 2),
-    // the endpoint rules, the enqueue contract, retention, process plumbing
+    // the endpoint rules, the event-type catalog, the enqueue contract, retention, process
+    // plumbing
+    ("catalog", 3),
     ("endpoints", 3),
     ("inbound", 3),
     ("outbox", 3),

@@ -2004,3 +2004,156 @@ async fn a_webhook_source_is_reconciled_rotated_guarded_and_deleted(pool: PgPool
             .is_none()
     );
 }
+
+// ---- WebhookEventType ----
+
+fn event_type_object(name: &str, spec: Value) -> hookd::k8s::WebhookEventType {
+    serde_json::from_value(json!({
+        "apiVersion": "hookd.dev/v1alpha1", "kind": "WebhookEventType",
+        "metadata": {
+            "name": name, "namespace": NS, "uid": Uuid::now_v7().to_string(),
+            "generation": 1, "resourceVersion": "1",
+            "finalizers": [hookd::k8s::event_type_controller::FINALIZER],
+        },
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// One reconcile of a WebhookEventType: a status patch when the status changes and an
+/// Event when one is due. Returns the object as the API server would now hold it.
+async fn reconcile_event_type(
+    ctx: &Arc<Context>,
+    api: &mut ApiServer,
+    et: &hookd::k8s::WebhookEventType,
+    patch: bool,
+    event: Option<&str>,
+) -> hookd::k8s::WebhookEventType {
+    let name = et.metadata.name.clone().unwrap();
+    let run = tokio::spawn(hookd::k8s::event_type_controller::reconcile(
+        Arc::new(et.clone()),
+        ctx.clone(),
+    ));
+    let mut now = et.clone();
+    if patch {
+        let call = api
+            .expect(
+                "PATCH",
+                &format!(
+                    "/apis/hookd.dev/v1alpha1/namespaces/{NS}/webhookeventtypes/{name}/status"
+                ),
+                |c: &Call| {
+                    let mut obj = serde_json::to_value(et).unwrap();
+                    obj["status"] = c.body["status"].clone();
+                    (200, obj)
+                },
+            )
+            .await;
+        assert_eq!(call.body["kind"], "WebhookEventType");
+        now.status = Some(serde_json::from_value(call.body["status"].clone()).unwrap());
+    }
+    if let Some(reason) = event {
+        let e = api.expect("POST", EVENTS_PATH, echo(201)).await;
+        assert_eq!(e.body["reason"], reason, "{:#?}", e.body);
+    }
+    assert_eq!(
+        run.await.unwrap().unwrap(),
+        Action::requeue(Duration::from_secs(600))
+    );
+    api.expect_no_more().await;
+    now
+}
+
+/// A WebhookEventType becomes an entry of its namespace's tenant's catalog: written once
+/// (a resync writes nothing), a schema that does not compile refused with the last entry
+/// kept, read-only to the API, and removed with its object.
+#[sqlx::test]
+async fn a_webhook_event_type_is_reconciled_into_the_catalog_and_removed(pool: PgPool) {
+    let (ctx, mut api) = context(&pool);
+    let spec = json!({
+        "name": "invoice.paid",
+        "description": "An invoice was paid.",
+        "schema": {"type": "object", "required": ["amount"], "properties": {"amount": {"type": "integer"}}},
+        "example": {"amount": 4200},
+    });
+    let et = event_type_object("invoice-paid", spec.clone());
+    let et = reconcile_event_type(&ctx, &mut api, &et, true, Some("Created")).await;
+    let status = serde_json::to_value(et.status.as_ref().unwrap()).unwrap();
+    assert_eq!(condition(&status, "Ready")["status"], "True");
+    assert_eq!(status["eventType"], "invoice.paid");
+    let row = hookd::db::event_types::get(&pool, NS, "invoice.paid")
+        .await
+        .unwrap()
+        .expect("the entry is written");
+    assert_eq!(row.managed_by, hookd::domain::ManagedBy::Kubernetes);
+    assert_eq!(row.example.as_deref(), Some(r#"{"amount":4200}"#));
+    let version = row.version;
+
+    // a resync: no status write, no new version (the API processes keep their compiled schema)
+    let et = reconcile_event_type(&ctx, &mut api, &et, false, None).await;
+    let row = hookd::db::event_types::get(&pool, NS, "invoice.paid")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.version, version);
+
+    // the API reads it and refuses to change it
+    let refused = hookd::catalog::delete(&pool, NS, "invoice.paid").await;
+    assert!(
+        matches!(
+            refused,
+            Err(hookd::catalog::CatalogError::ManagedByKubernetes(_))
+        ),
+        "{refused:?}"
+    );
+
+    // a schema that does not compile: Ready=False with what is wrong, the entry as it was
+    let mut broken = et.clone();
+    broken.spec.schema = Some(json!({"type": "nonsense"}));
+    broken.metadata.generation = Some(2);
+    let broken = reconcile_event_type(&ctx, &mut api, &broken, true, Some("InvalidSchema")).await;
+    let status = serde_json::to_value(broken.status.as_ref().unwrap()).unwrap();
+    let ready = condition(&status, "Ready");
+    assert_eq!(
+        (&ready["status"], &ready["reason"]),
+        (&json!("False"), &json!("InvalidSchema"))
+    );
+    assert!(
+        ready["message"].as_str().unwrap().contains("nonsense"),
+        "{ready}"
+    );
+    let row = hookd::db::event_types::get(&pool, NS, "invoice.paid")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.version, version, "the last accepted entry stays");
+
+    // deleted with its object
+    let mut deleting = et.clone();
+    deleting.metadata.deletion_timestamp =
+        Some(hookd::k8s::conditions::to_time(chrono::Utc::now()));
+    let run = tokio::spawn(hookd::k8s::event_type_controller::reconcile(
+        Arc::new(deleting),
+        ctx,
+    ));
+    let event = api.expect("POST", EVENTS_PATH, echo(201)).await;
+    assert_eq!(event.body["reason"], "Deleted");
+    api.expect(
+        "PATCH",
+        &format!("/apis/hookd.dev/v1alpha1/namespaces/{NS}/webhookeventtypes/invoice-paid"),
+        |_| {
+            let mut obj = serde_json::to_value(&et).unwrap();
+            obj["metadata"]["finalizers"] = json!([]);
+            (200, obj)
+        },
+    )
+    .await;
+    assert_eq!(run.await.unwrap().unwrap(), Action::await_change());
+    api.expect_no_more().await;
+    assert!(
+        hookd::db::event_types::get(&pool, NS, "invoice.paid")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}

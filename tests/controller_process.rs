@@ -195,6 +195,10 @@ async fn handle(
         ("GET", "/apis/hookd.dev/v1alpha1/webhooksources") => {
             list("WebhookSourceList", "hookd.dev/v1alpha1", vec![], rv)
         }
+        ("GET", "/apis/hookd.dev/v1alpha1/webhookeventtypes") if watch => quiet_watch(),
+        ("GET", "/apis/hookd.dev/v1alpha1/webhookeventtypes") => {
+            list("WebhookEventTypeList", "hookd.dev/v1alpha1", vec![], rv)
+        }
         ("GET", "/api/v1/secrets") if watch => quiet_watch(),
         ("GET", "/api/v1/secrets") => {
             let items = f.secrets.values().map(metadata_only).collect();

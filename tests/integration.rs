@@ -30,6 +30,7 @@ mod customers;
 mod dev;
 mod dispatch;
 mod dispatch_crash;
+mod event_types;
 mod first_hour;
 mod hardening;
 mod inbound;

@@ -293,6 +293,7 @@ no_warnings() {
 if kubectl apply -k crds/ >"$WORK/crds.out" 2>"$WORK/crds.err" &&
   kubectl wait --for condition=established --timeout=60s \
     crd/webhookendpoints.hookd.dev crd/webhookdispatchers.hookd.dev crd/webhooksources.hookd.dev \
+    crd/webhookeventtypes.hookd.dev \
     >/dev/null 2>>"$WORK/crds.err"; then
   no_warnings "CRDs established without warnings" "$WORK/crds.err" && ok "CRDs established without warnings"
 else
@@ -646,6 +647,37 @@ if kubectl -n team-a delete webhooksource stripe-live --timeout=60s >/dev/null 2
   ok "a deleted WebhookSource takes nothing (object gone through its finalizer, 401)"
 else
   fail "a deleted WebhookSource takes nothing" "$(head -c 200 "$WORK/source-delete.err") $(head -c 200 "$WORK/in.json")"
+fi
+
+# A WebhookEventType (issue 34): the example as shipped, in team-a. Ready, in the catalog, and a
+# message sent with "validate": true that breaks its schema is refused naming the path.
+sed 's/namespace: default/namespace: team-a/' examples/event-type.yaml |
+  kubectl apply -f - >/dev/null 2>"$WORK/event-type.err"
+event_type_ready() { [[ "$(kubectl -n team-a get webhookeventtype invoice-paid -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]]; }
+if wait_for 30 event_type_ready &&
+  [[ "$(sql "SELECT count(*) FROM hookd.event_types WHERE tenant = 'team-a' AND name = 'invoice.paid' AND schema IS NOT NULL")" == 1 ]]; then
+  ok "kubectl apply -f examples/event-type.yaml: READY True, in the catalog ($(kubectl -n team-a get webhookeventtypes --no-headers | tr -s ' '))"
+else
+  fail "a WebhookEventType reaches the catalog" "$(head -c 300 "$WORK/event-type.err") $(kubectl -n team-a get webhookeventtypes -o wide --no-headers 2>&1)"
+fi
+code=$(curl -s --max-time 10 -o "$WORK/validate.json" -w '%{http_code}' -X POST "http://$API_LISTEN/v1/messages" \
+  -H "authorization: Bearer $PRODUCER_TOKEN" -H 'content-type: application/json' \
+  -d '{"eventType":"invoice.paid","validate":true,"payload":{"invoice":"in_1","amount":"x"}}')
+if [[ "$code" == 422 ]] && jq -e '.error.code == "schema_violation" and (.error.message | contains("amount"))' "$WORK/validate.json" >/dev/null; then
+  ok "a payload that breaks the declared schema is refused (422 schema_violation: $(jq -r .error.message "$WORK/validate.json" | head -c 120))"
+else
+  fail "a payload that breaks the declared schema is refused" "HTTP $code: $(head -c 300 "$WORK/validate.json")"
+fi
+if kubectl apply -f - >/dev/null 2>"$WORK/event-type-bad.err" <<'EOF'; then
+apiVersion: hookd.dev/v1alpha1
+kind: WebhookEventType
+metadata: {name: reserved, namespace: team-a}
+spec:
+  name: hookd.endpoint.disabled
+EOF
+  fail "a reserved event type refused by the API server" "the API server accepted it"
+else
+  ok "a reserved event type refused by the API server ($(grep -o 'spec.name[^:]*' "$WORK/event-type-bad.err" | head -n 1))"
 fi
 
 # The README's "Stripe to an in-cluster service", its two blocks as a user runs them: the

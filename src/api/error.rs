@@ -11,6 +11,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::auth::{AuthError, Scope};
+use crate::catalog::{CatalogError, CheckError};
 use crate::db::DbError;
 use crate::db::endpoints::PatchRefused;
 use crate::domain::ErrorCode;
@@ -328,6 +329,91 @@ impl From<SourceError> for ApiError {
             ),
             SourceError::Db(e) => e.into(),
         }
+    }
+}
+
+impl From<CatalogError> for ApiError {
+    fn from(e: CatalogError) -> Self {
+        match e {
+            CatalogError::InvalidName(message) => {
+                ApiError::unprocessable(ErrorCode::InvalidEventType, message)
+            }
+            CatalogError::Reserved(message) => {
+                ApiError::unprocessable(ErrorCode::ReservedEventType, message)
+            }
+            CatalogError::Invalid(message) => {
+                ApiError::unprocessable(ErrorCode::InvalidField, message)
+            }
+            CatalogError::InvalidSchema(message) => {
+                ApiError::unprocessable(ErrorCode::InvalidSchema, message)
+            }
+            CatalogError::Exists(name) => ApiError::new(
+                StatusCode::CONFLICT,
+                ErrorCode::EventTypeExists,
+                format!(
+                    "event type {name:?} is in the catalog already; change it with PATCH /v1/event-types/{name}"
+                ),
+            ),
+            CatalogError::TenantLimit { tenant, cap } => ApiError::unprocessable(
+                ErrorCode::TenantEventTypeLimit,
+                format!(
+                    "tenant {tenant:?} has {cap} event types, the most one tenant may have; delete one first"
+                ),
+            ),
+            CatalogError::ManagedByKubernetes(name) => ApiError::new(
+                StatusCode::CONFLICT,
+                ErrorCode::ManagedByKubernetes,
+                format!(
+                    "event type {name:?} is declared by a WebhookEventType object; change that object instead (kubectl, or hookd apply -f FILE where it was applied)"
+                ),
+            ),
+            CatalogError::Db(e) => e.into(),
+        }
+    }
+}
+
+/// A message refused at enqueue by its type's catalog entry: nothing of the request was
+/// written. `prefix` names the message of a batch (`messages[2]: `).
+pub fn catalog_refusal(e: CheckError, batch: bool) -> ApiError {
+    let prefix = |index: usize| {
+        if batch {
+            format!("messages[{index}]: ")
+        } else {
+            String::new()
+        }
+    };
+    match e {
+        CheckError::Unknown {
+            index,
+            tenant,
+            event_type,
+        } => ApiError::unprocessable(
+            ErrorCode::UnknownEventType,
+            format!(
+                "{}event type {event_type:?} is not in tenant {tenant:?}'s catalog (GET /v1/event-types); declare it, or send without \"validate\": true; nothing was written",
+                prefix(index)
+            ),
+        ),
+        CheckError::Violation { index, message } => ApiError::unprocessable(
+            ErrorCode::SchemaViolation,
+            format!("{}{message}; nothing was written", prefix(index)),
+        ),
+        CheckError::BrokenSchema {
+            index,
+            event_type,
+            problem,
+        } => ApiError::unprocessable(
+            ErrorCode::InvalidSchema,
+            format!(
+                "{}the stored schema of event type {event_type:?} does not compile with this hookd ({problem}); replace it with PATCH /v1/event-types/{event_type}; nothing was written",
+                prefix(index)
+            ),
+        ),
+        CheckError::Internal(detail) => {
+            tracing::error!(error = %detail, "event-type check failed");
+            ApiError::internal_nothing_written()
+        }
+        CheckError::Db(e) => e.into(),
     }
 }
 

@@ -6,7 +6,7 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -52,6 +52,12 @@ pub struct MessageIn {
     /// consumer. An unknown consumer reaches nobody (201 with no deliveries).
     #[schema(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
     consumer: Option<String>,
+    /// Check the message against the tenant's event-type catalog (`/v1/event-types`)
+    /// before anything is written: its type must be declared (else 422
+    /// `unknown_event_type`) and, when the type has a schema, the payload must match it
+    /// (else 422 `schema_violation`, naming the path that failed). A deprecated type is
+    /// taken, with a `Warning` header. Default false.
+    validate: Option<bool>,
 }
 
 /// Several events, committed in one transaction (all or none).
@@ -157,13 +163,16 @@ fn ingest_span(messages: &mut [NewMessage]) -> Option<tracing::Span> {
     Some(span)
 }
 
+/// A message and whether its producer asked for it to be checked against the catalog.
+type Validated = (NewMessage, bool);
+
 fn validate(
     m: MessageIn,
     caller: &Caller,
     header_key: Option<&str>,
     max_payload: usize,
     prefix: &str,
-) -> Result<NewMessage, ApiError> {
+) -> Result<Validated, ApiError> {
     let tenant = caller.resolve_tenant(m.tenant).map_err(|mut e| {
         e.message = format!("{prefix}{}", e.message);
         e
@@ -229,17 +238,76 @@ fn validate(
             ApiError::unprocessable(ErrorCode::InvalidConsumer, format!("{prefix}{e}"))
         })?;
     }
-    Ok(NewMessage {
-        tenant,
-        event_type,
-        // RawValue holds the producer's exact text: stored and signed byte for byte
-        payload: payload.to_owned(),
-        idempotency_key,
-        consumer,
-        origin: None,
-        // the request's, set by the route (a body carries none)
-        trace: None,
-    })
+    Ok((
+        NewMessage {
+            tenant,
+            event_type,
+            // RawValue holds the producer's exact text: stored and signed byte for byte
+            payload: payload.to_owned(),
+            idempotency_key,
+            consumer,
+            origin: None,
+            // the request's, set by the route (a body carries none)
+            trace: None,
+        },
+        m.validate.unwrap_or(false),
+    ))
+}
+
+/// Checks the messages whose producer asked for it against the catalog (one read of the
+/// types' versions per tenant; schemas compiled once per version and process), before
+/// anything is written. Returns a `Warning` header value per deprecated type (at most 10).
+async fn check_catalog(
+    state: &AppState,
+    messages: &[NewMessage],
+    checked: &[bool],
+    batch: bool,
+) -> Result<Vec<HeaderValue>, ApiError> {
+    let to_check: Vec<crate::catalog::ToCheck<'_>> = messages
+        .iter()
+        .zip(checked)
+        .enumerate()
+        .filter(|(_, (_, c))| **c)
+        .map(|(index, (m, _))| crate::catalog::ToCheck {
+            index,
+            tenant: &m.tenant,
+            event_type: &m.event_type,
+            payload: &m.payload,
+        })
+        .collect();
+    if to_check.is_empty() {
+        return Ok(Vec::new());
+    }
+    let deprecated = crate::catalog::check(&state.pool, &state.schemas, &to_check)
+        .await
+        .map_err(|e| super::error::catalog_refusal(e, batch))?;
+    let mut names: Vec<(String, Option<String>)> = Vec::new();
+    for d in deprecated {
+        if !names.iter().any(|(n, _)| *n == d.event_type) {
+            names.push((d.event_type, d.note));
+        }
+    }
+    Ok(names
+        .into_iter()
+        .take(10)
+        .filter_map(|(name, note)| deprecation_warning(&name, note.as_deref()))
+        .collect())
+}
+
+/// A `Warning: 299 - "..."` value (the form Kubernetes uses for deprecated APIs) saying that
+/// `name` is deprecated, with its note reduced to what a quoted header string holds.
+fn deprecation_warning(name: &str, note: Option<&str>) -> Option<HeaderValue> {
+    let mut text = format!("event type {name} is deprecated");
+    if let Some(note) = note {
+        text.push_str(": ");
+        text.extend(
+            note.chars()
+                .take(200)
+                .map(|c| if (' '..='~').contains(&c) { c } else { '?' }),
+        );
+    }
+    let quoted = text.replace('\\', "\\\\").replace('"', "\\\"");
+    HeaderValue::from_str(&format!("299 - \"{quoted}\"")).ok()
 }
 
 /// The body of `POST /v1/messages`: parsed and validated, before rate limiting and the
@@ -249,18 +317,14 @@ fn parse_single(
     caller: &Caller,
     header_key: Option<&str>,
     limits: &Limits,
-) -> Result<NewMessage, ApiError> {
+) -> Result<Validated, ApiError> {
     let input: MessageIn = parse(bytes)?;
     validate(input, caller, header_key, limits.max_payload_bytes, "")
 }
 
 /// The body of `POST /v1/messages/batch`: parsed, its size checked, every message
 /// validated, before rate limiting and the database.
-fn parse_batch(
-    bytes: &[u8],
-    caller: &Caller,
-    limits: &Limits,
-) -> Result<Vec<NewMessage>, ApiError> {
+fn parse_batch(bytes: &[u8], caller: &Caller, limits: &Limits) -> Result<Vec<Validated>, ApiError> {
     let input: BatchIn = parse(bytes)?;
     if input.messages.is_empty() {
         return Err(ApiError::unprocessable(
@@ -328,8 +392,12 @@ pub fn parse_ingest_body(
         }),
     };
     match route {
-        IngestRoute::Single => parse_single(bytes, &caller, header_key, limits).map(|m| vec![m]),
-        IngestRoute::Batch => parse_batch(bytes, &caller, limits),
+        IngestRoute::Single => {
+            parse_single(bytes, &caller, header_key, limits).map(|(m, _)| vec![m])
+        }
+        IngestRoute::Batch => {
+            parse_batch(bytes, &caller, limits).map(|v| v.into_iter().map(|(m, _)| m).collect())
+        }
     }
 }
 
@@ -389,7 +457,7 @@ pub async fn create(
     require_json(&headers)?;
     let mut admitted = state.admit_upload(&caller, &headers, state.limits.max_body_bytes)?;
     let bytes = admitted.read(body).await?;
-    let mut msg = parse_single(
+    let (mut msg, checked) = parse_single(
         &bytes,
         &caller,
         header_idempotency_key(&headers)?,
@@ -399,6 +467,7 @@ pub async fn create(
     msg.trace = crate::domain::TraceContext::from_headers(&headers);
     let span = ingest_span(std::slice::from_mut(&mut msg));
     admitted.admit_events(&state, &[(msg.tenant.as_str(), 1)])?;
+    let warnings = check_catalog(&state, std::slice::from_ref(&msg), &[checked], false).await?;
     let described = Addressed::from(&msg);
     let started = Instant::now();
     let result = admitted.enqueue(&state, vec![msg]).await?;
@@ -424,6 +493,7 @@ pub async fn create(
     };
     Ok((
         status,
+        with_warnings(warnings),
         Json(EnqueuedOut {
             event_id,
             hint: no_delivery_hint(&delivery_ids, &described),
@@ -431,6 +501,14 @@ pub async fn create(
         }),
     )
         .into_response())
+}
+
+fn with_warnings(warnings: Vec<HeaderValue>) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for w in warnings {
+        headers.append(axum::http::header::WARNING, w);
+    }
+    headers
 }
 
 /// POST /v1/messages/batch
@@ -478,7 +556,10 @@ pub async fn create_batch(
     }
     let mut admitted = state.admit_upload(&caller, &headers, state.limits.max_batch_body_bytes)?;
     let bytes = admitted.read(body).await?;
-    let mut messages = parse_batch(&bytes, &caller, &state.limits)?;
+    let (mut messages, checked): (Vec<NewMessage>, Vec<bool>) =
+        parse_batch(&bytes, &caller, &state.limits)?
+            .into_iter()
+            .unzip();
     drop(bytes);
     // one request, one trace context: every message of a batch carries it
     let trace = crate::domain::TraceContext::from_headers(&headers);
@@ -495,6 +576,7 @@ pub async fn create_batch(
         }
     }
     admitted.admit_events(&state, &demand)?;
+    let warnings = check_catalog(&state, &messages, &checked, true).await?;
     let described: Vec<Addressed> = messages.iter().map(Addressed::from).collect();
     let started = Instant::now();
     let results = admitted.enqueue(&state, messages).await?;
@@ -523,7 +605,7 @@ pub async fn create_batch(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(out)).into_response())
+    Ok((status, with_warnings(warnings), Json(out)).into_response())
 }
 
 #[derive(Serialize, ToSchema)]

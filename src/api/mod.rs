@@ -7,6 +7,7 @@ pub mod deletions;
 mod deliveries;
 mod endpoints;
 pub mod error;
+mod event_types;
 mod inbound;
 pub mod limits;
 mod listing;
@@ -86,6 +87,8 @@ pub struct AppState {
     pub sources: crate::inbound::cache::SourceCache,
     /// requests to each source by outcome, for the console (`hookd.source_requests`)
     pub source_requests: crate::inbound::tally::RequestTally,
+    /// the event-type schemas this process compiled, for `"validate": true` at enqueue
+    pub schemas: crate::catalog::SchemaCache,
 }
 
 /// Limits on what customers (consumers) and tenants may hold (issue 29).
@@ -164,6 +167,7 @@ impl AppState {
                 shutdown.clone(),
             ),
             sources,
+            schemas: crate::catalog::SchemaCache::default(),
             pool,
             outbox,
             notifier,
@@ -247,6 +251,12 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(sources::get, sources::update, sources::delete))
         .routes(routes!(sources::rotate_secret))
         .routes(routes!(sources::stats))
+        .routes(routes!(event_types::create, event_types::list))
+        .routes(routes!(
+            event_types::get,
+            event_types::update,
+            event_types::delete
+        ))
         .routes(routes!(inbound::receive))
         .routes(routes!(tokens::list))
         .routes(routes!(tokens::revoke))

@@ -56,6 +56,7 @@ pub const METRICS_TOKEN: &str = "metrics_token";
         (name = "operations", description = "Health, readiness, metrics and this document"),
         (name = "tokens", description = "List and revoke the tenant's API tokens"),
         (name = "sources", description = "Receive third-party webhooks (Stripe, GitHub, …) at POST /in/{name}, verified and enqueued like produced events"),
+        (name = "event-types", description = "The event-type catalog: names, descriptions, JSON Schemas and examples customers browse, and producers may be checked against"),
     )
 )]
 pub struct ApiDoc;

@@ -191,6 +191,12 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                     apply::Deletion::SourceDeleted { source_id } => println!(
                         "{kind}/{name} deleted (id {source_id}; its URL answers 401 from now on)"
                     ),
+                    apply::Deletion::EventTypeDeleted {
+                        tenant,
+                        name: event_type,
+                    } => println!(
+                        "{kind}/{name} deleted (event type {event_type} left tenant {tenant}'s catalog)"
+                    ),
                     apply::Deletion::NotFound => {
                         eprintln!("hookd delete: {kind}/{name} not found");
                         missing.push(format!("{kind}/{name}"));

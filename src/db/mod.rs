@@ -6,6 +6,7 @@ pub mod consumers;
 pub mod dead_letters;
 pub mod deliveries;
 pub mod endpoints;
+pub mod event_types;
 pub mod events;
 pub mod retention;
 pub mod secrets;

@@ -304,6 +304,135 @@ pub struct WebhookSourceStatus {
     pub path: Option<String>,
 }
 
+/// `spec.name` of a WebhookEventType: an event type (`domain::validate_event_type`), not
+/// hookd's own (`hookd` or under `hookd.`, in any case).
+pub const EVENT_TYPE_NAME_CEL: &str = r"self.matches('^[A-Za-z0-9_-]+(\\.[A-Za-z0-9_-]+)*$') && !self.matches('^[Hh][Oo][Oo][Kk][Dd]([.].*)?$')";
+pub const EVENT_TYPE_NAME_RULE: &str = "name must be an event type (dot-separated segments of letters, digits, '_' or '-'), not under hookd. (reserved)";
+
+/// An entry of a tenant's event-type catalog (hookd.dev/v1alpha1 WebhookEventType): what
+/// customers see in the portal, and what a producer's message is checked against when it
+/// asks (`"validate": true`). The tenant is the namespace's; the controller keeps one
+/// catalog entry per object, read-only through the API.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "hookd.dev",
+    version = "v1alpha1",
+    kind = "WebhookEventType",
+    namespaced,
+    shortname = "whet",
+    status = "WebhookEventTypeStatus",
+    cel,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Event Type","type":"string","jsonPath":".status.eventType"}"#,
+    printcolumn = r#"{"name":"Deprecated","type":"boolean","jsonPath":".spec.deprecated"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].message","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookEventTypeSpec {
+    /// The event type, e.g. `invoice.paid`. Default: the object's name (object names cannot
+    /// hold '_' or upper case; event types can).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(EVENT_TYPE_NAME_CEL).message(EVENT_TYPE_NAME_RULE))]
+    #[schemars(length(min = 1, max = 128))]
+    pub name: Option<String>,
+
+    /// What the event means, for the customers who subscribe to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1000))]
+    pub description: Option<String>,
+
+    /// A JSON Schema (draft 2020-12 unless its `$schema` says otherwise) that payloads of
+    /// this type match, at most 64 KiB; it must compile, and its `$ref`s must point into it
+    /// without recursion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub schema: Option<serde_json::Value>,
+
+    /// An example payload (any JSON value); it must match the schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_json_value")]
+    pub example: Option<serde_json::Value>,
+
+    /// Still accepted, but new subscriptions should move on (see deprecationNote).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deprecated: bool,
+
+    /// What to use instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1000))]
+    pub deprecation_note: Option<String>,
+}
+
+/// An object whose fields the API server keeps as they are (a JSON Schema).
+fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// Any JSON value, kept as it is (an example payload).
+fn any_json_value(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+impl WebhookEventType {
+    /// The event type it declares: `spec.name`, or the object's name.
+    pub fn event_type(&self) -> String {
+        self.spec
+            .name
+            .clone()
+            .unwrap_or_else(|| kube::ResourceExt::name_any(self))
+    }
+
+    /// What a Kubernetes API server would say of this object (see
+    /// [`WebhookEndpoint::validate_as_api_server`]); `hookd apply` runs it.
+    pub fn validate_as_api_server(&self) -> Result<(), String> {
+        self.validate_cel().map_err(|e| e.to_string())?;
+        schema_bounds(&WebhookEventType::crd(), self)
+    }
+
+    /// The object as the catalog rules judge it, for `tenant` (its namespace's).
+    pub fn declared<'a>(
+        &'a self,
+        namespace: &'a str,
+        tenant: &'a str,
+        name: &'a str,
+    ) -> crate::catalog::Declared<'a> {
+        let s = &self.spec;
+        crate::catalog::Declared {
+            namespace,
+            object: self.metadata.name.as_deref().unwrap_or_default(),
+            tenant,
+            name,
+            fields: crate::catalog::Fields {
+                description: s.description.clone(),
+                schema: s.schema.clone(),
+                // YAML has no bytes to keep: the example as compact JSON
+                example: s.example.as_ref().map(|e| e.to_string()),
+                deprecated: s.deprecated,
+                deprecation_note: s.deprecation_note.clone(),
+            },
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookEventTypeStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// the catalog entry it keeps
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_type: Option<String>,
+}
+
 /// A WebhookDispatcher's name is the `app.kubernetes.io/instance` label value of its
 /// Deployment, selector and pods; label values stop at 63 characters while object names go
 /// to 253, so a longer name would make every apply fail with 422.
@@ -543,6 +672,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         WebhookEndpoint::crd(),
         WebhookDispatcher::crd(),
         WebhookSource::crd(),
+        WebhookEventType::crd(),
     ];
     for crd in &mut crds {
         for version in &mut crd.spec.versions {

@@ -3,7 +3,7 @@
 //! Lease, with health and metrics).
 //!
 //! `run` is the one entry point. Reconcilers live in `endpoint_controller`,
-//! `dispatcher_controller` and `source_controller`, each with `reconcile` + `error_policy`
+//! `dispatcher_controller`, `source_controller` and `event_type_controller`, each with `reconcile` + `error_policy`
 //! and pure functions for the desired state that tests call without a cluster.
 
 pub mod client;
@@ -11,6 +11,7 @@ pub mod conditions;
 pub mod crd;
 pub mod dispatcher_controller;
 pub mod endpoint_controller;
+pub mod event_type_controller;
 mod leader;
 pub mod source_controller;
 pub mod sync;
@@ -42,8 +43,8 @@ use client::with_user_agent;
 
 pub use crd::{
     WebhookDispatcher, WebhookDispatcherSpec, WebhookDispatcherStatus, WebhookEndpoint,
-    WebhookEndpointSpec, WebhookEndpointStatus, WebhookSource, WebhookSourceSpec,
-    WebhookSourceStatus,
+    WebhookEndpointSpec, WebhookEndpointStatus, WebhookEventType, WebhookEventTypeSpec,
+    WebhookEventTypeStatus, WebhookSource, WebhookSourceSpec, WebhookSourceStatus,
 };
 
 /// Every CRD hookd defines, as one multi-document YAML stream (`hookd crd`, `crds/`).
@@ -111,6 +112,19 @@ pub const REQUIRED_ACCESS: &[Access] = &[
     Access {
         group: "hookd.dev",
         resource: "webhooksources/status",
+        verbs: &["patch"],
+        cluster_wide: true,
+    },
+    // the WebhookEventType watch, its finalizer and status, like WebhookSource's
+    Access {
+        group: "hookd.dev",
+        resource: "webhookeventtypes",
+        verbs: &["list", "watch", "patch"],
+        cluster_wide: true,
+    },
+    Access {
+        group: "hookd.dev",
+        resource: "webhookeventtypes/status",
         verbs: &["patch"],
         cluster_wide: true,
     },
@@ -527,7 +541,7 @@ enum WatchState {
 }
 
 /// The watches of a leadership term, by the resource they watch.
-const WATCHES: [&str; 6] = [
+const WATCHES: [&str; 7] = [
     "webhookendpoints.hookd.dev",
     "secrets",
     "webhookdispatchers.hookd.dev",
@@ -535,6 +549,7 @@ const WATCHES: [&str; 6] = [
     "webhooksources.hookd.dev",
     // the source controller's own metadata watch of Secrets
     "secrets (for webhooksources)",
+    "webhookeventtypes.hookd.dev",
 ];
 
 /// Liveness and readiness of this replica: ready while standing by, or while leading with
@@ -886,6 +901,13 @@ async fn run_controllers(
         health.clone(),
         token.clone(),
     );
+    let event_types = event_type_controller_stream(
+        client.clone(),
+        watch_namespace.as_deref(),
+        ctx.clone(),
+        health.clone(),
+        token.clone(),
+    );
     let dispatchers =
         dispatcher_controller_stream(client, &install_namespace, ctx, health.clone(), token);
     tracing::info!(
@@ -893,7 +915,7 @@ async fn run_controllers(
         dispatcher_namespace = %install_namespace,
         "controllers running"
     );
-    tokio::join!(endpoints, dispatchers, sources);
+    tokio::join!(endpoints, dispatchers, sources, event_types);
     health.end_term();
 }
 
@@ -1007,6 +1029,37 @@ fn source_controller_stream(
         .for_each(|r| async move {
             if let Err(e) = r {
                 tracing::debug!(error = %e, "webhooksource controller");
+            }
+        })
+}
+
+fn event_type_controller_stream(
+    client: Client,
+    namespace: Option<&str>,
+    ctx: Arc<Context>,
+    health: Arc<Health>,
+    token: CancellationToken,
+) -> impl std::future::Future<Output = ()> {
+    let event_types: Api<WebhookEventType> = watched(client, namespace);
+    let (reader, writer) = reflector::store();
+    let objects = watcher(event_types, watcher::Config::default())
+        .default_backoff()
+        .inspect(move |item| health.observe(WATCHES[6], item))
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(spec_or_finalizers, Default::default());
+    let config = kube::runtime::controller::Config::default().concurrency(ctx.settings.concurrency);
+    Controller::for_stream(objects, reader)
+        .with_config(config)
+        .graceful_shutdown_on(token.cancelled_owned())
+        .run(
+            event_type_controller::reconcile,
+            event_type_controller::error_policy,
+            ctx,
+        )
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "webhookeventtype controller");
             }
         })
 }

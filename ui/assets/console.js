@@ -153,6 +153,7 @@ function chrome() {
     link("/ui/endpoints", "Endpoints"),
     who.consumer ? null : link("/ui/consumers", "Consumers"),
     who.consumer || !can("manage") ? null : link("/ui/sources", "Sources"),
+    can("read") ? link("/ui/event-types", "Event types") : null,
   );
   put(
     document.getElementById("who"),
@@ -197,6 +198,7 @@ async function route() {
   if ((m = path.match(/^\/ui\/endpoints\/([^/]+)$/))) return endpointPage(decodeURIComponent(m[1]));
   if (path === "/ui/consumers") return consumersPage();
   if (path === "/ui/sources") return sourcesPage();
+  if (path === "/ui/event-types") return eventTypesPage();
   if ((m = path.match(/^\/ui\/sources\/([^/]+)$/))) return sourcePage(decodeURIComponent(m[1]));
   show(h("h1", {}, "Not found"), h("p", {}, "There is no console page at this address."), h("a", { href: "/ui" }, "Messages"));
 }
@@ -771,6 +773,57 @@ async function sourcesPage() {
     ),
   );
   put(list, table(["Name", "Provider", "URL", "Consumer", "Managed by"], rows, "Sources"), pager(page.nextCursor));
+}
+
+/** The tenant's event-type catalog, read-only: each type with its description, deprecation,
+ *  owner, and its example and schema behind a disclosure. Changes go through the API or a
+ *  WebhookEventType object. */
+async function eventTypesPage() {
+  const q = new URLSearchParams(location.search);
+  const list = h("div", {}, h("p", { class: "muted" }, "Loading…"));
+  show(
+    h("h1", {}, "Event types"),
+    h(
+      "p",
+      { class: "muted" },
+      "The catalog customers pick from in the portal, and that a message sent with \"validate\": true is checked against. Declared with POST /v1/event-types or a WebhookEventType object.",
+    ),
+    list,
+  );
+  const params = new URLSearchParams({ limit: String(PAGE), includeDeprecated: "true" });
+  if (q.get("cursor")) params.set("cursor", q.get("cursor"));
+  let page;
+  try {
+    page = await api("GET", "/v1/event-types?" + params);
+  } catch (e) {
+    return put(list, errorBox(e, "Could not list event types"));
+  }
+  if (!page.items.length) return put(list, h("p", { class: "muted" }, "No event types yet."), pager(null));
+  const rows = page.items.map((t) =>
+    h(
+      "tr",
+      { class: "event-type", "data-type": t.name },
+      h("td", { class: "mono" }, t.name, t.deprecated ? [" ", badge("deprecated")] : null),
+      h(
+        "td",
+        {},
+        t.description ?? "—",
+        t.deprecated && t.deprecationNote ? h("p", { class: "muted" }, t.deprecationNote) : null,
+        t.example != null || t.schema != null
+          ? h(
+              "details",
+              {},
+              h("summary", {}, "Example and schema"),
+              t.example != null ? h("pre", { class: "mono example" }, JSON.stringify(t.example, null, 2)) : null,
+              t.schema != null ? h("pre", { class: "mono schema" }, JSON.stringify(t.schema, null, 2)) : null,
+            )
+          : null,
+      ),
+      h("td", {}, t.schema != null ? "yes" : "no"),
+      h("td", {}, t.managedBy),
+    ),
+  );
+  put(list, table(["Name", "Description", "Schema", "Managed by"], rows, "Event types"), pager(page.nextCursor));
 }
 
 const OUTCOME_TEXT = {

@@ -178,6 +178,7 @@ function addForm() {
     h("h2", {}, "Add an endpoint"),
     url.el,
     types.el,
+    catalogPicker(types.input, "new"),
     desc.el,
     h("button", { type: "submit" }, "Add endpoint"),
     status,
@@ -340,6 +341,7 @@ function editTypes(ep, card) {
         },
       },
       types.el,
+      catalogPicker(types.input, ep.id),
       h("button", { type: "submit" }, "Save"),
       h("button", { type: "button", class: "link", on: { click: () => put(slot) } }, "Cancel"),
     ),
@@ -470,6 +472,79 @@ async function deliveryDetail(id, cell, refresh) {
       : null,
     status,
   );
+}
+
+// ---- the event-type catalog ----
+
+let catalog = null;
+
+/** The tenant's event types (GET /v1/event-types, deprecated ones too), read once per page:
+ *  what the pickers offer. An API without a catalog, or an empty one, offers nothing. */
+async function loadCatalog() {
+  if (!catalog) {
+    catalog = api("GET", "/v1/event-types?limit=1000&includeDeprecated=true")
+      .then((page) => page.items)
+      .catch(() => []);
+  }
+  return catalog;
+}
+
+/** Checkboxes for the catalog's types beside a free-text event-types input, kept in step
+ *  with it both ways: checking one adds its name to the text, typing a name checks it.
+ *  Patterns (`invoice.*`) and types not in the catalog stay typed text. Each type shows its
+ *  description, and its example and schema behind a disclosure. */
+function catalogPicker(input, key) {
+  const box = h("fieldset", { class: "catalog", id: "catalog-" + key, hidden: true });
+  const boxes = [];
+  const sync = () => {
+    const typed = new Set(parseTypes(input.value));
+    for (const cb of boxes) cb.checked = typed.has(cb.value);
+  };
+  input.addEventListener("input", sync);
+  loadCatalog().then((types) => {
+    if (!types.length) return;
+    const items = types.map((t, i) => {
+      const id = `catalog-${key}-${i}`;
+      const cb = h("input", {
+        type: "checkbox",
+        id,
+        value: t.name,
+        on: {
+          change: () => {
+            const typed = parseTypes(input.value).filter((n) => n !== t.name);
+            if (cb.checked) typed.push(t.name);
+            input.value = typed.join(", ");
+          },
+        },
+      });
+      boxes.push(cb);
+      const details =
+        t.example != null || t.schema != null
+          ? h(
+              "details",
+              {},
+              h("summary", {}, "Example and schema"),
+              t.example != null ? [h("h5", {}, "Example"), h("pre", { class: "mono example" }, JSON.stringify(t.example, null, 2))] : null,
+              t.schema != null ? [h("h5", {}, "Schema"), h("pre", { class: "mono schema" }, JSON.stringify(t.schema, null, 2))] : null,
+            )
+          : null;
+      return h(
+        "div",
+        { class: "catalog-type", "data-type": t.name },
+        cb,
+        " ",
+        h("label", { for: id, class: "mono" }, t.name),
+        t.deprecated ? [" ", badge("deprecated")] : null,
+        t.description ? h("p", { class: "muted" }, t.description) : null,
+        t.deprecated && t.deprecationNote ? h("p", { class: "muted deprecation" }, t.deprecationNote) : null,
+        details,
+      );
+    });
+    put(box, h("legend", {}, "Pick from the event types on offer"), items);
+    box.hidden = false;
+    sync();
+  });
+  return box;
 }
 
 // A link with a fresh `#code=` (or `#token=`) opened in this tab, or an embedding page that changes

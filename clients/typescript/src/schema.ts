@@ -439,6 +439,52 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/event-types": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The tenant's event-type catalog, by name (scope: read; consumer tokens too) */
+        get: operations["listEventTypes"];
+        put?: never;
+        /**
+         * Declare an event type (scope: manage)
+         * @description At most 1000 types per tenant. A schema is compiled here: one that does not compile answers 422 invalid_schema naming the problem, and an example must match it.
+         */
+        post: operations["createEventType"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/event-types/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One event type, with its schema and example (scope: read; consumer tokens too) */
+        get: operations["getEventType"];
+        put?: never;
+        post?: never;
+        /**
+         * Remove an event type from the catalog (scope: manage)
+         * @description Events of the type, and endpoints subscribed to it, stay; a message sent with validate is refused (422 unknown_event_type) from then on.
+         */
+        delete: operations["deleteEventType"];
+        options?: never;
+        head?: never;
+        /**
+         * Change an event type (scope: manage)
+         * @description Checked as a whole after the change (an example kept must match a new schema). The next message sent with validate is checked against what is written, in every API process.
+         */
+        patch: operations["updateEventType"];
+        trace?: never;
+    };
     "/v1/messages": {
         parameters: {
             query?: never;
@@ -1099,7 +1145,7 @@ export interface components {
          *     codes; none is renamed or removed.
          * @enum {string}
          */
-        ErrorCode: "auth_unavailable" | "batch_too_large" | "body_too_large" | "commit_outcome_unknown" | "consumer_deleted" | "consumer_endpoint_limit" | "consumer_mismatch" | "consumer_rate_limited" | "consumer_read_rate_limited" | "consumer_requests_busy" | "consumer_token" | "database_unavailable" | "delivery_leased" | "duplicate_authorization" | "empty_batch" | "encryption_unavailable" | "endpoint_disabled" | "filter_not_served" | "headers_too_large" | "inbound_not_json" | "inbound_unauthorized" | "idempotency_key_conflict" | "idempotency_key_header_on_batch" | "idempotency_key_in_use" | "idempotency_key_mismatch" | "ingest_busy" | "insufficient_scope" | "internal" | "invalid_consumer" | "invalid_content_length" | "invalid_credential" | "invalid_cursor" | "invalid_event_type" | "invalid_field" | "invalid_id" | "invalid_idempotency_key" | "invalid_limit" | "invalid_query" | "invalid_status" | "invalid_tenant" | "invalid_test_event_type" | "malformed_json" | "managed_by_kubernetes" | "method_not_allowed" | "missing_field" | "not_a_session" | "not_found" | "payload_too_large" | "rate_limited" | "request_timeout" | "reserved_event_type" | "session_needs_token" | "shutting_down" | "sign_in_code_invalid" | "source_exists" | "tenant_endpoint_limit" | "tenant_ingest_busy" | "tenant_mismatch" | "tenant_source_limit" | "unauthenticated" | "unsupported_media_type" | "uri_too_long" | "weak_secret" | "write_conflict";
+        ErrorCode: "auth_unavailable" | "batch_too_large" | "body_too_large" | "commit_outcome_unknown" | "consumer_deleted" | "consumer_endpoint_limit" | "consumer_mismatch" | "consumer_rate_limited" | "consumer_read_rate_limited" | "consumer_requests_busy" | "consumer_token" | "database_unavailable" | "delivery_leased" | "duplicate_authorization" | "empty_batch" | "encryption_unavailable" | "endpoint_disabled" | "event_type_exists" | "filter_not_served" | "headers_too_large" | "inbound_not_json" | "inbound_unauthorized" | "idempotency_key_conflict" | "idempotency_key_header_on_batch" | "idempotency_key_in_use" | "idempotency_key_mismatch" | "ingest_busy" | "insufficient_scope" | "internal" | "invalid_consumer" | "invalid_content_length" | "invalid_credential" | "invalid_cursor" | "invalid_event_type" | "invalid_field" | "invalid_id" | "invalid_idempotency_key" | "invalid_limit" | "invalid_query" | "invalid_schema" | "invalid_status" | "invalid_tenant" | "invalid_test_event_type" | "malformed_json" | "managed_by_kubernetes" | "method_not_allowed" | "missing_field" | "not_a_session" | "not_found" | "payload_too_large" | "rate_limited" | "request_timeout" | "reserved_event_type" | "schema_violation" | "session_needs_token" | "shutting_down" | "sign_in_code_invalid" | "source_exists" | "tenant_endpoint_limit" | "tenant_event_type_limit" | "tenant_ingest_busy" | "tenant_mismatch" | "tenant_source_limit" | "unauthenticated" | "unknown_event_type" | "unsupported_media_type" | "uri_too_long" | "weak_secret" | "write_conflict";
         ErrorDetail: {
             /**
              * @description Stable and machine-readable: one of the codes of the `ErrorCode` schema. A string
@@ -1109,6 +1155,75 @@ export interface components {
             code: string;
             /** @description for humans; wording may change */
             message: string;
+        };
+        /** @description A new event type. Unknown fields are refused (422). */
+        EventTypeIn: {
+            /** @description an event type (`invoice.paid`), not under `hookd.` (reserved) */
+            name: string;
+            /** @description required with authentication off; otherwise the credential's tenant */
+            tenant?: string | null;
+            /** @description at most 1000 characters */
+            description?: string | null;
+            /**
+             * @description a JSON Schema object (draft 2020-12 unless its `$schema` says otherwise), at most
+             *     64 KiB; it must compile, and its `$ref`s must point into itself without recursion
+             */
+            schema?: Record<string, unknown> | null;
+            /** @description an example payload (kept byte for byte, at most 64 KiB); it must match the schema */
+            example?: Record<string, unknown> | null;
+            deprecated?: boolean | null;
+            /** @description what to use instead; at most 1000 characters */
+            deprecationNote?: string | null;
+        };
+        /** @description An event type as the API shows it. */
+        EventTypeOut: {
+            /** @description e.g. `invoice.paid` */
+            name: string;
+            /** @description null for hookd's own (reserved) types */
+            tenant?: string | null;
+            description?: string | null;
+            /**
+             * @description the JSON Schema a payload of this type matches (when the producer asks for the
+             *     check, `"validate": true`)
+             */
+            schema?: Record<string, unknown> | null;
+            /** @description an example payload, exactly as it was declared */
+            example?: Record<string, unknown> | null;
+            /** @description still accepted; new subscriptions should move on (see deprecationNote) */
+            deprecated: boolean;
+            deprecationNote?: string | null;
+            /**
+             * @description `api`, `kubernetes` (declared by a WebhookEventType object, read-only here: 409
+             *     `managed_by_kubernetes`) or `hookd` (hookd's own operational events, read-only)
+             */
+            managedBy: string;
+            /**
+             * Format: date-time
+             * @description null for hookd's own types
+             */
+            createdAt?: string | null;
+            /** Format: date-time */
+            updatedAt?: string | null;
+        };
+        EventTypePage: {
+            /**
+             * @description in name order; a tenant credential also sees hookd's own operational types
+             *     (`hookd.endpoint.*`, managedBy `hookd`)
+             */
+            items: components["schemas"]["EventTypeOut"][];
+            nextCursor?: string | null;
+        };
+        /** @description A change; absent fields stay as they are. The name stays: a new name is a new type. */
+        EventTypePatchIn: {
+            /** @description `null` clears it */
+            description?: string | null;
+            /** @description `null` removes the schema (payloads are then not checked, only the type's existence) */
+            schema?: Record<string, unknown> | null;
+            /** @description `null` clears it */
+            example?: Record<string, unknown> | null;
+            deprecated?: boolean | null;
+            /** @description `null` clears it */
+            deprecationNote?: string | null;
         };
         /** @description The generic scheme as the API and a WebhookSource spell it. */
         HmacSpec: {
@@ -1181,6 +1296,14 @@ export interface components {
              *     consumer. An unknown consumer reaches nobody (201 with no deliveries).
              */
             consumer?: string | null;
+            /**
+             * @description Check the message against the tenant's event-type catalog (`/v1/event-types`)
+             *     before anything is written: its type must be declared (else 422
+             *     `unknown_event_type`) and, when the type has a schema, the payload must match it
+             *     (else 422 `schema_violation`, naming the path that failed). A deprecated type is
+             *     taken, with a `Warning` header. Default false.
+             */
+            validate?: boolean | null;
         };
         /** @description An event as stored, with each of its deliveries. */
         MessageOut: {
@@ -2629,6 +2752,197 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["TestEventOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            414: components["responses"]["UriTooLong"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Unprocessable"];
+            429: components["responses"]["TooManyRequests"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    listEventTypes: {
+        parameters: {
+            query?: {
+                /** @description With authentication off: only this tenant's */
+                tenant?: string;
+                /** @description also deprecated types (default false) */
+                includeDeprecated?: boolean;
+                /** @description page size, 1 to 1000 (default 100) */
+                limit?: number;
+                /** @description `nextCursor` of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of event types */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EventTypePage"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            422: components["responses"]["Unprocessable"];
+            429: components["responses"]["TooManyRequests"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    createEventType: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["EventTypeIn"];
+            };
+        };
+        responses: {
+            /** @description Created */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EventTypeOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            414: components["responses"]["UriTooLong"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Unprocessable"];
+            429: components["responses"]["TooManyRequests"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    getEventType: {
+        parameters: {
+            query?: {
+                /** @description With authentication off: whose type (required then) */
+                tenant?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The event type */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The event type */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EventTypeOut"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            422: components["responses"]["Unprocessable"];
+            429: components["responses"]["TooManyRequests"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    deleteEventType: {
+        parameters: {
+            query?: {
+                /** @description With authentication off: whose type (required then) */
+                tenant?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The event type */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            409: components["responses"]["Conflict"];
+            414: components["responses"]["UriTooLong"];
+            422: components["responses"]["Unprocessable"];
+            429: components["responses"]["TooManyRequests"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    updateEventType: {
+        parameters: {
+            query?: {
+                /** @description With authentication off: whose type (required then) */
+                tenant?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The event type */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["EventTypePatchIn"];
+            };
+        };
+        responses: {
+            /** @description The event type as changed */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EventTypeOut"];
                 };
             };
             400: components["responses"]["BadRequest"];
