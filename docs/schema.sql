@@ -553,6 +553,20 @@ $$;
 
 
 --
+-- Name: event_type_new_version(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.event_type_new_version() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.version := nextval('hookd.event_type_versions');
+    RETURN NEW;
+END
+$$;
+
+
+--
 -- Name: history_cascade_endpoints(); Type: FUNCTION; Schema: hookd; Owner: -
 --
 
@@ -2259,6 +2273,13 @@ CREATE TRIGGER endpoints_subscriptions_ins AFTER INSERT ON hookd.endpoints FOR E
 --
 
 CREATE TRIGGER endpoints_subscriptions_upd AFTER UPDATE OF event_types, state, removed_at ON hookd.endpoints FOR EACH ROW WHEN (((old.event_types IS DISTINCT FROM new.event_types) OR ((old.state = 'disabled'::text) IS DISTINCT FROM (new.state = 'disabled'::text)) OR (old.removed_at IS DISTINCT FROM new.removed_at))) EXECUTE FUNCTION hookd.sync_subscriptions();
+
+
+--
+-- Name: event_types event_types_version; Type: TRIGGER; Schema: hookd; Owner: -
+--
+
+CREATE TRIGGER event_types_version BEFORE UPDATE ON hookd.event_types FOR EACH ROW EXECUTE FUNCTION hookd.event_type_new_version();
 
 
 --

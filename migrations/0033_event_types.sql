@@ -47,3 +47,17 @@ CREATE TABLE hookd.event_types (
 
 CREATE UNIQUE INDEX event_types_k8s_object_key ON hookd.event_types (k8s_namespace, k8s_name)
     WHERE managed_by = 'kubernetes';
+
+-- Any write moves the version, whichever door makes it (an operator's UPDATE too): API
+-- processes keep compiled schemas by version, and a write that left it as it was would be
+-- served stale until they restart.
+CREATE FUNCTION hookd.event_type_new_version() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.version := nextval('hookd.event_type_versions');
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER event_types_version BEFORE UPDATE ON hookd.event_types
+    FOR EACH ROW EXECUTE FUNCTION hookd.event_type_new_version();

@@ -883,7 +883,7 @@ fi
 # --- g. uninstall as the README says --------------------------------------------------
 
 uninstall_ok=1
-kubectl delete webhookendpoints,webhooksources --all -A --wait --timeout=120s >"$WORK/uninstall.log" 2>&1 || uninstall_ok=0
+kubectl delete webhookendpoints,webhooksources,webhookeventtypes --all -A --wait --timeout=120s >"$WORK/uninstall.log" 2>&1 || uninstall_ok=0
 # The base lists ../../crds, so `kubectl delete -k manifests/...` deletes the CRDs first
 # (kustomize puts them first) and then cannot find the type of the WebhookDispatcher it
 # lists (NotFound, exit 1), and `kubectl delete -k crds/` finds nothing left (NotFound,

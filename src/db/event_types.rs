@@ -193,7 +193,8 @@ pub async fn get_for_update(
     )
 }
 
-/// Applies `p` to the API's event type `name` of `tenant`, with a new version.
+/// Applies `p` to the API's event type `name` of `tenant` (a new version: the trigger
+/// `event_types_version`, migration 0033, for every write).
 pub async fn patch(
     conn: &mut PgConnection,
     tenant: &str,
@@ -208,7 +209,6 @@ pub async fn patch(
             example = CASE WHEN $7 THEN $8 ELSE example END,
             deprecated = coalesce($9, deprecated),
             deprecation_note = CASE WHEN $10 THEN $11 ELSE deprecation_note END,
-            version = nextval('hookd.event_type_versions'),
             updated_at = now()
          WHERE tenant = $1 AND name = $2 AND managed_by = 'api'
          RETURNING {COLUMNS}"
@@ -316,8 +316,7 @@ pub async fn write_declared(
     // every API process's compiled schema
     let changed = sqlx::query(
         "UPDATE hookd.event_types SET description = $3, schema = $4, example = $5,
-                deprecated = $6, deprecation_note = $7,
-                version = nextval('hookd.event_type_versions'), updated_at = now()
+                deprecated = $6, deprecation_note = $7, updated_at = now()
          WHERE tenant = $1 AND name = $2
            AND (description, schema, example, deprecated, deprecation_note)
                IS DISTINCT FROM ($3, $4, $5, $6, $7)",
