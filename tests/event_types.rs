@@ -686,6 +686,17 @@ async fn a_schema_is_compiled_once_per_version_not_per_message(pool: PgPool) {
         (2, 1),
         "the new version replaced the old"
     );
+    // an operator's own UPDATE moves the version too (the trigger of migration 0033): the
+    // kept schema is not served stale
+    sqlx::query(
+        r#"UPDATE hookd.event_types SET schema = '{"type": "object", "required": ["id"]}'
+           WHERE name = 'a.b'"#,
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    check(&pool, &cache, &[ok("a.b")]).await.unwrap();
+    assert_eq!(cache.compiles(), 3);
 }
 
 struct YamlFile(std::path::PathBuf);
