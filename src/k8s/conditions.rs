@@ -105,3 +105,11 @@ mod tests {
         );
     }
 }
+
+/// Why a declared object's row is not (or no longer) what it declares: the `Ready=False`
+/// condition's reason and message (the source and event-type controllers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: &'static str,
+    pub message: String,
+}

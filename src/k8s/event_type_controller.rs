@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
-use super::conditions::{condition, to_time};
+use super::conditions::{Refusal, condition, to_time};
 use super::crd::{WebhookEventType, WebhookEventTypeStatus};
 use super::{Context, Error, ObjectEvent};
 use crate::catalog::{self, CatalogError};
@@ -52,13 +52,6 @@ pub fn error_policy(et: Arc<WebhookEventType>, err: &Error, ctx: Arc<Context>) -
         &et.name_any(),
         err,
     )
-}
-
-/// Why an object's entry is not (or no longer) what it declares.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub reason: &'static str,
-    pub message: String,
 }
 
 async fn apply(et: &WebhookEventType, ctx: &Context) -> Result<Action, Error> {

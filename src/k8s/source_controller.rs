@@ -23,7 +23,7 @@ use kube::api::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::conditions::{condition, to_time};
+use super::conditions::{Refusal, condition, to_time};
 use super::crd::{WebhookSource, WebhookSourceStatus};
 use super::sync::{self, SecretProblem};
 use super::{Context, Error, ObjectEvent};
@@ -61,13 +61,6 @@ pub fn error_policy(src: Arc<WebhookSource>, err: &Error, ctx: Arc<Context>) -> 
         &src.name_any(),
         err,
     )
-}
-
-/// Why an object's source is not (or no longer) what it declares.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub reason: &'static str,
-    pub message: String,
 }
 
 async fn apply(src: &WebhookSource, ctx: &Context) -> Result<Action, Error> {
