@@ -1074,3 +1074,40 @@ async fn an_operator_reads_the_catalog_in_the_console(pool: PgPool) {
     b.screenshot("console-event-types").await;
     b.quit().await;
 }
+
+/// The README's catalog block, run as written with `API` and `TOKEN` set as the guide sets
+/// them: the type is declared, the two refusals and the taken message answer as shown, and
+/// the catalog lists it.
+#[sqlx::test]
+async fn the_readmes_catalog_block_works_as_written(pool: PgPool) {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let marker = "<!-- tested: tests/event_types.rs runs this block as written -->\n```sh\n";
+    let start = readme.find(marker).expect("the README has the block") + marker.len();
+    let block = &readme[start..start + readme[start..].find("```").unwrap()];
+    let api = TestApi::start(&pool).await;
+    let token = api.token_for("default").await;
+    let out = tokio::process::Command::new("bash")
+        .args(["-e", "-c", block])
+        .env("API", &api.base)
+        .env("TOKEN", &token)
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for shown in [
+        r#""name":"invoice.paid""#,
+        r#"{"error":{"code":"schema_violation","message":"payload/amount: \"42.00\" is not of type \"integer\"; nothing was written"}}"#,
+        r#""code":"unknown_event_type""#,
+        r#""eventId":"#,
+        r#""managedBy":"hookd""#,
+    ] {
+        assert!(stdout.contains(shown), "{shown} not in:\n{stdout}");
+    }
+    assert_eq!(
+        events(&pool).await,
+        1,
+        "only the matching message was written"
+    );
+}
