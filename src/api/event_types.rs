@@ -44,7 +44,7 @@ pub struct EventTypeOut {
     #[schema(value_type = Option<Object>)]
     schema: Option<serde_json::Value>,
     /// an example payload, exactly as it was declared
-    #[schema(value_type = Option<Object>)]
+    #[schema(schema_with = super::openapi::any_json_or_null)]
     example: Option<Box<RawValue>>,
     /// still accepted; new subscriptions should move on (see deprecationNote)
     deprecated: bool,
@@ -104,7 +104,7 @@ pub struct EventTypeIn {
     #[schema(value_type = Option<Object>)]
     schema: Option<serde_json::Value>,
     /// an example payload (kept byte for byte, at most 64 KiB); it must match the schema
-    #[schema(value_type = Option<Object>)]
+    #[schema(schema_with = super::openapi::any_json_or_null)]
     example: Option<Box<RawValue>>,
     deprecated: Option<bool>,
     /// what to use instead; at most 1000 characters
@@ -325,7 +325,7 @@ pub struct EventTypePatchIn {
     schema: Option<Option<serde_json::Value>>,
     /// `null` clears it
     #[serde(default, deserialize_with = "nullable")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(schema_with = super::openapi::any_json_or_null)]
     example: Option<Option<Box<RawValue>>>,
     #[serde(default, deserialize_with = "nullable")]
     #[schema(value_type = Option<bool>)]

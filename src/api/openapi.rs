@@ -100,6 +100,23 @@ impl Modify for BearerScheme {
     }
 }
 
+/// Schema of an event type's example: any JSON value, `null` for none (kept byte for byte).
+pub fn any_json_or_null() -> utoipa::openapi::schema::Object {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::Array(vec![
+            Type::Object,
+            Type::Array,
+            Type::String,
+            Type::Number,
+            Type::Boolean,
+            Type::Null,
+        ]))
+        .description(Some(
+            "Any JSON value, kept byte for byte (key order, whitespace, big numbers); null for none",
+        ))
+        .build()
+}
+
 /// Schema of a payload: any JSON value except null (stored and sent byte for byte).
 pub fn any_json_but_null() -> utoipa::openapi::schema::Object {
     ObjectBuilder::new()

@@ -1169,8 +1169,8 @@ export interface components {
              *     64 KiB; it must compile, and its `$ref`s must point into itself without recursion
              */
             schema?: Record<string, unknown> | null;
-            /** @description an example payload (kept byte for byte, at most 64 KiB); it must match the schema */
-            example?: Record<string, unknown> | null;
+            /** @description Any JSON value, kept byte for byte (key order, whitespace, big numbers); null for none */
+            example?: Record<string, unknown> | unknown[] | string | number | boolean | null;
             deprecated?: boolean | null;
             /** @description what to use instead; at most 1000 characters */
             deprecationNote?: string | null;
@@ -1187,8 +1187,8 @@ export interface components {
              *     check, `"validate": true`)
              */
             schema?: Record<string, unknown> | null;
-            /** @description an example payload, exactly as it was declared */
-            example?: Record<string, unknown> | null;
+            /** @description Any JSON value, kept byte for byte (key order, whitespace, big numbers); null for none */
+            example?: Record<string, unknown> | unknown[] | string | number | boolean | null;
             /** @description still accepted; new subscriptions should move on (see deprecationNote) */
             deprecated: boolean;
             deprecationNote?: string | null;
@@ -1219,8 +1219,8 @@ export interface components {
             description?: string | null;
             /** @description `null` removes the schema (payloads are then not checked, only the type's existence) */
             schema?: Record<string, unknown> | null;
-            /** @description `null` clears it */
-            example?: Record<string, unknown> | null;
+            /** @description Any JSON value, kept byte for byte (key order, whitespace, big numbers); null for none */
+            example?: Record<string, unknown> | unknown[] | string | number | boolean | null;
             deprecated?: boolean | null;
             /** @description `null` clears it */
             deprecationNote?: string | null;
