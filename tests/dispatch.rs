@@ -48,18 +48,6 @@ async fn enqueue_sql(pool: &PgPool, tenant: &str, n: i32) -> Vec<Uuid> {
     .unwrap()
 }
 
-fn claim_req(worker_id: Uuid, limit: i64, now: Option<DateTime<Utc>>) -> ClaimRequest {
-    ClaimRequest {
-        worker_id,
-        limit,
-        lease_secs: 30.0,
-        per_endpoint_cap: 1000,
-        busy: Vec::new(),
-        now,
-        default_max_attempts: 8,
-    }
-}
-
 fn outcome(c: &ClaimedDelivery, status: &'static str) -> Completion {
     Completion {
         delivery_id: c.id,

@@ -354,7 +354,7 @@ async fn the_readmes_rate_limit_block_works_as_written(pool: PgPool) {
 /// stand in for the two replicas' order.
 #[sqlx::test]
 async fn a_claim_behind_the_buckets_clock_does_not_refill_it_twice(pool: PgPool) {
-    use hookd::db::deliveries::{ClaimRequest, claim};
+    use hookd::db::deliveries::claim;
     init();
     let id = endpoint(
         &pool,
@@ -374,14 +374,12 @@ async fn a_claim_behind_the_buckets_clock_does_not_refill_it_twice(pool: PgPool)
         .await
         .unwrap();
     let base = chrono::Utc::now() + chrono::Duration::seconds(10);
-    let at = |ms: i64, limit: i64| ClaimRequest {
-        worker_id: uuid::Uuid::now_v7(),
-        limit,
-        lease_secs: 30.0,
-        per_endpoint_cap: 1000,
-        busy: Vec::new(),
-        now: Some(base + chrono::Duration::milliseconds(ms)),
-        default_max_attempts: 8,
+    let at = |ms: i64, limit: i64| {
+        claim_req(
+            uuid::Uuid::now_v7(),
+            limit,
+            Some(base + chrono::Duration::milliseconds(ms)),
+        )
     };
     assert_eq!(claim(&pool, &at(1000, 3)).await.unwrap().len(), 3);
     // behind by a second: 7 tokens left, takes 3 (4 left), the bucket's time stays
@@ -398,7 +396,7 @@ async fn a_claim_behind_the_buckets_clock_does_not_refill_it_twice(pool: PgPool)
 /// holding a limited endpoint's entry for 5 s stalled every dispatcher for every tenant.
 #[sqlx::test]
 async fn a_claim_passes_over_a_limited_endpoint_someone_holds(pool: PgPool) {
-    use hookd::db::deliveries::{ClaimRequest, claim};
+    use hookd::db::deliveries::claim;
     init();
     let limited = endpoint(
         &pool,
@@ -429,15 +427,7 @@ async fn a_claim_passes_over_a_limited_endpoint_someone_holds(pool: PgPool) {
     .execute(&pool)
     .await
     .unwrap();
-    let req = || ClaimRequest {
-        worker_id: uuid::Uuid::now_v7(),
-        limit: 100,
-        lease_secs: 30.0,
-        per_endpoint_cap: 1000,
-        busy: Vec::new(),
-        now: None,
-        default_max_attempts: 8,
-    };
+    let req = || claim_req(uuid::Uuid::now_v7(), 100, None);
     // the first claim takes the limited endpoint's one token: its bucket is empty, so the
     // claim also moves its queue entry's hold
     for (what, lock) in [
@@ -488,7 +478,7 @@ async fn a_claim_passes_over_a_limited_endpoint_someone_holds(pool: PgPool) {
 /// customer cannot refill it at will. A changed limit starts full.
 #[sqlx::test]
 async fn the_same_limit_sent_again_keeps_the_bucket(pool: PgPool) {
-    use hookd::db::deliveries::{ClaimRequest, claim};
+    use hookd::db::deliveries::claim;
     init();
     let api = TestApi::start(&pool).await;
     let token = api.token_for(TENANT).await;
@@ -507,15 +497,7 @@ async fn the_same_limit_sent_again_keeps_the_bucket(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-    let req = || ClaimRequest {
-        worker_id: uuid::Uuid::now_v7(),
-        limit: 100,
-        lease_secs: 30.0,
-        per_endpoint_cap: 1000,
-        busy: Vec::new(),
-        now: None,
-        default_max_attempts: 8,
-    };
+    let req = || claim_req(uuid::Uuid::now_v7(), 100, None);
     let claimed = |pool: PgPool| async move {
         hookd::db::deliveries::fold_wakeups(&pool).await.unwrap();
         // the hold aside: only the bucket decides

@@ -679,3 +679,21 @@ pub fn stripe_signature(secret: &str, t: i64, body: &str) -> String {
         hmac_hex(secret.as_bytes(), format!("{t}.{body}").as_bytes())
     )
 }
+
+/// A claim of up to `limit` rows by `worker_id` at `now` (None: the database's clock), with
+/// a 30 s lease and no per-endpoint cap that matters (1000).
+pub fn claim_req(
+    worker_id: Uuid,
+    limit: i64,
+    now: Option<chrono::DateTime<chrono::Utc>>,
+) -> hookd::db::deliveries::ClaimRequest {
+    hookd::db::deliveries::ClaimRequest {
+        worker_id,
+        limit,
+        lease_secs: 30.0,
+        per_endpoint_cap: 1000,
+        busy: Vec::new(),
+        now,
+        default_max_attempts: 8,
+    }
+}
