@@ -41,11 +41,15 @@ BEGIN
   SELECT array_agg(x.endpoint_id), array_agg(x.due) INTO ids, dues FROM (
     SELECT n.endpoint_id, min(n.visible_at) AS due FROM new_rows n
     WHERE n.status IN ('pending', 'in_progress', 'failed')
+      AND n.visible_at < hookd.ordering_waiting()
     GROUP BY n.endpoint_id
   ) x;
   IF ids IS NOT NULL THEN
     PERFORM hookd.endpoint_queue_wake(ids, dues);
   END IF;
+  INSERT INTO hookd.ordering_advances (endpoint_id, ordering_key)
+  SELECT DISTINCT n.endpoint_id, n.ordering_key FROM new_rows n
+  WHERE n.ordering_key IS NOT NULL AND n.visible_at = hookd.ordering_waiting();
   RETURN NULL;
 END
 $$;
@@ -64,19 +68,20 @@ DECLARE
   dues timestamptz[];
   raise_ids uuid[];
   served_ids uuid[];
+  keyed boolean;
 BEGIN
   WITH pair AS MATERIALIZED (
     SELECT * FROM (
-      SELECT r.is_new, r.endpoint_id, r.status, r.visible_at, r.claim_token,
+      SELECT r.id, r.is_new, r.endpoint_id, r.status, r.visible_at, r.claim_token, r.ordering_key,
              lag(r.endpoint_id) OVER w AS old_endpoint_id,
              lag(r.status) OVER w AS old_status,
              lag(r.visible_at) OVER w AS old_visible_at,
              lag(r.claim_token) OVER w AS old_claim_token
       FROM (
-        SELECT o.id, o.endpoint_id, o.status, o.visible_at, o.claim_token, false AS is_new
+        SELECT o.id, o.endpoint_id, o.status, o.visible_at, o.claim_token, o.ordering_key, false AS is_new
         FROM old_rows o
         UNION ALL
-        SELECT n.id, n.endpoint_id, n.status, n.visible_at, n.claim_token, true
+        SELECT n.id, n.endpoint_id, n.status, n.visible_at, n.claim_token, n.ordering_key, true
         FROM new_rows n
       ) r
       WINDOW w AS (PARTITION BY r.id ORDER BY r.is_new)
@@ -84,9 +89,11 @@ BEGIN
     WHERE x.is_new
   ), earlier AS (
     -- rows that became claimable or due earlier: the entry must not be later than them
+    -- (a row waiting in its key's line is neither)
     SELECT p.endpoint_id, min(p.visible_at) AS due
     FROM pair p
     WHERE p.status IN ('pending', 'in_progress', 'failed')
+      AND p.visible_at < hookd.ordering_waiting()
       AND (p.old_status NOT IN ('pending', 'in_progress', 'failed') OR p.visible_at < p.old_visible_at
            OR p.endpoint_id <> p.old_endpoint_id)
     GROUP BY p.endpoint_id
@@ -100,6 +107,30 @@ BEGIN
     WHERE p.old_status IN ('pending', 'in_progress', 'failed')
       AND (p.status NOT IN ('pending', 'in_progress', 'failed') OR p.visible_at > p.old_visible_at
            OR p.claim_token IS DISTINCT FROM p.old_claim_token OR p.endpoint_id <> p.old_endpoint_id)
+  ), ordered AS MATERIALIZED (
+    SELECT * FROM pair p WHERE p.ordering_key IS NOT NULL
+  ), held AS (
+    -- a keyed delivery that died holds its key where the endpoint says so; the first
+    -- dead one keeps the hold
+    INSERT INTO hookd.ordering_holds (endpoint_id, ordering_key, delivery_id)
+    SELECT DISTINCT ON (o.endpoint_id, o.ordering_key) o.endpoint_id, o.ordering_key, o.id
+    FROM ordered o JOIN hookd.endpoints e ON e.id = o.endpoint_id
+    WHERE o.status = 'dead' AND o.old_status <> 'dead' AND e.on_dead_letter = 'hold'
+    ORDER BY o.endpoint_id, o.ordering_key, o.id
+    ON CONFLICT (endpoint_id, ordering_key) DO NOTHING
+  ), released AS (
+    -- replaying the dead delivery that holds its key releases it
+    DELETE FROM hookd.ordering_holds h USING ordered o
+    WHERE o.old_status = 'dead' AND o.status <> 'dead'
+      AND h.endpoint_id = o.endpoint_id AND h.ordering_key = o.ordering_key AND h.delivery_id = o.id
+  ), advanced AS (
+    INSERT INTO hookd.ordering_advances (endpoint_id, ordering_key)
+    SELECT DISTINCT o.endpoint_id, o.ordering_key FROM ordered o
+    WHERE (o.old_status IN ('pending', 'in_progress', 'failed')
+           AND o.status NOT IN ('pending', 'in_progress', 'failed'))
+       OR (o.visible_at = hookd.ordering_waiting()
+           AND (o.old_visible_at <> hookd.ordering_waiting()
+                OR o.old_status NOT IN ('pending', 'in_progress', 'failed')))
   )
   SELECT e.ids, e.dues, l.raise_ids, l.served_ids INTO ids, dues, raise_ids, served_ids
   FROM (SELECT array_agg(endpoint_id) AS ids, array_agg(due) AS dues FROM earlier) e, later l;
@@ -264,6 +295,46 @@ $$;
 
 
 --
+-- Name: endpoint_ordering_changed(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.endpoint_ordering_changed() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+  IF NEW.ordering = 'none' THEN
+    UPDATE hookd.deliveries d SET visible_at = now(), updated_at = now()
+    WHERE d.endpoint_id = NEW.id AND d.status IN ('pending', 'in_progress', 'failed')
+      AND d.ordering_key IS NOT NULL AND d.visible_at = hookd.ordering_waiting();
+    DELETE FROM hookd.ordering_holds WHERE endpoint_id = NEW.id;
+  ELSIF NEW.on_dead_letter = 'continue' THEN
+    WITH h AS (
+      DELETE FROM hookd.ordering_holds WHERE endpoint_id = NEW.id
+      RETURNING endpoint_id, ordering_key
+    )
+    INSERT INTO hookd.ordering_advances (endpoint_id, ordering_key)
+    SELECT endpoint_id, ordering_key FROM h;
+  END IF;
+  RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: endpoint_ordering_gone(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.endpoint_ordering_gone() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+  DELETE FROM hookd.ordering_holds h USING old_rows o WHERE h.endpoint_id = o.id;
+  RETURN NULL;
+END
+$$;
+
+
+--
 -- Name: endpoint_queue_recheck(integer); Type: FUNCTION; Schema: hookd; Owner: -
 --
 
@@ -318,6 +389,7 @@ BEGIN
   WITH m AS (
     SELECT l.id, (SELECT d.visible_at FROM hookd.deliveries d
                   WHERE d.endpoint_id = l.id AND d.status IN ('pending', 'in_progress', 'failed')
+                    AND d.visible_at < hookd.ordering_waiting()
                   ORDER BY d.visible_at LIMIT 1) AS due
     FROM unnest(locked) AS l(id)
   ), gone AS (
@@ -421,6 +493,16 @@ CREATE FUNCTION hookd.enqueue(tenant text, event_type text, payload text, idempo
 --
 
 CREATE FUNCTION hookd.enqueue(tenant text, event_type text, payload text, idempotency_key text, consumer text) RETURNS uuid
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$ SELECT hookd.enqueue(tenant, event_type, payload, idempotency_key, consumer, NULL::text) $$;
+
+
+--
+-- Name: enqueue(text, text, text, text, text, text); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.enqueue(tenant text, event_type text, payload text, idempotency_key text, consumer text, ordering_key text) RETURNS uuid
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
@@ -434,6 +516,7 @@ DECLARE
   v_existing_hash bytea;
   v_traceparent text;
   v_tracestate text;
+  v_seq bigint;
 BEGIN
   IF tenant IS NULL OR tenant !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$' THEN
     RAISE EXCEPTION 'hookd.enqueue: invalid tenant %', coalesce(quote_literal(tenant), 'NULL') USING ERRCODE = '22023';
@@ -459,6 +542,11 @@ BEGIN
     RAISE EXCEPTION 'hookd.enqueue: event type % is reserved: types under hookd. are hookd''s own (operational events)', quote_literal(event_type)
       USING ERRCODE = '22023';
   END IF;
+  -- the API's rule (domain::validate_ordering_key)
+  IF ordering_key IS NOT NULL AND (length(ordering_key) NOT BETWEEN 1 AND 256 OR ordering_key ~ '[[:cntrl:]]') THEN
+    RAISE EXCEPTION 'hookd.enqueue: invalid ordering key %: 1-256 characters, no control characters', quote_literal(left(ordering_key, 300))
+      USING ERRCODE = '22023';
+  END IF;
   IF payload IS NULL THEN
     RAISE EXCEPTION 'hookd.enqueue: payload is required' USING ERRCODE = '22023';
   END IF;
@@ -476,18 +564,25 @@ BEGIN
     v_tracestate := NULL;
   END IF;
   PERFORM set_config('synchronous_commit', 'on', true);
-  -- the consumer is part of what a key stands for: the same key re-sent for another
-  -- consumer is different content (the API hashes the same way, outbox::request_hash)
+  -- the consumer and the ordering key are part of what a key stands for (the API hashes
+  -- the same way, outbox::request_hash; a consumer never starts with '#')
   v_hash := sha256(convert_to(event_type || E'\n' || payload
-                              || CASE WHEN consumer IS NULL THEN '' ELSE E'\n' || consumer END, 'UTF8'));
+                              || CASE WHEN consumer IS NULL THEN '' ELSE E'\n' || consumer END
+                              || CASE WHEN ordering_key IS NULL THEN '' ELSE E'\n#' || ordering_key END, 'UTF8'));
+
+  IF ordering_key IS NOT NULL THEN
+    -- the key's line, shared with the API's committers and replays (db::events::lock_keys)
+    PERFORM pg_advisory_xact_lock(hookd.ordering_lock_id(enqueue.tenant, enqueue.ordering_key));
+    v_seq := nextval('hookd.ordering_seq');
+  END IF;
 
   IF idempotency_key IS NOT NULL THEN
     -- the key's claim, shared with the API's committers (db::events::try_lock_keys)
     PERFORM pg_advisory_xact_lock(hashtextextended(enqueue.tenant || E'\n' || enqueue.idempotency_key, 0));
     INSERT INTO hookd.events (id, tenant, event_type, payload, idempotency_key, request_hash, consumer,
-                              traceparent, tracestate)
+                              traceparent, tracestate, ordering_key, ordering_seq)
     VALUES (hookd.uuid_v7(), enqueue.tenant, enqueue.event_type, enqueue.payload, enqueue.idempotency_key, v_hash, enqueue.consumer,
-            v_traceparent, v_tracestate)
+            v_traceparent, v_tracestate, enqueue.ordering_key, v_seq)
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id INTO v_id;
     IF v_id IS NULL THEN
@@ -505,15 +600,25 @@ BEGIN
     END IF;
   ELSE
     INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash, consumer,
-                              traceparent, tracestate)
+                              traceparent, tracestate, ordering_key, ordering_seq)
     VALUES (hookd.uuid_v7(), enqueue.tenant, enqueue.event_type, enqueue.payload, v_hash, enqueue.consumer,
-            v_traceparent, v_tracestate)
+            v_traceparent, v_tracestate, enqueue.ordering_key, v_seq)
     RETURNING id INTO v_id;
   END IF;
 
-  INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, consumer)
-  SELECT hookd.uuid_v7(), v_id, s.endpoint_id, enqueue.tenant, enqueue.consumer
-  FROM hookd.subscribers(enqueue.tenant, enqueue.consumer, enqueue.event_type) AS s(endpoint_id);
+  IF ordering_key IS NULL THEN
+    INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, consumer)
+    SELECT hookd.uuid_v7(), v_id, s.endpoint_id, enqueue.tenant, enqueue.consumer
+    FROM hookd.subscribers(enqueue.tenant, enqueue.consumer, enqueue.event_type) AS s(endpoint_id);
+  ELSE
+    INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, consumer, ordering_key, ordering_seq, visible_at)
+    SELECT hookd.uuid_v7(), v_id, s.endpoint_id, enqueue.tenant, enqueue.consumer, o.k, CASE WHEN o.k IS NOT NULL THEN v_seq END,
+           CASE WHEN o.k IS NOT NULL AND hookd.ordering_blocked(s.endpoint_id, o.k)
+                THEN hookd.ordering_waiting() ELSE now() END
+    FROM hookd.subscribers(enqueue.tenant, enqueue.consumer, enqueue.event_type) AS s(endpoint_id)
+    LEFT JOIN LATERAL (SELECT enqueue.ordering_key AS k FROM hookd.endpoints e
+                       WHERE e.id = s.endpoint_id AND e.ordering = 'perKey') o ON true;
+  END IF;
 
   PERFORM pg_notify('hookd_deliveries', '');
   RETURN v_id;
@@ -650,6 +755,123 @@ CREATE FUNCTION hookd.is_reserved_event_type(event_type text) RETURNS boolean
     AS $$
   SELECT lower(event_type) = 'hookd' OR starts_with(lower(event_type), 'hookd.')
 $$;
+
+
+--
+-- Name: ordering_advance(integer); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.ordering_advance(batch integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+  n int;
+BEGIN
+  WITH a AS (
+    DELETE FROM hookd.ordering_advances
+    WHERE id = ANY (ARRAY(SELECT id FROM hookd.ordering_advances ORDER BY id LIMIT batch
+                          FOR UPDATE SKIP LOCKED))
+    RETURNING endpoint_id, ordering_key
+  ), k AS (
+    SELECT DISTINCT endpoint_id, ordering_key FROM a
+  ), cand AS MATERIALIZED (
+    SELECT k.endpoint_id, k.ordering_key,
+           (SELECT d.id FROM hookd.deliveries d
+            WHERE d.endpoint_id = k.endpoint_id AND d.ordering_key = k.ordering_key
+              AND d.status IN ('pending', 'in_progress', 'failed')
+              AND d.visible_at = hookd.ordering_waiting()
+            ORDER BY d.ordering_seq, d.id LIMIT 1) AS id
+    FROM k
+    WHERE NOT EXISTS (SELECT 1 FROM hookd.deliveries d
+                      WHERE d.endpoint_id = k.endpoint_id AND d.ordering_key = k.ordering_key
+                        AND d.status IN ('pending', 'in_progress', 'failed')
+                        AND d.visible_at < hookd.ordering_waiting())
+      AND NOT EXISTS (SELECT 1 FROM hookd.ordering_holds h
+                      WHERE h.endpoint_id = k.endpoint_id AND h.ordering_key = k.ordering_key
+                        -- an endpoint that no longer holds keys is not held
+                        AND EXISTS (SELECT 1 FROM hookd.endpoints e
+                                    WHERE e.id = h.endpoint_id AND e.on_dead_letter = 'hold'))
+  ), locked AS (
+    -- Locked without waiting, and checked again on the latest version: a row another
+    -- fold promoted meanwhile, or that was cancelled, is no longer waiting and is left.
+    -- Never "the next waiting one" instead (a LIMIT over a locking scan would be): that
+    -- would put two of a key on their way.
+    SELECT d.id FROM hookd.deliveries d
+    WHERE d.id = ANY (ARRAY(SELECT id FROM cand WHERE id IS NOT NULL))
+      AND d.status IN ('pending', 'in_progress', 'failed')
+      AND d.visible_at = hookd.ordering_waiting()
+    ORDER BY d.id
+    FOR UPDATE OF d SKIP LOCKED
+  ), promoted AS (
+    UPDATE hookd.deliveries d SET visible_at = now(), updated_at = now()
+    WHERE d.id = ANY (ARRAY(SELECT id FROM locked)) AND d.status IN ('pending', 'in_progress', 'failed')
+    RETURNING d.id
+  ), again AS (
+    -- a candidate held by someone else: look again at the next fold
+    INSERT INTO hookd.ordering_advances (endpoint_id, ordering_key)
+    SELECT c.endpoint_id, c.ordering_key FROM cand c
+    WHERE c.id IS NOT NULL AND c.id <> ALL (ARRAY(SELECT id FROM locked))
+      AND EXISTS (SELECT 1 FROM hookd.deliveries d
+                  WHERE d.id = c.id AND d.status IN ('pending', 'in_progress', 'failed')
+                    AND d.visible_at = hookd.ordering_waiting())
+  )
+  SELECT (SELECT count(*) FROM a) + 0 * (SELECT count(*) FROM promoted) INTO n;
+  RETURN n;
+END
+$$;
+
+
+--
+-- Name: ordering_blocked(uuid, text); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.ordering_blocked(p_endpoint uuid, p_key text) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+  SELECT EXISTS (SELECT 1 FROM hookd.deliveries d
+                 WHERE d.endpoint_id = p_endpoint AND d.ordering_key = p_key
+                   AND d.status IN ('pending', 'in_progress', 'failed')
+                   AND d.visible_at < hookd.ordering_waiting())
+      OR EXISTS (SELECT 1 FROM hookd.deliveries d
+                 WHERE d.endpoint_id = p_endpoint AND d.ordering_key = p_key
+                   AND d.status IN ('pending', 'in_progress', 'failed')
+                   AND d.visible_at = hookd.ordering_waiting())
+      OR EXISTS (SELECT 1 FROM hookd.ordering_holds h
+                 WHERE h.endpoint_id = p_endpoint AND h.ordering_key = p_key)
+$$;
+
+
+--
+-- Name: ordering_lock_id(text, text); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.ordering_lock_id(p_tenant text, p_key text) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT hashtextextended(p_tenant || E'\n' || p_key, 1) $$;
+
+
+--
+-- Name: ordering_replay_at(uuid, text); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.ordering_replay_at(p_endpoint uuid, p_key text) RETURNS timestamp with time zone
+    LANGUAGE sql STABLE
+    AS $$
+  SELECT CASE WHEN p_key IS NOT NULL
+                   AND EXISTS (SELECT 1 FROM hookd.endpoints e
+                               WHERE e.id = p_endpoint AND e.ordering = 'perKey')
+              THEN hookd.ordering_waiting() ELSE now() END
+$$;
+
+
+--
+-- Name: ordering_waiting(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.ordering_waiting() RETURNS timestamp with time zone
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT timestamptz '9999-12-31 00:00:00+00' $$;
 
 
 --
@@ -910,6 +1132,8 @@ CREATE TABLE hookd.deliveries (
     claim_token uuid,
     attempt_seq integer DEFAULT 0 NOT NULL,
     consumer text,
+    ordering_key text,
+    ordering_seq bigint,
     CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'in_progress'::text, 'failed'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text])))
 )
 PARTITION BY LIST (status);
@@ -985,6 +1209,8 @@ CREATE TABLE hookd.delivery_history (
     claim_token uuid,
     attempt_seq integer DEFAULT 0 NOT NULL,
     consumer text,
+    ordering_key text,
+    ordering_seq bigint,
     CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'in_progress'::text, 'failed'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text])))
 )
 PARTITION BY RANGE (id);
@@ -1011,6 +1237,8 @@ CREATE TABLE hookd.delivery_history_before_0014 (
     claim_token uuid,
     attempt_seq integer DEFAULT 0 NOT NULL,
     consumer text,
+    ordering_key text,
+    ordering_seq bigint,
     CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'in_progress'::text, 'failed'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text])))
 );
 
@@ -1036,6 +1264,8 @@ CREATE TABLE hookd.delivery_queue (
     claim_token uuid,
     attempt_seq integer DEFAULT 0 NOT NULL,
     consumer text,
+    ordering_key text,
+    ordering_seq bigint,
     CONSTRAINT deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'in_progress'::text, 'failed'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text])))
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='5000', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_vacuum_cost_delay='0', autovacuum_analyze_scale_factor='0.02');
@@ -1182,6 +1412,8 @@ CREATE TABLE hookd.endpoints (
     rate_tokens double precision,
     rate_at timestamp with time zone,
     rate_wait_until timestamp with time zone,
+    ordering text DEFAULT 'none'::text NOT NULL,
+    on_dead_letter text DEFAULT 'continue'::text NOT NULL,
     CONSTRAINT endpoints_circuit_state_check CHECK ((circuit_state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text]))),
     CONSTRAINT endpoints_consumer_check CHECK (((consumer IS NULL) OR (consumer ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'::text))),
     CONSTRAINT endpoints_description_check CHECK (((description IS NULL) OR (length(description) <= 1000))),
@@ -1189,6 +1421,8 @@ CREATE TABLE hookd.endpoints (
     CONSTRAINT endpoints_managed_by_check CHECK ((managed_by = ANY (ARRAY['kubernetes'::text, 'api'::text]))),
     CONSTRAINT endpoints_max_attempts_check CHECK (((max_attempts IS NULL) OR ((max_attempts >= 1) AND (max_attempts <= 100)))),
     CONSTRAINT endpoints_max_in_flight_check CHECK (((max_in_flight IS NULL) OR ((max_in_flight >= 1) AND (max_in_flight <= 10000)))),
+    CONSTRAINT endpoints_on_dead_letter CHECK ((on_dead_letter = ANY (ARRAY['continue'::text, 'hold'::text]))),
+    CONSTRAINT endpoints_ordering CHECK ((ordering = ANY (ARRAY['none'::text, 'perKey'::text]))),
     CONSTRAINT endpoints_rate_limit CHECK ((((rate_per_second IS NULL) = (rate_burst IS NULL)) AND ((rate_per_second IS NULL) OR ((rate_per_second >= (0.01)::double precision) AND (rate_per_second <= (100000)::double precision))) AND ((rate_burst IS NULL) OR ((rate_burst >= 1) AND (rate_burst <= 100000))) AND ((rate_burst IS NULL) OR ((rate_burst)::double precision >= (rate_per_second * (0.05)::double precision))))),
     CONSTRAINT endpoints_secret_grace_secs_check CHECK ((secret_grace_secs >= 0)),
     CONSTRAINT endpoints_state_check CHECK ((state = ANY (ARRAY['active'::text, 'paused'::text, 'disabled'::text]))),
@@ -1255,7 +1489,9 @@ CREATE TABLE hookd.events (
     source_event_id text,
     source_headers jsonb,
     traceparent text,
-    tracestate text
+    tracestate text,
+    ordering_key text,
+    ordering_seq bigint
 )
 WITH (autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02');
 
@@ -1269,6 +1505,55 @@ CREATE TABLE hookd.operational_budget (
     window_start timestamp with time zone NOT NULL,
     sent integer NOT NULL
 );
+
+
+--
+-- Name: ordering_advances; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.ordering_advances (
+    id bigint NOT NULL,
+    endpoint_id uuid NOT NULL,
+    ordering_key text NOT NULL
+);
+
+
+--
+-- Name: ordering_advances_id_seq; Type: SEQUENCE; Schema: hookd; Owner: -
+--
+
+ALTER TABLE hookd.ordering_advances ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME hookd.ordering_advances_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: ordering_holds; Type: TABLE; Schema: hookd; Owner: -
+--
+
+CREATE TABLE hookd.ordering_holds (
+    endpoint_id uuid NOT NULL,
+    ordering_key text NOT NULL,
+    delivery_id uuid NOT NULL,
+    held_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+
+--
+-- Name: ordering_seq; Type: SEQUENCE; Schema: hookd; Owner: -
+--
+
+CREATE SEQUENCE hookd.ordering_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
 
 
 --
@@ -1576,6 +1861,22 @@ ALTER TABLE ONLY hookd.operational_budget
 
 
 --
+-- Name: ordering_advances ordering_advances_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.ordering_advances
+    ADD CONSTRAINT ordering_advances_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: ordering_holds ordering_holds_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
+--
+
+ALTER TABLE ONLY hookd.ordering_holds
+    ADD CONSTRAINT ordering_holds_pkey PRIMARY KEY (endpoint_id, ordering_key);
+
+
+--
 -- Name: producer_roles producer_roles_pkey; Type: CONSTRAINT; Schema: hookd; Owner: -
 --
 
@@ -1734,6 +2035,20 @@ CREATE INDEX deliveries_endpoint_page ON ONLY hookd.deliveries USING btree (endp
 --
 
 CREATE INDEX deliveries_event ON ONLY hookd.deliveries USING btree (event_id);
+
+
+--
+-- Name: deliveries_ordering_head; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX deliveries_ordering_head ON hookd.delivery_queue USING btree (endpoint_id, ordering_key) WHERE ((ordering_key IS NOT NULL) AND (visible_at < hookd.ordering_waiting()));
+
+
+--
+-- Name: deliveries_ordering_waiting; Type: INDEX; Schema: hookd; Owner: -
+--
+
+CREATE INDEX deliveries_ordering_waiting ON hookd.delivery_queue USING btree (endpoint_id, ordering_key, ordering_seq) WHERE ((ordering_key IS NOT NULL) AND (visible_at = hookd.ordering_waiting()));
 
 
 --
@@ -2245,6 +2560,20 @@ CREATE TRIGGER endpoints_opened_circuit BEFORE UPDATE OF circuit_state, url ON h
 --
 
 CREATE TRIGGER endpoints_operational AFTER UPDATE ON hookd.endpoints FOR EACH ROW WHEN (((new.removed_at IS NULL) AND (((old.state = 'disabled'::text) <> (new.state = 'disabled'::text)) OR ((old.secret_unreadable IS NULL) AND (new.secret_unreadable IS NOT NULL)) OR ((old.circuit_alerted_at IS NULL) AND (new.circuit_alerted_at IS NOT NULL))))) EXECUTE FUNCTION hookd.endpoint_operational();
+
+
+--
+-- Name: endpoints endpoints_ordering; Type: TRIGGER; Schema: hookd; Owner: -
+--
+
+CREATE TRIGGER endpoints_ordering AFTER UPDATE OF ordering, on_dead_letter ON hookd.endpoints FOR EACH ROW WHEN (((old.ordering IS DISTINCT FROM new.ordering) OR (old.on_dead_letter IS DISTINCT FROM new.on_dead_letter))) EXECUTE FUNCTION hookd.endpoint_ordering_changed();
+
+
+--
+-- Name: endpoints endpoints_ordering_gone; Type: TRIGGER; Schema: hookd; Owner: -
+--
+
+CREATE TRIGGER endpoints_ordering_gone AFTER DELETE ON hookd.endpoints REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION hookd.endpoint_ordering_gone();
 
 
 --

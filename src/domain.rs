@@ -13,8 +13,8 @@ mod error_code;
 mod queue;
 
 pub use endpoint::{
-    EndpointState, ManagedBy, RATE_BURST, RATE_BURST_CEL, RATE_BURST_RULE, RATE_PER_SECOND,
-    RATE_PER_SECOND_CEL, RATE_PER_SECOND_RULE, RateLimit,
+    DeliveryOrder, EndpointState, ManagedBy, OnDeadLetter, RATE_BURST, RATE_BURST_CEL,
+    RATE_BURST_RULE, RATE_PER_SECOND, RATE_PER_SECOND_CEL, RATE_PER_SECOND_RULE, RateLimit,
 };
 pub use error_code::ErrorCode;
 pub use queue::{CircuitState, DeliveryStatus, ErrorClass};
@@ -289,6 +289,22 @@ pub fn validate_idempotency_key(k: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err("idempotency key must be 1-255 printable ASCII characters without spaces".into())
+    }
+}
+
+/// The most characters of an `orderingKey` (migration 0034's hookd.enqueue checks the same).
+pub const MAX_ORDERING_KEY_CHARS: usize = 256;
+
+/// An `orderingKey`: 1-256 characters of any text but control characters (they cannot be
+/// logged or shown safely; hookd.enqueue refuses the same).
+pub fn validate_ordering_key(k: &str) -> Result<(), String> {
+    let n = k.chars().count();
+    if (1..=MAX_ORDERING_KEY_CHARS).contains(&n) && !k.chars().any(char::is_control) {
+        Ok(())
+    } else {
+        Err(format!(
+            "orderingKey must be 1-{MAX_ORDERING_KEY_CHARS} characters without control characters"
+        ))
     }
 }
 

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::crypto::Keyring;
 use crate::db::{self, DbError};
-pub use crate::domain::RateLimit;
+pub use crate::domain::{DeliveryOrder, OnDeadLetter, RateLimit};
 use crate::outbound::{AllowList, check_ip, check_url};
 use crate::signing::MAX_ROTATION_GRACE_SECS;
 
@@ -334,6 +334,8 @@ pub struct NewEndpoint {
     pub headers: BTreeMap<String, String>,
     pub paused: bool,
     pub rate_limit: Option<RateLimit>,
+    pub ordering: DeliveryOrder,
+    pub on_dead_letter: OnDeadLetter,
     /// None: hookd generates one
     pub secret: Option<String>,
 }
@@ -471,6 +473,8 @@ pub async fn create_api(
             headers: serde_json::to_value(&e.headers).unwrap_or_default(),
             paused: e.paused,
             rate_limit,
+            ordering: e.ordering,
+            on_dead_letter: e.on_dead_letter,
             consumer_generation,
         },
     )

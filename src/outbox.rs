@@ -17,7 +17,7 @@ use sqlx::PgPool;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use uuid::Uuid;
 
-use crate::db::{self, DbError, events::NewEvent};
+use crate::db::{self, DbError, events::KeyLock, events::NewEvent};
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 
@@ -35,6 +35,9 @@ pub struct NewMessage {
     pub origin: Option<crate::db::events::Origin>,
     /// the W3C trace context the request carried (`traceparent`, `tracestate`)
     pub trace: Option<crate::domain::TraceContext>,
+    /// the message's `orderingKey`: endpoints that order by key are sent the deliveries
+    /// of one key one at a time, in commit order
+    pub ordering_key: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +56,10 @@ pub enum EnqueueError {
     /// this key and did not finish within the wait bound
     #[error("idempotency key {key:?} is being used by a request that has not finished")]
     KeyInUse { key: String },
+    /// another request (or a producer's open transaction) holds this ordering key's line
+    /// and did not finish within the wait bound
+    #[error("ordering key {key:?} is being used by a transaction that has not finished")]
+    OrderingKeyInUse { key: String },
     /// carries the driver's message for logs only; it never reaches a client
     #[error("the database is unavailable: {0}")]
     Unavailable(String),
@@ -79,12 +86,18 @@ impl From<DbError> for EnqueueError {
 // ---- validation: shared by the HTTP API and documented in the README ----
 
 pub use crate::domain::{
-    validate_consumer, validate_event_type, validate_idempotency_key, validate_tenant,
+    validate_consumer, validate_event_type, validate_idempotency_key, validate_ordering_key,
+    validate_tenant,
 };
 
-/// What makes two requests with one idempotency key "the same": event type and the
-/// exact payload bytes (the tenant is part of the key itself).
-pub fn request_hash(event_type: &str, payload: &str, consumer: Option<&str>) -> Vec<u8> {
+/// What makes two requests with one idempotency key "the same": event type, the exact
+/// payload bytes, the consumer and the ordering key (the tenant is part of the key itself).
+pub fn request_hash(
+    event_type: &str,
+    payload: &str,
+    consumer: Option<&str>,
+    ordering_key: Option<&str>,
+) -> Vec<u8> {
     let mut h = Sha256::new();
     h.update(event_type.as_bytes());
     h.update(b"\n");
@@ -94,6 +107,11 @@ pub fn request_hash(event_type: &str, payload: &str, consumer: Option<&str>) -> 
     if let Some(c) = consumer {
         h.update(b"\n");
         h.update(c.as_bytes());
+    }
+    // as hookd.enqueue hashes it (migration 0034); a consumer never starts with '#'
+    if let Some(k) = ordering_key {
+        h.update(b"\n#");
+        h.update(k.as_bytes());
     }
     h.finalize().to_vec()
 }
@@ -382,23 +400,12 @@ async fn group_tx(pool: &PgPool, jobs: &[&[NewMessage]]) -> Result<GroupResult, 
     // A backstop: no wait inside a shared transaction is unbounded (keys are try-locked
     // below, so this only fires on something unforeseen).
     let session = db::events::begin_enqueue(&mut tx, GROUP_LOCK_TIMEOUT).await?;
-    let keys: Vec<(String, String)> = jobs
-        .iter()
-        .flat_map(|m| m.iter())
-        .filter_map(|m| m.idempotency_key.clone().map(|k| (m.tenant.clone(), k)))
+    let keys: Vec<KeyLock> = jobs.iter().flat_map(|m| key_locks(m)).collect();
+    let busy: std::collections::HashSet<KeyLock> = db::events::try_lock_keys(&mut tx, &keys)
+        .await?
+        .into_iter()
         .collect();
-    let busy: std::collections::HashSet<(String, String)> =
-        db::events::try_lock_keys(&mut tx, &keys)
-            .await?
-            .into_iter()
-            .collect();
-    let holds_busy_key = |msgs: &[NewMessage]| {
-        msgs.iter().any(|m| {
-            m.idempotency_key
-                .as_ref()
-                .is_some_and(|k| busy.contains(&(m.tenant.clone(), k.clone())))
-        })
-    };
+    let holds_busy_key = |msgs: &[NewMessage]| key_locks(msgs).iter().any(|k| busy.contains(k));
     // Jobs with a busy key do not take part; their slots get `Alone`.
     let taking_part: Vec<bool> = jobs.iter().map(|m| !holds_busy_key(m)).collect();
     let all: Vec<&NewMessage> = jobs
@@ -435,15 +442,18 @@ async fn alone_tx(
 ) -> Result<Result<Vec<Enqueued>, EnqueueError>, GroupError> {
     let mut tx = crate::db::begin(pool).await?;
     let session = db::events::begin_enqueue(&mut tx, cfg.key_wait).await?;
-    let keys: Vec<(String, String)> = messages
-        .iter()
-        .filter_map(|m| m.idempotency_key.clone().map(|k| (m.tenant.clone(), k)))
-        .collect();
+    let keys = key_locks(messages);
     match db::events::lock_keys(&mut tx, &keys).await {
         Ok(()) => {}
         Err(e) if e.sqlstate().as_deref() == Some(LOCK_TIMEOUT) => {
-            let key = keys.first().map(|k| k.1.clone()).unwrap_or_default();
-            return Ok(Err(EnqueueError::KeyInUse { key }));
+            // which of the keys was busy, the timeout does not say: the idempotency key
+            // when there is one (the answer producers already handle)
+            let first = keys.iter().find(|k| !k.ordering).or(keys.first());
+            let key = first.map(|k| k.key.clone()).unwrap_or_default();
+            return Ok(Err(match first {
+                Some(k) if k.ordering => EnqueueError::OrderingKeyInUse { key },
+                _ => EnqueueError::KeyInUse { key },
+            }));
         }
         Err(e) => return Err(e.into()),
     }
@@ -469,6 +479,20 @@ async fn alone_tx(
     }
     finish(pool, tx, session, &rows).await?;
     Ok(Ok(out))
+}
+
+/// The keys a job's transaction must hold: its idempotency keys and its ordering keys.
+fn key_locks(messages: &[NewMessage]) -> Vec<KeyLock> {
+    let mut keys = Vec::new();
+    for m in messages {
+        if let Some(k) = &m.idempotency_key {
+            keys.push(KeyLock::idempotency(&m.tenant, k));
+        }
+        if let Some(k) = &m.ordering_key {
+            keys.push(KeyLock::ordering(&m.tenant, k));
+        }
+    }
+    keys
 }
 
 /// Lock waits in a shared transaction end after this long (a backstop; see `group_tx`).
@@ -514,10 +538,16 @@ async fn insert_messages(
             event_type: m.event_type.clone(),
             payload: m.payload.clone(),
             idempotency_key: m.idempotency_key.clone(),
-            request_hash: request_hash(&m.event_type, &m.payload, m.consumer.as_deref()),
+            request_hash: request_hash(
+                &m.event_type,
+                &m.payload,
+                m.consumer.as_deref(),
+                m.ordering_key.as_deref(),
+            ),
             consumer: m.consumer.clone(),
             origin: m.origin.clone(),
             trace: m.trace.clone(),
+            ordering_key: m.ordering_key.clone(),
         })
         .collect();
     if rows.is_empty() {
@@ -640,10 +670,15 @@ mod tests {
 
     #[test]
     fn request_hash_depends_on_type_and_exact_bytes() {
-        let a = request_hash("t", r#"{"a":1}"#, None);
-        assert_eq!(a, request_hash("t", r#"{"a":1}"#, None));
-        assert_ne!(a, request_hash("t", r#"{"a": 1}"#, None));
-        assert_ne!(a, request_hash("u", r#"{"a":1}"#, None));
-        assert_ne!(a, request_hash("t", r#"{"a":1}"#, Some("c")));
+        let a = request_hash("t", r#"{"a":1}"#, None, None);
+        assert_eq!(a, request_hash("t", r#"{"a":1}"#, None, None));
+        assert_ne!(a, request_hash("t", r#"{"a": 1}"#, None, None));
+        assert_ne!(a, request_hash("u", r#"{"a":1}"#, None, None));
+        assert_ne!(a, request_hash("t", r#"{"a":1}"#, Some("c"), None));
+        assert_ne!(a, request_hash("t", r#"{"a":1}"#, None, Some("c")));
+        assert_ne!(
+            request_hash("t", r#"{"a":1}"#, Some("c"), None),
+            request_hash("t", r#"{"a":1}"#, None, Some("c"))
+        );
     }
 }

@@ -1283,6 +1283,7 @@ async fn fan_out_reads_only_the_matching_subscriptions_whatever_the_statistics(p
             consumer: None,
             origin: None,
             trace: None,
+            ordering_key: None,
         })
         .collect();
     let mut tx = pool.begin().await.unwrap();
@@ -1451,7 +1452,7 @@ async fn a_new_url_closes_the_circuit_through_every_door(pool: PgPool) {
 #[sqlx::test]
 async fn fan_out_is_one_rule_inlined_into_both_doors(pool: PgPool) {
     let enqueue: String = sqlx::query_scalar(
-        "SELECT prosrc FROM pg_proc WHERE oid = 'hookd.enqueue(text, text, text, text, text)'::regprocedure",
+        "SELECT prosrc FROM pg_proc WHERE oid = 'hookd.enqueue(text, text, text, text, text, text)'::regprocedure",
     )
     .fetch_one(&pool)
     .await

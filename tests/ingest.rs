@@ -1177,9 +1177,10 @@ async fn sql_enqueue_idempotency_and_validation(pool: PgPool) {
     assert!(db.message().contains("invalid event type"), "{db}");
     assert_eq!(counts(&pool).await, (1, 1));
 
-    // exactly the two documented forms, no stale overload: the 4-argument one (whose
-    // grants producers already hold) and the 5-argument one with a consumer (issue 15);
-    // neither has defaults that make a call ambiguous
+    // exactly the three documented forms, no stale overload: the 4-argument one (whose
+    // grants producers already hold), the 5-argument one with a consumer (issue 15) and
+    // the 6-argument one with an ordering key (issue 34); none has defaults that make a
+    // call ambiguous
     let overloads: Vec<String> = sqlx::query_scalar(
         "SELECT pg_get_function_identity_arguments(p.oid) FROM pg_proc p
          JOIN pg_namespace n ON n.oid = p.pronamespace
@@ -1192,7 +1193,8 @@ async fn sql_enqueue_idempotency_and_validation(pool: PgPool) {
         overloads,
         [
             "tenant text, event_type text, payload text, idempotency_key text",
-            "tenant text, event_type text, payload text, idempotency_key text, consumer text"
+            "tenant text, event_type text, payload text, idempotency_key text, consumer text",
+            "tenant text, event_type text, payload text, idempotency_key text, consumer text, ordering_key text"
         ]
     );
 

@@ -37,6 +37,7 @@ mod inbound;
 mod ingest;
 mod manifests;
 mod operational;
+mod ordering;
 mod outbound;
 mod partitions;
 mod pooler;

@@ -144,6 +144,7 @@ async fn a_lock_timeout_in_ingest_is_retried(pool: PgPool) {
                 consumer: None,
                 origin: None,
                 trace: None,
+                ordering_key: None,
             }])
             .await
     });

@@ -25,8 +25,8 @@ use super::{AppState, path_id};
 use crate::auth::Scope;
 use crate::db::{self, endpoints::ApiState, endpoints::EndpointView, endpoints::PatchRefused};
 use crate::domain::ErrorCode;
-use crate::domain::RateLimit;
 use crate::domain::{self, CircuitState, DeliveryStatus, EndpointState, ManagedBy};
+use crate::domain::{DeliveryOrder, OnDeadLetter, RateLimit};
 
 /// Largest request body of these routes.
 const BODY_LIMIT: usize = 64 * 1024;
@@ -102,6 +102,10 @@ pub struct EndpointOut {
     secret_unreadable: Option<SecretUnreadableOut>,
     /// the most deliveries a second it is sent, with its burst; null: no limit
     rate_limit: Option<RateLimit>,
+    /// `perKey`: the deliveries of one `orderingKey` are sent one at a time, in order
+    ordering: DeliveryOrder,
+    /// with `ordering: perKey`, what a dead-lettered delivery does to its key's line
+    on_dead_letter: OnDeadLetter,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -113,6 +117,8 @@ impl From<EndpointView> for EndpointOut {
                 .then(|| e.state_reason.clone())
                 .flatten(),
             rate_limit: e.rate_limit(),
+            ordering: e.ordering,
+            on_dead_letter: e.on_dead_letter,
             kubernetes: match (e.k8s_namespace, e.k8s_name) {
                 (Some(namespace), Some(name)) => Some(KubernetesRef { namespace, name }),
                 _ => None,
@@ -164,6 +170,12 @@ pub struct EndpointIn {
     /// at most `perSecond` deliveries a second across every dispatcher, bursts of up to
     /// `burst` (default: perSecond rounded up); absent: no limit
     rate_limit: Option<RateLimit>,
+    /// `perKey`: send the deliveries of one message `orderingKey` one at a time, in the
+    /// order their events committed (default `none`)
+    ordering: Option<DeliveryOrder>,
+    /// with `ordering: perKey`, after a dead letter: `continue` with the key's next
+    /// delivery (default) or `hold` the key until the dead one is replayed
+    on_dead_letter: Option<OnDeadLetter>,
     /// With authentication on, the credential's tenant (another is a 403); required when
     /// authentication is off
     tenant: Option<String>,
@@ -207,6 +219,14 @@ pub struct EndpointPatchIn {
     #[serde(default, deserialize_with = "nullable")]
     #[schema(value_type = Option<RateLimit>, nullable = true)]
     rate_limit: Option<Option<RateLimit>>,
+    /// `perKey` or `none`; switching to `none` releases every delivery waiting in line
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<DeliveryOrder>)]
+    ordering: Option<Option<DeliveryOrder>>,
+    /// `continue` or `hold`; switching to `continue` lets every held key move on
+    #[serde(default, deserialize_with = "nullable")]
+    #[schema(value_type = Option<OnDeadLetter>)]
+    on_dead_letter: Option<Option<OnDeadLetter>>,
 }
 
 /// 422 `invalid_field`; the message names the field.
@@ -286,6 +306,8 @@ pub async fn create(
             headers: input.headers.unwrap_or_default(),
             paused: input.paused.unwrap_or(false),
             rate_limit: input.rate_limit,
+            ordering: input.ordering.unwrap_or_default(),
+            on_dead_letter: input.on_dead_letter.unwrap_or_default(),
             secret: input.secret,
         },
     )
@@ -479,6 +501,8 @@ pub async fn update(
     let event_types = not_null("eventTypes", input.event_types)?;
     let hdrs = not_null("headers", input.headers)?;
     let paused = not_null("paused", input.paused)?;
+    let ordering = not_null("ordering", input.ordering)?;
+    let on_dead_letter = not_null("onDeadLetter", input.on_dead_letter)?;
     let patch = db::endpoints::EndpointPatch {
         url,
         event_types,
@@ -494,6 +518,8 @@ pub async fn update(
             }
         }),
         rate_limit: input.rate_limit,
+        ordering,
+        on_dead_letter,
     };
     patch_and_answer(&state, &caller, id, patch, hdrs.as_ref()).await
 }
@@ -940,7 +966,12 @@ pub async fn send_test(
     }
     let event = db::events::NewEvent {
         id: Uuid::now_v7(),
-        request_hash: crate::outbox::request_hash(&event_type, &payload, e.consumer.as_deref()),
+        request_hash: crate::outbox::request_hash(
+            &event_type,
+            &payload,
+            e.consumer.as_deref(),
+            None,
+        ),
         tenant: e.tenant,
         event_type,
         payload,
@@ -948,6 +979,7 @@ pub async fn send_test(
         consumer: e.consumer,
         origin: None,
         trace: None,
+        ordering_key: None,
     };
     let (event_id, delivery_id) = db::events::insert_for_endpoint(&state.pool, &event, id).await?;
     state.notifier.wake();

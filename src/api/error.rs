@@ -435,6 +435,14 @@ impl From<EnqueueError> for ApiError {
                 ),
             )
             .with_header(header::RETRY_AFTER, HeaderValue::from_static("1")),
+            EnqueueError::OrderingKeyInUse { key } => ApiError::new(
+                StatusCode::CONFLICT,
+                ErrorCode::OrderingKeyInUse,
+                format!(
+                    "ordering key {key:?} is held by a transaction that has not finished committing (a producer's own transaction through hookd.enqueue, or a replay); nothing was written, retry shortly"
+                ),
+            )
+            .with_header(header::RETRY_AFTER, HeaderValue::from_static("1")),
             EnqueueError::CommitOutcomeUnknown(detail) => {
                 tracing::error!(error = %detail, "enqueue: commit outcome unknown");
                 ApiError::new(

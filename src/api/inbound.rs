@@ -212,6 +212,7 @@ pub async fn receive(
         origin: Some(event.origin),
         // a provider that traces its webhooks (most do not) joins the receiver's trace
         trace: crate::domain::TraceContext::from_headers(&headers),
+        ordering_key: None,
     };
     // verified but not committed (the tenant's rate, an outage): counted, and the
     // provider retries what it was not given a 2xx for

@@ -52,6 +52,11 @@ pub struct MessageIn {
     /// consumer. An unknown consumer reaches nobody (201 with no deliveries).
     #[schema(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
     consumer: Option<String>,
+    /// Endpoints that order by key (`ordering: perKey`) are sent the deliveries of one key
+    /// one at a time, in the order their events committed; other endpoints ignore it.
+    /// 1-256 characters without control characters, e.g. an order or account id.
+    #[schema(min_length = 1, max_length = 256)]
+    ordering_key: Option<String>,
     /// Check the message against the tenant's event-type catalog (`/v1/event-types`)
     /// before anything is written: its type must be declared (else 422
     /// `unknown_event_type`) and, when the type has a schema, the payload must match it
@@ -238,6 +243,11 @@ fn validate(
             ApiError::unprocessable(ErrorCode::InvalidConsumer, format!("{prefix}{e}"))
         })?;
     }
+    if let Some(k) = &m.ordering_key {
+        domain::validate_ordering_key(k).map_err(|e| {
+            ApiError::unprocessable(ErrorCode::InvalidOrderingKey, format!("{prefix}{e}"))
+        })?;
+    }
     Ok((
         NewMessage {
             tenant,
@@ -249,6 +259,7 @@ fn validate(
             origin: None,
             // the request's, set by the route (a body carries none)
             trace: None,
+            ordering_key: m.ordering_key,
         },
         m.validate.unwrap_or(false),
     ))
@@ -619,7 +630,8 @@ pub struct DeliverySummary {
     /// `attempts` under the name `GET /v1/deliveries/{id}` uses, where `attempts` is the
     /// attempt log
     pub attempt_count: i32,
-    /// when the next attempt is due (pending and failed deliveries only)
+    /// when the next attempt is due (pending and failed deliveries only; none while it
+    /// waits in its ordering key's line behind an earlier delivery)
     pub next_attempt_at: Option<DateTime<Utc>>,
     pub last_status_code: Option<i32>,
     pub last_error: Option<String>,
@@ -629,7 +641,7 @@ pub struct DeliverySummary {
 
 impl From<db::deliveries::DeliveryRow> for DeliverySummary {
     fn from(d: db::deliveries::DeliveryRow) -> Self {
-        let waiting = d.status.is_waiting();
+        let waiting = d.status.is_waiting() && d.visible_at < db::deliveries::ordering_waiting();
         DeliverySummary {
             delivery_id: d.id,
             endpoint_id: d.endpoint_id,
@@ -658,6 +670,9 @@ pub struct MessageOut {
     idempotency_key: Option<String>,
     /// the consumer the event was addressed to, if any
     consumer: Option<String>,
+    /// the key endpoints that order by key send its deliveries in line with
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ordering_key: Option<String>,
     created_at: DateTime<Utc>,
     /// the inbound source that took it; absent for a produced event
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -715,6 +730,7 @@ pub async fn get(
         payload,
         idempotency_key: event.idempotency_key,
         consumer: event.consumer,
+        ordering_key: event.ordering_key,
         created_at: event.created_at,
         source: event.source,
         source_event_id: event.source_event_id,

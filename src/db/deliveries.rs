@@ -63,6 +63,8 @@ pub struct ClaimedDelivery {
     /// the producer's W3C trace context (migration 0031)
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
+    /// in an ordering key's line (migration 0034): its end lets the key's next one go
+    pub ordered: bool,
     pub url: String,
     pub headers: sqlx::types::Json<serde_json::Value>,
     pub timeout_ms: Option<i32>,
@@ -319,7 +321,7 @@ const CLAIM_SQL: &str = r#"
           AND (NOT (r.probe OR r.limited) OR r.endpoint_id IN (SELECT id FROM marks))
         RETURNING d.id, d.event_id, d.endpoint_id, d.tenant, d.consumer, d.attempts,
                   d.claim_token, d.attempt_seq, r.config_version,
-                  d.visible_at AS lease_until,
+                  d.visible_at AS lease_until, d.ordering_key IS NOT NULL AS ordered,
                   r.event_type, r.payload, r.event_created_at, r.source, r.source_event_id,
                   r.traceparent, r.tracestate, r.url, r.headers, r.timeout_ms, r.max_attempts, r.retry_schedule_secs,
                   sec.secret_ids, sec.secret_key_ids, sec.secret_ciphertexts
@@ -409,9 +411,11 @@ pub async fn claim_shared(
 /// asynchronously: lost in a crash, the wake-ups come back with it and are folded again.
 pub async fn fold_wakeups(pool: &PgPool) -> Result<u64, DbError> {
     // Entries a refresh had to skip, or a claim found early (migration 0015): refreshed
-    // with a snapshot that sees what made them so.
+    // with a snapshot that sees what made them so. Then the ordering keys whose line may
+    // move (migration 0034): each one's next delivery promoted, its wake-up folded below.
     sqlx::query(
-        "SELECT set_config('synchronous_commit', 'off', true), hookd.endpoint_queue_recheck(10000)",
+        "SELECT set_config('synchronous_commit', 'off', true), hookd.endpoint_queue_recheck(10000),
+                hookd.ordering_advance(10000)",
     )
     .execute(on(pool))
     .await?;
@@ -943,16 +947,25 @@ pub async fn replay(
         Ok(sqlx::query_as(
             r#"
         WITH target AS (
-            SELECT id, status = 'in_progress' AND visible_at > now() AS leased
+            SELECT id, status = 'in_progress' AND visible_at > now() AS leased, tenant, ordering_key
             FROM hookd.deliveries
             WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)
               AND ($4::uuid IS NULL OR id >= $4)
             FOR UPDATE
+        ), lines AS (
+            -- an ordering key's line, as enqueues take it (migration 0034)
+            SELECT count(*) AS n FROM (
+                SELECT pg_advisory_xact_lock(k.h) FROM (
+                    SELECT DISTINCT hookd.ordering_lock_id(tenant, ordering_key) AS h FROM target
+                    WHERE ordering_key IS NOT NULL AND NOT leased ORDER BY 1) k) x
         ), upd AS (
             UPDATE hookd.deliveries d
-            SET status = 'pending', attempts = 0, visible_at = now(), locked_by = NULL,
-                claim_token = NULL, completed_at = NULL, updated_at = now()
+            SET status = 'pending', attempts = 0,
+                -- a keyed delivery of an endpoint that orders by key waits its turn
+                visible_at = hookd.ordering_replay_at(d.endpoint_id, d.ordering_key),
+                locked_by = NULL, claim_token = NULL, completed_at = NULL, updated_at = now()
             FROM target WHERE d.id = target.id AND NOT target.leased
+              AND (SELECT n FROM lines) >= 0
             RETURNING d.id
         ), undead AS (
             DELETE FROM hookd.dead_letters WHERE delivery_id IN (SELECT id FROM upd)
@@ -993,7 +1006,7 @@ pub async fn replay_endpoint(
         Ok(sqlx::query_as(
             r#"
         WITH target AS (
-            SELECT id, status = 'in_progress' AND visible_at > now() AS leased
+            SELECT id, status = 'in_progress' AND visible_at > now() AS leased, tenant, ordering_key
             FROM hookd.deliveries
             WHERE endpoint_id = $1
               AND ($2::timestamptz IS NULL OR created_at >= $2)
@@ -1003,11 +1016,21 @@ pub async fn replay_endpoint(
             ORDER BY created_at
             LIMIT $5
             FOR UPDATE SKIP LOCKED
+        ), lines AS (
+            -- the ordering keys' lines, as enqueues take them (migration 0034), sorted
+            SELECT count(*) AS n FROM (
+                SELECT pg_advisory_xact_lock(k.h) FROM (
+                    SELECT DISTINCT hookd.ordering_lock_id(tenant, ordering_key) AS h FROM target
+                    WHERE ordering_key IS NOT NULL AND NOT leased ORDER BY 1) k) x
         ), upd AS (
             UPDATE hookd.deliveries d
-            SET status = 'pending', attempts = 0, visible_at = now(), locked_by = NULL,
-                claim_token = NULL, completed_at = NULL, updated_at = now()
+            SET status = 'pending', attempts = 0,
+                -- keyed deliveries of an endpoint that orders by key wait their turn, and
+                -- go in the order of their events, whatever order they are replayed in
+                visible_at = hookd.ordering_replay_at(d.endpoint_id, d.ordering_key),
+                locked_by = NULL, claim_token = NULL, completed_at = NULL, updated_at = now()
             FROM target WHERE d.id = target.id AND NOT target.leased
+              AND (SELECT n FROM lines) >= 0
             RETURNING d.id
         ), undead AS (
             DELETE FROM hookd.dead_letters WHERE delivery_id IN (SELECT id FROM upd)
@@ -1026,6 +1049,12 @@ pub async fn replay_endpoint(
     })
     .await?;
     Ok(row)
+}
+
+/// The `visible_at` of a delivery waiting in its ordering key's line behind an earlier
+/// one (`hookd.ordering_waiting()`, migration 0034): not a time anything is due.
+pub fn ordering_waiting() -> DateTime<Utc> {
+    DateTime::from_timestamp(253_402_214_400, 0).expect("9999-12-31 is a valid time")
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]

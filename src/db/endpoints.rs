@@ -6,7 +6,9 @@ use sqlx::{Arguments, PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{DbError, on};
-use crate::domain::{CircuitState, EndpointState, ManagedBy, RateLimit};
+use crate::domain::{
+    CircuitState, DeliveryOrder, EndpointState, ManagedBy, OnDeadLetter, RateLimit,
+};
 
 /// The endpoint row as the sync core wants it (identity + declared policy + state).
 #[derive(Debug, Clone)]
@@ -28,6 +30,8 @@ pub struct EndpointUpsert {
     pub max_in_flight: Option<i32>,
     /// burst resolved ([`crate::endpoints::RateLimit::validate`])
     pub rate_limit: Option<RateLimit>,
+    pub ordering: DeliveryOrder,
+    pub on_dead_letter: OnDeadLetter,
     pub headers: serde_json::Value,
     pub secret_grace_secs: i32,
     pub spec_fingerprint: Vec<u8>,
@@ -154,9 +158,9 @@ async fn upsert_row(
                 id, k8s_namespace, k8s_name, k8s_uid, tenant, url, event_types, state, state_reason,
                 timeout_ms, max_attempts, retry_schedule_secs, max_in_flight,
                 headers, secret_grace_secs, spec_fingerprint, consumer, consumer_generation,
-                rate_per_second, rate_burst)
+                rate_per_second, rate_burst, ordering, on_dead_letter)
             VALUES (hookd.uuid_v7(), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                    $18, $19)
+                    $18, $19, $20, $21)
             ON CONFLICT (k8s_namespace, k8s_name) DO UPDATE SET
                 -- the declaration is the producer's: it follows the consumer's current
                 -- generation (visible to that consumer's tokens)
@@ -181,6 +185,8 @@ async fn upsert_row(
                 rate_wait_until = CASE WHEN (t.rate_per_second, t.rate_burst)
                                         IS NOT DISTINCT FROM (EXCLUDED.rate_per_second, EXCLUDED.rate_burst)
                                    THEN t.rate_wait_until END,
+                ordering = EXCLUDED.ordering,
+                on_dead_letter = EXCLUDED.on_dead_letter,
                 headers = EXCLUDED.headers,
                 secret_grace_secs = EXCLUDED.secret_grace_secs,
                 spec_fingerprint = EXCLUDED.spec_fingerprint,
@@ -221,6 +227,8 @@ async fn upsert_row(
     .bind(consumer_generation)
     .bind(e.rate_limit.map(|r| r.per_second))
     .bind(e.rate_limit.map(|r| r.burst_or_default() as i32))
+    .bind(e.ordering)
+    .bind(e.on_dead_letter)
     .fetch_one(on(conn))
     .await?;
     Ok(UpsertResult {
@@ -721,6 +729,8 @@ pub struct EndpointView {
     pub secret_unreadable_since: Option<DateTime<Utc>>,
     pub rate_per_second: Option<f64>,
     pub rate_burst: Option<i32>,
+    pub ordering: DeliveryOrder,
+    pub on_dead_letter: OnDeadLetter,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -738,7 +748,7 @@ const VIEW_COLUMNS: &str =
     "e.id, e.tenant, e.consumer, e.url, e.event_types, e.description, e.headers,
     e.state, e.state_reason, e.managed_by, e.k8s_namespace, e.k8s_name, e.circuit_state,
     e.circuit_open_until, e.secret_unreadable, e.secret_unreadable_since, e.rate_per_second,
-    e.rate_burst, e.created_at, e.updated_at";
+    e.rate_burst, e.ordering, e.on_dead_letter, e.created_at, e.updated_at";
 
 /// The endpoint with this id if `audience` may see it and it was not deleted.
 pub async fn get_visible(
@@ -805,6 +815,8 @@ pub struct NewApiEndpoint {
     pub paused: bool,
     /// burst resolved
     pub rate_limit: Option<RateLimit>,
+    pub ordering: DeliveryOrder,
+    pub on_dead_letter: OnDeadLetter,
     /// the consumer generation it is made for (held by the caller's transaction)
     pub consumer_generation: Option<i64>,
 }
@@ -814,10 +826,11 @@ pub async fn insert_api(conn: &mut PgConnection, e: &NewApiEndpoint) -> Result<(
         r#"
         INSERT INTO hookd.endpoints (id, tenant, consumer, managed_by, url, event_types,
                                      description, headers, state, state_reason,
-                                     consumer_generation, rate_per_second, rate_burst)
+                                     consumer_generation, rate_per_second, rate_burst,
+                                     ordering, on_dead_letter)
         VALUES ($1, $2, $3, 'api', $4, $5, $6, $7,
                 CASE WHEN $8 THEN 'paused' ELSE 'active' END,
-                CASE WHEN $8 THEN 'paused through the API' END, $9, $10, $11)
+                CASE WHEN $8 THEN 'paused through the API' END, $9, $10, $11, $12, $13)
         "#,
     )
     .bind(e.id)
@@ -831,6 +844,8 @@ pub async fn insert_api(conn: &mut PgConnection, e: &NewApiEndpoint) -> Result<(
     .bind(e.consumer_generation)
     .bind(e.rate_limit.map(|r| r.per_second))
     .bind(e.rate_limit.map(|r| r.burst_or_default() as i32))
+    .bind(e.ordering)
+    .bind(e.on_dead_letter)
     .execute(on(conn))
     .await?;
     Ok(())
@@ -847,6 +862,8 @@ pub struct EndpointPatch {
     pub state: Option<ApiState>,
     /// `Some(None)` removes the limit; burst resolved
     pub rate_limit: Option<Option<RateLimit>>,
+    pub ordering: Option<DeliveryOrder>,
+    pub on_dead_letter: Option<OnDeadLetter>,
 }
 
 /// The states the API may set.
@@ -949,6 +966,9 @@ pub async fn patch_api(
             rate_wait_until = CASE WHEN $8::bool AND (e.rate_per_second, e.rate_burst)
                                        IS DISTINCT FROM ($9::float8, $10::int)
                                    THEN NULL ELSE e.rate_wait_until END,
+            -- a change releases or holds the lines (trigger endpoints_ordering, 0034)
+            ordering = coalesce($11::text, e.ordering),
+            on_dead_letter = coalesce($12::text, e.on_dead_letter),
             updated_at = now()
         WHERE e.id = $1
         RETURNING {VIEW_COLUMNS}
@@ -969,6 +989,8 @@ pub async fn patch_api(
             .flatten()
             .map(|r| r.burst_or_default() as i32),
     )
+    .bind(patch.ordering)
+    .bind(patch.on_dead_letter)
     .fetch_one(on(&mut *conn))
     .await?;
     Ok(Ok(view))

@@ -24,6 +24,8 @@ pub struct NewEvent {
     pub origin: Option<Origin>,
     /// the producer's W3C trace context (migration 0031)
     pub trace: Option<crate::domain::TraceContext>,
+    /// the key whose deliveries endpoints that order by key send in order (migration 0034)
+    pub ordering_key: Option<String>,
 }
 
 /// Where an inbound event came from (issue 33, migration 0026).
@@ -77,6 +79,7 @@ pub async fn insert_with_fanout(
     let mut source_headers = Vec::with_capacity(events.len());
     let mut traceparents = Vec::with_capacity(events.len());
     let mut tracestates = Vec::with_capacity(events.len());
+    let mut ordering_keys = Vec::with_capacity(events.len());
     for e in events {
         ids.push(e.id);
         tenants.push(e.tenant.as_str());
@@ -92,29 +95,58 @@ pub async fn insert_with_fanout(
             .push(origin.map(|o| serde_json::Value::Object(o.headers.clone()).to_string()));
         traceparents.push(e.trace.as_ref().map(|t| t.traceparent.as_str()));
         tracestates.push(e.trace.as_ref().and_then(|t| t.tracestate.as_deref()));
+        ordering_keys.push(e.ordering_key.as_deref());
     }
     let rows = sqlx::query_as::<_, EventIds>(
         r#"
         WITH input AS (
             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[],
-                                 $8::text[], $9::text[], $10::text[], $11::text[], $12::text[])
+                                 $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[])
+                WITH ORDINALITY
                 AS i(id, tenant, event_type, payload, idempotency_key, request_hash, consumer,
-                     source, source_event_id, source_headers, traceparent, tracestate)
+                     source, source_event_id, source_headers, traceparent, tracestate, ordering_key, ord)
+        ), numbered AS MATERIALIZED (
+            -- A keyed event's place in its key's line, taken in request order (a sorted
+            -- subquery is read in its order) and under the key's lock (taken before this
+            -- statement, db::events::try_lock_keys): so in commit order, per key.
+            SELECT i.*, CASE WHEN i.ordering_key IS NOT NULL THEN nextval('hookd.ordering_seq') END AS ordering_seq
+            FROM (SELECT * FROM input ORDER BY ord) i
         ), ev AS (
             INSERT INTO hookd.events (id, tenant, event_type, payload, idempotency_key, request_hash, consumer,
-                                      source, source_event_id, source_headers, traceparent, tracestate)
+                                      source, source_event_id, source_headers, traceparent, tracestate,
+                                      ordering_key, ordering_seq)
             -- a stable key order keeps two concurrent groups sharing keys from deadlocking
             SELECT id, tenant, event_type, payload, idempotency_key, request_hash, consumer,
-                   source, source_event_id, source_headers::jsonb, traceparent, tracestate
-            FROM input ORDER BY tenant, idempotency_key NULLS LAST
+                   source, source_event_id, source_headers::jsonb, traceparent, tracestate,
+                   ordering_key, ordering_seq
+            FROM numbered ORDER BY tenant, idempotency_key NULLS LAST
             ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-            RETURNING id, tenant, event_type, consumer
-        ), dl AS (
-            INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, consumer)
-            SELECT hookd.uuid_v7(), ev.id, s.endpoint_id, ev.tenant, ev.consumer
+            RETURNING id, tenant, event_type, consumer, ordering_key, ordering_seq
+        ), fan AS (
+            SELECT ev.id AS event_id, ev.tenant, ev.consumer, s.endpoint_id, o.k AS ordering_key,
+                   ev.ordering_seq
             -- the one fan-out rule, shared with hookd.enqueue (migration 0025), inlined
             -- into this statement: a probe of the subscriptions per pattern the type matches
             FROM ev CROSS JOIN LATERAL hookd.subscribers(ev.tenant, ev.consumer, ev.event_type) AS s(endpoint_id)
+            -- the key goes with a delivery only to an endpoint that orders by key (no
+            -- probe at all for an event without one)
+            LEFT JOIN LATERAL (
+                SELECT ev.ordering_key AS k FROM hookd.endpoints e
+                WHERE ev.ordering_key IS NOT NULL AND e.id = s.endpoint_id AND e.ordering = 'perKey'
+            ) o ON true
+        ), dl AS (
+            INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, consumer, ordering_key,
+                                          ordering_seq, visible_at)
+            SELECT hookd.uuid_v7(), f.event_id, f.endpoint_id, f.tenant, f.consumer, f.ordering_key,
+                   CASE WHEN f.ordering_key IS NOT NULL THEN f.ordering_seq END,
+                   -- in line behind an open delivery of its key, an earlier one of this
+                   -- statement or a dead letter holding the key (migration 0034)
+                   CASE WHEN f.ordering_key IS NOT NULL
+                             AND (row_number() OVER (PARTITION BY f.endpoint_id, f.ordering_key
+                                                     ORDER BY f.ordering_seq) > 1
+                                  OR hookd.ordering_blocked(f.endpoint_id, f.ordering_key))
+                        THEN hookd.ordering_waiting() ELSE now() END
+            FROM fan f
             RETURNING id, event_id
         )
         SELECT ev.id AS event_id,
@@ -135,6 +167,7 @@ pub async fn insert_with_fanout(
     .bind(&source_headers)
     .bind(&traceparents)
     .bind(&tracestates)
+    .bind(&ordering_keys)
     .fetch_all(on(conn))
     .await?;
     Ok(rows)
@@ -182,48 +215,92 @@ pub async fn begin_enqueue(
     Ok(Session { pid, backend_start })
 }
 
-/// Idempotency keys are claimed with a transaction-scoped advisory lock on
-/// hash(tenant, key), taken the same way by `hookd.enqueue()`, so that whoever holds a key
-/// can be detected without waiting on the unique index (which would hold a whole group).
+/// A key an enqueue transaction holds until it commits: an idempotency key, or an
+/// ordering key (its line: same-key enqueues commit one after the other, so the sequence
+/// they take is their commit order). Each is a transaction-scoped advisory lock on a hash
+/// of (tenant, key), taken the same way by `hookd.enqueue()` (and, for ordering keys, by
+/// replays), so that whoever holds a key can be detected without waiting (a wait on the
+/// unique index would hold a whole group).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeyLock {
+    pub tenant: String,
+    pub key: String,
+    /// an ordering key (migration 0034's `hookd.ordering_lock_id`), not an idempotency key
+    pub ordering: bool,
+}
+
+impl KeyLock {
+    pub fn idempotency(tenant: &str, key: &str) -> Self {
+        KeyLock {
+            tenant: tenant.to_owned(),
+            key: key.to_owned(),
+            ordering: false,
+        }
+    }
+
+    pub fn ordering(tenant: &str, key: &str) -> Self {
+        KeyLock {
+            tenant: tenant.to_owned(),
+            key: key.to_owned(),
+            ordering: true,
+        }
+    }
+}
+
+/// The lock id of each key, as SQL over `unnest($1 tenants, $2 keys, $3 is-ordering)`.
+const KEY_LOCK_IDS: &str = r#"
+    SELECT t, k, o, CASE WHEN o THEN hookd.ordering_lock_id(t, k)
+                         ELSE hashtextextended(t || E'\n' || k, 0) END AS h
+    FROM unnest($1::text[], $2::text[], $3::bool[]) AS u(t, k, o)"#;
+
+fn key_lock_arrays(keys: &[KeyLock]) -> (Vec<&str>, Vec<&str>, Vec<bool>) {
+    (
+        keys.iter().map(|k| k.tenant.as_str()).collect(),
+        keys.iter().map(|k| k.key.as_str()).collect(),
+        keys.iter().map(|k| k.ordering).collect(),
+    )
+}
+
 /// Try-locks every key; returns the keys someone else holds.
 pub async fn try_lock_keys(
     conn: &mut PgConnection,
-    keys: &[(String, String)],
-) -> Result<Vec<(String, String)>, DbError> {
+    keys: &[KeyLock],
+) -> Result<Vec<KeyLock>, DbError> {
     if keys.is_empty() {
         return Ok(Vec::new());
     }
-    let tenants: Vec<&str> = keys.iter().map(|k| k.0.as_str()).collect();
-    let idem: Vec<&str> = keys.iter().map(|k| k.1.as_str()).collect();
-    Ok(sqlx::query_as(
-        r#"
-        SELECT t, k FROM unnest($1::text[], $2::text[]) AS u(t, k)
-        WHERE NOT pg_try_advisory_xact_lock(hashtextextended(t || E'\n' || k, 0))
-        "#,
-    )
+    let (tenants, names, ordering) = key_lock_arrays(keys);
+    let busy: Vec<(String, String, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT t, k, o FROM ({KEY_LOCK_IDS}) l WHERE NOT pg_try_advisory_xact_lock(l.h)"
+    )))
     .bind(&tenants)
-    .bind(&idem)
+    .bind(&names)
+    .bind(&ordering)
     .fetch_all(on(conn))
-    .await?)
+    .await?;
+    Ok(busy
+        .into_iter()
+        .map(|(tenant, key, ordering)| KeyLock {
+            tenant,
+            key,
+            ordering,
+        })
+        .collect())
 }
 
 /// Takes the key locks, waiting up to the transaction's `lock_timeout` (SQLSTATE 55P03
 /// when it expires). Sorted, so two batches sharing keys cannot deadlock.
-pub async fn lock_keys(conn: &mut PgConnection, keys: &[(String, String)]) -> Result<(), DbError> {
+pub async fn lock_keys(conn: &mut PgConnection, keys: &[KeyLock]) -> Result<(), DbError> {
     if keys.is_empty() {
         return Ok(());
     }
-    let tenants: Vec<&str> = keys.iter().map(|k| k.0.as_str()).collect();
-    let idem: Vec<&str> = keys.iter().map(|k| k.1.as_str()).collect();
-    sqlx::query(
-        r#"
-        SELECT pg_advisory_xact_lock(h) FROM (
-            SELECT DISTINCT hashtextextended(t || E'\n' || k, 0) AS h
-            FROM unnest($1::text[], $2::text[]) AS u(t, k) ORDER BY 1) s
-        "#,
-    )
+    let (tenants, names, ordering) = key_lock_arrays(keys);
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT h FROM ({KEY_LOCK_IDS}) l ORDER BY 1) s"
+    )))
     .bind(&tenants)
-    .bind(&idem)
+    .bind(&names)
+    .bind(&ordering)
     .execute(on(conn))
     .await?;
     Ok(())
@@ -328,6 +405,7 @@ pub struct EventRow {
     pub created_at: DateTime<Utc>,
     pub source: Option<String>,
     pub source_event_id: Option<String>,
+    pub ordering_key: Option<String>,
 }
 
 /// The event with this id, if `audience` may see it (another tenant's or consumer's event
@@ -339,7 +417,7 @@ pub async fn get(
 ) -> Result<Option<EventRow>, DbError> {
     Ok(sqlx::query_as::<_, EventRow>(
         "SELECT id, tenant, event_type, payload, idempotency_key, consumer, created_at,
-                source, source_event_id
+                source, source_event_id, ordering_key
          FROM hookd.events
          WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)
            AND ($4::uuid IS NULL OR id >= $4)",

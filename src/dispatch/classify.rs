@@ -44,6 +44,7 @@ pub fn classify(
         // an unreadable secret is this side's configuration, not the receiver's health
         failure: matches!(report.result, AttemptResult::Retryable { class, .. } if class != ErrorClass::SecretUnreadable),
         gone: matches!(report.result, AttemptResult::Gone),
+        ordered: row.ordered,
         completion: Completion {
             delivery_id: row.id,
             claim_token: row.claim_token,

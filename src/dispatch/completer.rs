@@ -27,6 +27,8 @@ pub struct Finished {
     /// nothing about the receiver's health)
     pub failure: bool,
     pub gone: bool,
+    /// the delivery is in an ordering key's line (see [`CompleterConfig::line_moved`])
+    pub ordered: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -40,6 +42,10 @@ pub struct CompleterConfig {
     /// after shutdown, how long to keep retrying outcome writes against an unreachable
     /// database before giving up
     pub shutdown_grace: Duration,
+    /// notified once a batch that ended deliveries in an ordering key's line committed:
+    /// the next claim's fold then promotes each key's next delivery (migration 0034), at
+    /// once rather than at the next poll
+    pub line_moved: std::sync::Arc<tokio::sync::Notify>,
 }
 
 /// Spawns the completer; it drains the channel and exits once every sender is dropped.
@@ -174,6 +180,16 @@ async fn write_batch(
     let passed = db::deliveries::complete(&mut tx, &completions).await?;
     tx.commit().await?;
     let passed: HashSet<Uuid> = passed.into_iter().collect();
+    if batch.iter().any(|f| {
+        f.ordered
+            && matches!(
+                f.completion.status,
+                db::deliveries::DeliveryOutcome::Succeeded | db::deliveries::DeliveryOutcome::Dead
+            )
+            && passed.contains(&f.completion.delivery_id)
+    }) {
+        cfg.line_moved.notify_one();
+    }
     endpoint_effects(pool, cfg, batch, &passed, metrics).await;
     let lost = batch.len() - passed.len();
     if lost > 0 {

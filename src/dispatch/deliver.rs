@@ -313,6 +313,7 @@ mod tests {
             source_event_id: Some("evt_1".into()),
             traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
             tracestate: Some("congo=t61rcWkgMzE".into()),
+            ordered: false,
             url: "https://example.com".into(),
             headers: sqlx::types::Json(serde_json::json!({
                 "Content-Encoding": "gzip", "Webhook-Id": "forged", "X-Team": "billing",

@@ -161,6 +161,7 @@ impl Dispatcher {
                 circuit_threshold: i32::try_from(cfg.circuit_threshold).unwrap_or(i32::MAX),
                 circuit_cooldown: cfg.circuit_cooldown,
                 shutdown_grace: cfg.shutdown_grace,
+                line_moved: wake.clone(),
             },
             metrics.clone(),
             shutdown.clone(),

@@ -191,3 +191,78 @@ impl RateLimit {
         })
     }
 }
+
+// `hookd.endpoints.ordering` (migration 0034).
+/// Whether an endpoint is sent the deliveries of one `orderingKey` in order.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    sqlx::Type,
+    schemars::JsonSchema,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "camelCase")]
+#[sqlx(type_name = "text", rename_all = "camelCase")]
+pub enum DeliveryOrder {
+    /// deliveries are sent as they come due, several at once (the default)
+    #[default]
+    None,
+    /// the deliveries of one ordering key are sent one at a time, in the order their
+    /// events committed; deliveries without a key are not held
+    PerKey,
+}
+
+impl DeliveryOrder {
+    pub const ALL: [DeliveryOrder; 2] = [DeliveryOrder::None, DeliveryOrder::PerKey];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DeliveryOrder::None => "none",
+            DeliveryOrder::PerKey => "perKey",
+        }
+    }
+}
+
+// `hookd.endpoints.on_dead_letter` (migration 0034).
+/// What an endpoint that orders by key does after a delivery of a key is dead-lettered.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    sqlx::Type,
+    schemars::JsonSchema,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "camelCase")]
+#[sqlx(type_name = "text", rename_all = "camelCase")]
+pub enum OnDeadLetter {
+    /// the key's next delivery is sent (the default)
+    #[default]
+    Continue,
+    /// the key stops until the dead delivery is replayed or the endpoint says `continue`
+    Hold,
+}
+
+impl OnDeadLetter {
+    pub const ALL: [OnDeadLetter; 2] = [OnDeadLetter::Continue, OnDeadLetter::Hold];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            OnDeadLetter::Continue => "continue",
+            OnDeadLetter::Hold => "hold",
+        }
+    }
+}

@@ -111,6 +111,16 @@ pub struct WebhookEndpointSpec {
     #[x_kube(validation = Rule::new(crate::domain::RATE_BURST_CEL).message(crate::domain::RATE_BURST_RULE))]
     pub rate_limit: Option<crate::endpoints::RateLimit>,
 
+    /// `perKey`: deliveries of one message `orderingKey` are sent one at a time, in the
+    /// order their events committed. Default `none`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering: Option<crate::endpoints::DeliveryOrder>,
+
+    /// With `ordering: perKey`, after a delivery of a key is dead-lettered: `continue` with
+    /// the key's next delivery (default), or `hold` the key until the dead one is replayed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_dead_letter: Option<crate::endpoints::OnDeadLetter>,
+
     /// Extra headers sent with every delivery (cannot set webhook-*, content or framing headers).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     // a value with CR, LF or another control character cannot be sent (the HTTP client

@@ -182,6 +182,8 @@ pub fn desired_endpoint(
         // resolved (the burst's default filled in); a limit the rules refuse never gets
         // here (the object is held)
         rate_limit: spec.rate_limit.and_then(|r| r.validate().ok()),
+        ordering: spec.ordering.unwrap_or_default(),
+        on_dead_letter: spec.on_dead_letter.unwrap_or_default(),
         headers,
         secret_grace_secs: to_i32(
             spec.secret_rotation_grace_seconds

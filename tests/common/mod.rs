@@ -132,6 +132,8 @@ pub struct EndpointOpts {
     pub retry_schedule: Option<Vec<u32>>,
     pub max_in_flight: Option<u32>,
     pub rate_limit: Option<hookd::endpoints::RateLimit>,
+    pub ordering: Option<hookd::endpoints::DeliveryOrder>,
+    pub on_dead_letter: Option<hookd::endpoints::OnDeadLetter>,
     pub timeout_seconds: Option<u32>,
     pub grace_seconds: Option<u32>,
 }
@@ -151,6 +153,8 @@ impl Default for EndpointOpts {
             retry_schedule: None,
             max_in_flight: None,
             rate_limit: None,
+            ordering: None,
+            on_dead_letter: None,
             timeout_seconds: None,
             grace_seconds: None,
         }
@@ -175,6 +179,8 @@ pub fn webhook_endpoint(o: &EndpointOpts) -> WebhookEndpoint {
             retry_schedule: o.retry_schedule.clone(),
             max_in_flight: o.max_in_flight,
             rate_limit: o.rate_limit,
+            ordering: o.ordering,
+            on_dead_letter: o.on_dead_letter,
             headers: BTreeMap::new(),
             secret_rotation_grace_seconds: o.grace_seconds,
         },

@@ -895,6 +895,11 @@ export interface components {
             cancelled: number;
         };
         /**
+         * @description Whether an endpoint is sent the deliveries of one `orderingKey` in order.
+         * @enum {string}
+         */
+        DeliveryOrder: "none" | "perKey";
+        /**
          * @description `attempts` is the attempt log (the contract); `attemptCount` the counter that the
          *     retry schedule and max attempts work from (reset by replay, so it can be lower than
          *     the log's length).
@@ -996,6 +1001,8 @@ export interface components {
             /** @description create it paused (deliveries are created and held) */
             paused?: boolean | null;
             rateLimit?: null | components["schemas"]["RateLimit"];
+            ordering?: null | components["schemas"]["DeliveryOrder"];
+            onDeadLetter?: null | components["schemas"]["OnDeadLetter"];
             /**
              * @description With authentication on, the credential's tenant (another is a 403); required when
              *     authentication is off
@@ -1024,6 +1031,10 @@ export interface components {
             circuit: components["schemas"]["CircuitOut"];
             secretUnreadable?: null | components["schemas"]["SecretUnreadableOut"];
             rateLimit?: null | components["schemas"]["RateLimit"];
+            /** @description `perKey`: the deliveries of one `orderingKey` are sent one at a time, in order */
+            ordering: components["schemas"]["DeliveryOrder"];
+            /** @description with `ordering: perKey`, what a dead-lettered delivery does to its key's line */
+            onDeadLetter: components["schemas"]["OnDeadLetter"];
             /** Format: date-time */
             createdAt: string;
             /** Format: date-time */
@@ -1046,6 +1057,8 @@ export interface components {
             /** @description true pauses; false resumes (and re-enables an endpoint a receiver's 410 disabled) */
             paused?: boolean | null;
             rateLimit?: null | components["schemas"]["RateLimit"];
+            ordering?: null | components["schemas"]["DeliveryOrder"];
+            onDeadLetter?: null | components["schemas"]["OnDeadLetter"];
         };
         /** @description Which of the endpoint's deliveries to replay; an empty body takes every default. */
         EndpointReplayIn: {
@@ -1145,7 +1158,7 @@ export interface components {
          *     codes; none is renamed or removed.
          * @enum {string}
          */
-        ErrorCode: "auth_unavailable" | "batch_too_large" | "body_too_large" | "commit_outcome_unknown" | "consumer_deleted" | "consumer_endpoint_limit" | "consumer_mismatch" | "consumer_rate_limited" | "consumer_read_rate_limited" | "consumer_requests_busy" | "consumer_token" | "database_unavailable" | "delivery_leased" | "duplicate_authorization" | "empty_batch" | "encryption_unavailable" | "endpoint_disabled" | "event_type_exists" | "filter_not_served" | "headers_too_large" | "inbound_not_json" | "inbound_unauthorized" | "idempotency_key_conflict" | "idempotency_key_header_on_batch" | "idempotency_key_in_use" | "idempotency_key_mismatch" | "ingest_busy" | "insufficient_scope" | "internal" | "invalid_consumer" | "invalid_content_length" | "invalid_credential" | "invalid_cursor" | "invalid_event_type" | "invalid_field" | "invalid_id" | "invalid_idempotency_key" | "invalid_limit" | "invalid_query" | "invalid_schema" | "invalid_status" | "invalid_tenant" | "invalid_test_event_type" | "malformed_json" | "managed_by_kubernetes" | "method_not_allowed" | "missing_field" | "not_a_session" | "not_found" | "payload_too_large" | "rate_limited" | "request_timeout" | "reserved_event_type" | "schema_violation" | "session_needs_token" | "shutting_down" | "sign_in_code_invalid" | "source_exists" | "tenant_endpoint_limit" | "tenant_event_type_limit" | "tenant_ingest_busy" | "tenant_mismatch" | "tenant_source_limit" | "unauthenticated" | "unknown_event_type" | "unsupported_media_type" | "uri_too_long" | "weak_secret" | "write_conflict";
+        ErrorCode: "auth_unavailable" | "batch_too_large" | "body_too_large" | "commit_outcome_unknown" | "consumer_deleted" | "consumer_endpoint_limit" | "consumer_mismatch" | "consumer_rate_limited" | "consumer_read_rate_limited" | "consumer_requests_busy" | "consumer_token" | "database_unavailable" | "delivery_leased" | "duplicate_authorization" | "empty_batch" | "encryption_unavailable" | "endpoint_disabled" | "event_type_exists" | "filter_not_served" | "headers_too_large" | "inbound_not_json" | "inbound_unauthorized" | "idempotency_key_conflict" | "idempotency_key_header_on_batch" | "idempotency_key_in_use" | "idempotency_key_mismatch" | "ingest_busy" | "insufficient_scope" | "internal" | "invalid_consumer" | "invalid_content_length" | "invalid_credential" | "invalid_cursor" | "invalid_event_type" | "invalid_field" | "invalid_id" | "invalid_idempotency_key" | "invalid_ordering_key" | "invalid_limit" | "invalid_query" | "invalid_schema" | "invalid_status" | "invalid_tenant" | "invalid_test_event_type" | "malformed_json" | "managed_by_kubernetes" | "method_not_allowed" | "missing_field" | "not_a_session" | "not_found" | "ordering_key_in_use" | "payload_too_large" | "rate_limited" | "request_timeout" | "reserved_event_type" | "schema_violation" | "session_needs_token" | "shutting_down" | "sign_in_code_invalid" | "source_exists" | "tenant_endpoint_limit" | "tenant_event_type_limit" | "tenant_ingest_busy" | "tenant_mismatch" | "tenant_source_limit" | "unauthenticated" | "unknown_event_type" | "unsupported_media_type" | "uri_too_long" | "weak_secret" | "write_conflict";
         ErrorDetail: {
             /**
              * @description Stable and machine-readable: one of the codes of the `ErrorCode` schema. A string
@@ -1297,6 +1310,12 @@ export interface components {
              */
             consumer?: string | null;
             /**
+             * @description Endpoints that order by key (`ordering: perKey`) are sent the deliveries of one key
+             *     one at a time, in the order their events committed; other endpoints ignore it.
+             *     1-256 characters without control characters, e.g. an order or account id.
+             */
+            orderingKey?: string | null;
+            /**
              * @description Check the message against the tenant's event-type catalog (`/v1/event-types`)
              *     before anything is written: its type must be declared (else 422
              *     `unknown_event_type`) and, when the type has a schema, the payload must match it
@@ -1316,6 +1335,8 @@ export interface components {
             idempotencyKey?: string | null;
             /** @description the consumer the event was addressed to, if any */
             consumer?: string | null;
+            /** @description the key endpoints that order by key send its deliveries in line with */
+            orderingKey?: string | null;
             /** Format: date-time */
             createdAt: string;
             /** @description the inbound source that took it; absent for a produced event */
@@ -1348,6 +1369,11 @@ export interface components {
             sourceEventId?: string | null;
             deliveries: components["schemas"]["DeliveryCounts"];
         };
+        /**
+         * @description What an endpoint that orders by key does after a delivery of a key is dead-lettered.
+         * @enum {string}
+         */
+        OnDeadLetter: "continue" | "hold";
         Outcomes: {
             /** Format: int64 */
             succeeded: number;
