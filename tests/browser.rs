@@ -200,6 +200,12 @@ async fn operator_finds_an_event_by_type_and_replays_its_failed_delivery(pool: P
         "the facts show the endpoint's rate limit"
     );
     assert_eq!(
+        b.js("return [...document.querySelectorAll('dl.facts dt')].find(d => d.textContent === 'Ordering')?.nextElementSibling?.textContent")
+            .await,
+        "none",
+        "the facts show the endpoint's ordering"
+    );
+    assert_eq!(
         b.js("return document.querySelectorAll('svg.chart rect').length > 0")
             .await,
         true
@@ -517,6 +523,13 @@ async fn customer_adds_an_endpoint_and_tests_it_in_the_portal(pool: PgPool) {
         .await;
     b.wait_for_text("#endpoints .rate", "at most 2.5/s (bursts of 3)")
         .await;
+    // ordered delivery per key, for a customer whose events must arrive in order
+    b.click("#endpoints .endpoint button.ordering").await;
+    b.wait_for_text(
+        "#endpoints .endpoint button.ordering",
+        "Stop ordering by key",
+    )
+    .await;
     b.click("#endpoints .endpoint button.pause").await;
     b.wait_for_text("#endpoints .endpoint .badge", "paused")
         .await;

@@ -887,3 +887,52 @@ async fn replays_keep_the_order_and_turning_ordering_off_releases_the_lines(pool
     );
     d.stop().await;
 }
+
+/// The README's ordering block, run as written with `API`, `TOKEN` and `ENDPOINT` set as the
+/// guide sets them: the three messages reach the endpoint in order.
+#[sqlx::test]
+async fn the_readmes_ordering_block_works_as_written(pool: PgPool) {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let marker = "<!-- tested: tests/ordering.rs runs this block as written -->\n```sh\n";
+    let start = readme.find(marker).expect("the README has the block") + marker.len();
+    let block = &readme[start..start + readme[start..].find("```").unwrap()];
+    let rx = Receiver::start(&[]).await;
+    let api = TestApi::start(&pool).await;
+    let tenant = "default";
+    let token = api.token_for(tenant).await;
+    let (s, ep) = call(
+        &api,
+        &token,
+        reqwest::Method::POST,
+        "/v1/endpoints",
+        Some(json!({"url": rx.url("/cust_42"), "consumer": "cust_42"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{ep}");
+    let id = ep["id"].as_str().unwrap();
+    let out = tokio::process::Command::new("bash")
+        .args(["-e", "-c", block])
+        .env("API", &api.base)
+        .env("TOKEN", &token)
+        .env("ENDPOINT", id)
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(r#""ordering":"perKey""#), "{stdout}");
+    assert_eq!(stdout.matches(r#""eventId""#).count(), 3, "{stdout}");
+    let waiting: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM hookd.deliveries WHERE visible_at = hookd.ordering_waiting()",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(waiting, 2, "the second and third wait behind the first");
+    let d = TestDispatcher::start(&pool, dispatch_settings()).await;
+    assert!(wait_until(Duration::from_secs(15), || async { rx.count() == 3 }).await);
+    let types: Vec<String> = rx.all().into_iter().filter_map(|r| r.event_type).collect();
+    assert_eq!(types, ["order.created", "order.paid", "order.shipped"]);
+    d.stop().await;
+}

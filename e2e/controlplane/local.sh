@@ -466,6 +466,28 @@ else
   fail "a rate limit of 0 refused by the API server" "$(head -c 300 "$WORK/rate0.err")"
 fi
 
+# Ordered delivery through the CRD door (issue 34): spec.ordering and spec.onDeadLetter reach
+# the row; a value outside the enum is refused by the API server.
+ordering_is() {
+  [[ "$(sql "SELECT ordering || '/' || on_dead_letter FROM hookd.endpoints
+             WHERE k8s_namespace = '$1' AND k8s_name = '$2'")" == "$3" ]]
+}
+if kubectl -n team-a patch webhookendpoint orders --type merge \
+     -p '{"spec":{"ordering":"perKey","onDeadLetter":"hold"}}' >/dev/null 2>"$WORK/ordering.err" &&
+  wait_for 30 ordering_is team-a orders perKey/hold; then
+  ok "spec.ordering and spec.onDeadLetter reach the endpoint row (perKey/hold)"
+else
+  fail "spec.ordering reaches the endpoint row" "$(head -c 300 "$WORK/ordering.err") row: $(sql "SELECT ordering, on_dead_letter FROM hookd.endpoints WHERE k8s_name = 'orders'")"
+fi
+if kubectl -n team-a patch webhookendpoint orders --type merge \
+     -p '{"spec":{"ordering":"sorted"}}' >/dev/null 2>"$WORK/ordering-bad.err"; then
+  fail "an unknown ordering refused by the API server" "the API server accepted it"
+elif grep -q 'Unsupported value: "sorted"' "$WORK/ordering-bad.err"; then
+  ok "an unknown ordering refused by the API server"
+else
+  fail "an unknown ordering refused by the API server" "$(head -c 300 "$WORK/ordering-bad.err")"
+fi
+
 live_secrets() {
   sql "SELECT count(*) FROM hookd.endpoint_secrets s JOIN hookd.endpoints e ON e.id = s.endpoint_id
        WHERE e.k8s_namespace = '$1' AND e.k8s_name = '$2' AND (s.not_after IS NULL OR s.not_after > now())"

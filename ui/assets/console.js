@@ -592,6 +592,9 @@ async function endpointPage(id) {
       fact("State", [badge(stats.state ?? ep.state), ep.disabledReason ? " " + ep.disabledReason : ""]),
       fact("Circuit", [badge(stats.circuit?.state), stats.circuit?.openUntil ? " until " + fmtTime(stats.circuit.openUntil) : ""]),
       fact("Rate limit", ep.rateLimit ? `at most ${ep.rateLimit.perSecond}/s, bursts of ${ep.rateLimit.burst} (across every dispatcher)` : "none"),
+      fact("Ordering", ep.ordering === "perKey"
+        ? `one at a time per orderingKey; after a dead letter: ${ep.onDeadLetter === "hold" ? "hold the key" : "continue"}`
+        : "none"),
       fact("Backlog", String(stats.backlog)),
       fact("Last success", stats.lastSuccess ? `${fmtTime(stats.lastSuccess.at)} (HTTP ${stats.lastSuccess.statusCode})` : "—"),
       fact(

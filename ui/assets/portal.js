@@ -256,6 +256,11 @@ function endpointCard(ep) {
             }, "enable"),
       act("Edit event types", async () => editTypes(ep, card), "edit-types"),
       act("Rate limit", async () => editRate(ep, card), "edit-rate"),
+      // one at a time per orderingKey, in the order the producer's events committed
+      act(ep.ordering === "perKey" ? "Stop ordering by key" : "Order by key", async () => {
+        await api("PATCH", `/v1/endpoints/${enc(ep.id)}`, { ordering: ep.ordering === "perKey" ? "none" : "perKey" });
+        await loadEndpoints();
+      }, "ordering"),
       act("Rotate secret", async () => {
         const r = await api("POST", `/v1/endpoints/${enc(ep.id)}/secret/rotate`, {});
         showSecret(r.secret, ep.url);

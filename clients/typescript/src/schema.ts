@@ -957,7 +957,8 @@ export interface components {
             attemptCount: number;
             /**
              * Format: date-time
-             * @description when the next attempt is due (pending and failed deliveries only)
+             * @description when the next attempt is due (pending and failed deliveries only; none while it
+             *     waits in its ordering key's line behind an earlier delivery)
              */
             nextAttemptAt?: string | null;
             /** Format: int32 */
