@@ -368,10 +368,12 @@ async fn keys_arrive_in_commit_order_across_dispatchers_retries_and_kills(pool: 
     .await;
     let arrivals = rx.arrivals();
     if !done {
-        let left: Vec<(String, String, Option<String>, chrono::DateTime<chrono::Utc>, i32)> = sqlx::query_as(
-            "SELECT e.url, d.status, d.ordering_key, d.visible_at, d.attempts FROM hookd.deliveries d
+        // what is left, one line each
+        let left: Vec<String> = sqlx::query_scalar(
+            "SELECT concat_ws(' ', e.url, d.status, d.ordering_key, d.visible_at, d.attempts)
+             FROM hookd.deliveries d
              JOIN hookd.endpoints e ON e.id = d.endpoint_id WHERE d.status <> 'succeeded'
-             ORDER BY 1, 3, d.ordering_seq",
+             ORDER BY e.url, d.ordering_key, d.ordering_seq",
         )
         .fetch_all(&pool)
         .await
