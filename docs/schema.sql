@@ -767,14 +767,35 @@ CREATE FUNCTION hookd.ordering_advance(batch integer) RETURNS integer
     AS $$
 DECLARE
   n int;
+  eps uuid[];
+  keys text[];
+  moved bigint;
 BEGIN
   WITH a AS (
     DELETE FROM hookd.ordering_advances
     WHERE id = ANY (ARRAY(SELECT id FROM hookd.ordering_advances ORDER BY id LIMIT batch
                           FOR UPDATE SKIP LOCKED))
     RETURNING endpoint_id, ordering_key
-  ), k AS (
-    SELECT DISTINCT endpoint_id, ordering_key FROM a
+  ), k AS MATERIALIZED (
+    SELECT endpoint_id, ordering_key,
+           pg_try_advisory_xact_lock(hashtextextended(endpoint_id::text || E'\n' || ordering_key, 2)) AS mine
+    FROM (SELECT DISTINCT endpoint_id, ordering_key FROM a ORDER BY 1, 2) d
+  ), busy AS (
+    -- a line another fold is moving: look again at the next fold
+    INSERT INTO hookd.ordering_advances (endpoint_id, ordering_key)
+    SELECT endpoint_id, ordering_key FROM k WHERE NOT mine
+  )
+  SELECT coalesce(array_agg(endpoint_id) FILTER (WHERE mine), '{}'),
+         coalesce(array_agg(ordering_key) FILTER (WHERE mine), '{}'),
+         (SELECT count(*) FROM a)
+    INTO eps, keys, n
+  FROM k;
+  IF cardinality(eps) = 0 THEN
+    RETURN n;
+  END IF;
+  -- a new statement, so a new snapshot (read committed), taken with the lines locked
+  WITH k AS (
+    SELECT * FROM unnest(eps, keys) AS k(endpoint_id, ordering_key)
   ), cand AS MATERIALIZED (
     SELECT k.endpoint_id, k.ordering_key,
            (SELECT d.id FROM hookd.deliveries d
@@ -793,10 +814,8 @@ BEGIN
                         AND EXISTS (SELECT 1 FROM hookd.endpoints e
                                     WHERE e.id = h.endpoint_id AND e.on_dead_letter = 'hold'))
   ), locked AS (
-    -- Locked without waiting, and checked again on the latest version: a row another
-    -- fold promoted meanwhile, or that was cancelled, is no longer waiting and is left.
-    -- Never "the next waiting one" instead (a LIMIT over a locking scan would be): that
-    -- would put two of a key on their way.
+    -- Locked without waiting, and checked again on the latest version: a row cancelled
+    -- meanwhile is no longer waiting and is left.
     SELECT d.id FROM hookd.deliveries d
     WHERE d.id = ANY (ARRAY(SELECT id FROM cand WHERE id IS NOT NULL))
       AND d.status IN ('pending', 'in_progress', 'failed')
@@ -808,15 +827,12 @@ BEGIN
     WHERE d.id = ANY (ARRAY(SELECT id FROM locked)) AND d.status IN ('pending', 'in_progress', 'failed')
     RETURNING d.id
   ), again AS (
-    -- a candidate held by someone else: look again at the next fold
+    -- a candidate someone else holds (a replay, a cancellation): look again next time
     INSERT INTO hookd.ordering_advances (endpoint_id, ordering_key)
     SELECT c.endpoint_id, c.ordering_key FROM cand c
     WHERE c.id IS NOT NULL AND c.id <> ALL (ARRAY(SELECT id FROM locked))
-      AND EXISTS (SELECT 1 FROM hookd.deliveries d
-                  WHERE d.id = c.id AND d.status IN ('pending', 'in_progress', 'failed')
-                    AND d.visible_at = hookd.ordering_waiting())
   )
-  SELECT (SELECT count(*) FROM a) + 0 * (SELECT count(*) FROM promoted) INTO n;
+  SELECT count(*) INTO moved FROM promoted;
   RETURN n;
 END
 $$;

@@ -938,3 +938,85 @@ async fn the_readmes_ordering_block_works_as_written(pool: PgPool) {
     assert_eq!(types, ["order.created", "order.paid", "order.shipped"]);
     d.stop().await;
 }
+
+/// Two folds never move one line at once. A fold that promoted a key's next delivery and
+/// has not committed yet holds the line; a second fold, run meanwhile for the same key
+/// (here after a replay put an earlier delivery of the key back in line), must not promote
+/// that earlier one too: it would be a second delivery of the key on its way. Failed
+/// before the line lock: the second fold saw the line free in its snapshot and promoted
+/// the replayed delivery beside the first fold's.
+#[sqlx::test]
+async fn two_folds_never_move_one_line_at_once(pool: PgPool) {
+    init();
+    let rx = OrderReceiver::start(Duration::ZERO, 0).await;
+    let ep = ordered_endpoint(
+        &pool,
+        rx.url("e"),
+        hookd::endpoints::OnDeadLetter::Continue,
+        None,
+    )
+    .await;
+    enqueue_keyed(&pool, 1, 3).await;
+    let line = |n: i64| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, Uuid>(
+                "SELECT d.id FROM hookd.deliveries d JOIN hookd.events e ON e.id = d.event_id
+                 WHERE d.endpoint_id = $1 AND (e.payload::json->>'n')::int = $2",
+            )
+            .bind(ep)
+            .bind(n)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let (first, _second) = (line(1).await, line(2).await);
+    // the first is sent and succeeds (as a dispatcher's claim and outcome would leave it)
+    sqlx::query(
+        "UPDATE hookd.deliveries SET status = 'succeeded', completed_at = now(), attempts = 1
+         WHERE id = $1",
+    )
+    .bind(first)
+    .execute(&pool)
+    .await
+    .unwrap();
+    // fold 1 moves the line (the second delivery) and has not committed
+    let mut fold1 = pool.begin().await.unwrap();
+    sqlx::query("SELECT hookd.ordering_advance(10000)")
+        .execute(&mut *fold1)
+        .await
+        .unwrap();
+    // meanwhile the first is replayed: back in line, before the others
+    let replayed = hookd::db::deliveries::replay(&pool, first, hookd::db::Audience::tenant(None))
+        .await
+        .unwrap();
+    assert_eq!(replayed, hookd::db::deliveries::ReplayOutcome::Replayed);
+    // fold 2, for the replay's advance, while fold 1 holds the line
+    sqlx::query("SELECT hookd.ordering_advance(10000)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    fold1.commit().await.unwrap();
+    // and any number of folds after
+    for _ in 0..3 {
+        sqlx::query("SELECT hookd.ordering_advance(10000)")
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let on_their_way: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM hookd.deliveries
+         WHERE endpoint_id = $1 AND status IN ('pending', 'in_progress', 'failed')
+           AND visible_at < hookd.ordering_waiting()",
+    )
+    .bind(ep)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        on_their_way.len(),
+        1,
+        "two of one key on their way: {on_their_way:?}"
+    );
+}
