@@ -150,7 +150,8 @@ BEGIN
             WHERE d.endpoint_id = k.endpoint_id AND d.ordering_key = k.ordering_key
               AND d.status IN ('pending', 'in_progress', 'failed')
               AND d.visible_at = hookd.ordering_waiting()
-            ORDER BY d.ordering_seq, d.id LIMIT 1) AS id
+            -- one delivery per event and endpoint, so the sequence alone orders a line
+            ORDER BY d.ordering_seq LIMIT 1) AS id
     FROM k
     WHERE NOT EXISTS (SELECT 1 FROM hookd.deliveries d
                       WHERE d.endpoint_id = k.endpoint_id AND d.ordering_key = k.ordering_key
