@@ -122,9 +122,10 @@ pub struct ApiSettings {
     /// Most messages one shared ingest transaction carries
     #[arg(long, env = "HOOKD_INGEST_MAX_GROUP", default_value_t = 256)]
     pub ingest_max_group: usize,
-    /// How long a request waits (ms) for another holder of its idempotency key (a request
-    /// still committing, or a producer's open transaction through hookd.enqueue) before it
-    /// is answered 409 idempotency_key_in_use. Only that request waits.
+    /// How long a request waits (ms) for another holder of its idempotency key or its
+    /// orderingKey's line (a request still committing, or a producer's open transaction
+    /// through hookd.enqueue) before it is answered 409 idempotency_key_in_use (or
+    /// ordering_key_in_use). Only that request waits.
     #[arg(long, env = "HOOKD_IDEMPOTENCY_WAIT_MS", default_value_t = 5000)]
     pub idempotency_wait_ms: u64,
     /// Send a coalesced NOTIFY after each commit to wake dispatchers at once

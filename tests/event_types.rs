@@ -1080,22 +1080,9 @@ async fn an_operator_reads_the_catalog_in_the_console(pool: PgPool) {
 /// the catalog lists it.
 #[sqlx::test]
 async fn the_readmes_catalog_block_works_as_written(pool: PgPool) {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let marker = "<!-- tested: tests/event_types.rs runs this block as written -->\n```sh\n";
-    let start = readme.find(marker).expect("the README has the block") + marker.len();
-    let block = &readme[start..start + readme[start..].find("```").unwrap()];
     let api = TestApi::start(&pool).await;
     let token = api.token_for("default").await;
-    let out = tokio::process::Command::new("bash")
-        .args(["-e", "-c", block])
-        .env("API", &api.base)
-        .env("TOKEN", &token)
-        .output()
-        .await
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = run_readme_block("tests/event_types.rs", &api, &token, None).await;
     for shown in [
         r#""name":"invoice.paid""#,
         r#"{"error":{"code":"schema_violation","message":"payload/amount: \"42.00\" is not of type \"integer\"; nothing was written"}}"#,

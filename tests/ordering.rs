@@ -441,6 +441,21 @@ async fn api_endpoint(
     v["id"].as_str().unwrap().parse().unwrap()
 }
 
+/// PATCH /v1/endpoints/{id} as the tenant: (status, body).
+async fn patch_endpoint(
+    api: &TestApi,
+    id: Uuid,
+    body: serde_json::Value,
+) -> (StatusCode, serde_json::Value) {
+    let path = format!("/v1/endpoints/{id}");
+    send(
+        api.request_as(TENANT, reqwest::Method::PATCH, &path)
+            .await
+            .json(&body),
+    )
+    .await
+}
+
 /// Enqueues one message through the API; returns its (eventId, deliveryIds).
 async fn post_keyed(api: &TestApi, key: Option<&str>, n: u64) -> (Uuid, Vec<Uuid>) {
     let mut body = json!({
@@ -604,16 +619,7 @@ async fn dead_letters_continue_or_hold_the_key_and_a_replay_releases_it(pool: Pg
         })
         .await
     );
-    let (status, v) = send(
-        api.request_as(
-            TENANT,
-            reqwest::Method::PATCH,
-            &format!("/v1/endpoints/{hold}"),
-        )
-        .await
-        .json(&json!({"onDeadLetter": "continue"})),
-    )
-    .await;
+    let (status, v) = patch_endpoint(&api, hold, json!({"onDeadLetter": "continue"})).await;
     assert_eq!(status, StatusCode::OK, "{v}");
     assert_eq!(v["onDeadLetter"], "continue");
     assert!(
@@ -749,16 +755,7 @@ async fn bad_ordering_values_are_refused_at_every_door(pool: PgPool) {
         ("onDeadLetter", json!("retry")),
         ("ordering", json!(null)),
     ] {
-        let (status, v) = send(
-            api.request_as(
-                TENANT,
-                reqwest::Method::PATCH,
-                &format!("/v1/endpoints/{id}"),
-            )
-            .await
-            .json(&json!({ field: bad })),
-        )
-        .await;
+        let (status, v) = patch_endpoint(&api, id, json!({ field: bad })).await;
         assert_eq!(
             status,
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -858,16 +855,7 @@ async fn replays_keep_the_order_and_turning_ordering_off_releases_the_lines(pool
     for n in 1..=4 {
         post_keyed(&api, Some("j"), n).await;
     }
-    let (status, v) = send(
-        api.request_as(
-            TENANT,
-            reqwest::Method::PATCH,
-            &format!("/v1/endpoints/{id}"),
-        )
-        .await
-        .json(&json!({"ordering": "none"})),
-    )
-    .await;
+    let (status, v) = patch_endpoint(&api, id, json!({"ordering": "none"})).await;
     assert_eq!(status, StatusCode::OK, "{v}");
     assert_eq!(v["ordering"], "none");
     let waiting: i64 = sqlx::query_scalar(
@@ -894,11 +882,6 @@ async fn replays_keep_the_order_and_turning_ordering_off_releases_the_lines(pool
 /// guide sets them: the three messages reach the endpoint in order.
 #[sqlx::test]
 async fn the_readmes_ordering_block_works_as_written(pool: PgPool) {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let marker = "<!-- tested: tests/ordering.rs runs this block as written -->\n```sh\n";
-    let start = readme.find(marker).expect("the README has the block") + marker.len();
-    let block = &readme[start..start + readme[start..].find("```").unwrap()];
     let rx = Receiver::start(&[]).await;
     let api = TestApi::start(&pool).await;
     let tenant = "default";
@@ -913,16 +896,7 @@ async fn the_readmes_ordering_block_works_as_written(pool: PgPool) {
     .await;
     assert_eq!(s, StatusCode::CREATED, "{ep}");
     let id = ep["id"].as_str().unwrap();
-    let out = tokio::process::Command::new("bash")
-        .args(["-e", "-c", block])
-        .env("API", &api.base)
-        .env("TOKEN", &token)
-        .env("ENDPOINT", id)
-        .output()
-        .await
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = run_readme_block("tests/ordering.rs", &api, &token, Some(id)).await;
     assert!(stdout.contains(r#""ordering":"perKey""#), "{stdout}");
     assert_eq!(stdout.matches(r#""eventId""#).count(), 3, "{stdout}");
     let waiting: i64 = sqlx::query_scalar(

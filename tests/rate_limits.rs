@@ -318,11 +318,6 @@ async fn endpoint_opts_named(pool: &PgPool, id: uuid::Uuid) -> EndpointOpts {
 /// the guide sets them.
 #[sqlx::test]
 async fn the_readmes_rate_limit_block_works_as_written(pool: PgPool) {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let marker = "<!-- tested: tests/rate_limits.rs runs this block as written -->\n```sh\n";
-    let start = readme.find(marker).expect("the README has the block") + marker.len();
-    let block = &readme[start..start + readme[start..].find("```").unwrap()];
     let api = TestApi::start(&pool).await;
     let token = api.token_for(TENANT).await;
     let (s, ep) = call(
@@ -335,16 +330,8 @@ async fn the_readmes_rate_limit_block_works_as_written(pool: PgPool) {
     .await;
     assert_eq!(s, StatusCode::CREATED, "{ep}");
     let id = ep["id"].as_str().unwrap();
-    let out = tokio::process::Command::new("bash")
-        .args(["-e", "-c", block])
-        .env("API", &api.base)
-        .env("TOKEN", &token)
-        .env("ENDPOINT", id)
-        .output()
-        .await
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stdout = run_readme_block("tests/rate_limits.rs", &api, &token, Some(id)).await;
+    let answer: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(answer["rateLimit"], json!({"perSecond": 5.0, "burst": 10}));
 }
 

@@ -703,3 +703,29 @@ pub fn claim_req(
         default_max_attempts: 8,
     }
 }
+
+/// Runs the README's `sh` block marked `<!-- tested: {tested_by} runs this block as
+/// written -->` with `bash -e`, as the guide sets its variables (`API`, `TOKEN`, and
+/// `ENDPOINT` when given), and returns its standard output; panics unless it succeeds.
+pub async fn run_readme_block(
+    tested_by: &str,
+    api: &TestApi,
+    token: &str,
+    endpoint: Option<&str>,
+) -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let marker = format!("<!-- tested: {tested_by} runs this block as written -->\n```sh\n");
+    let start = readme.find(&marker).expect("the README has the block") + marker.len();
+    let block = &readme[start..start + readme[start..].find("```").unwrap()];
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.args(["-e", "-c", block])
+        .env("API", &api.base)
+        .env("TOKEN", token);
+    if let Some(id) = endpoint {
+        cmd.env("ENDPOINT", id);
+    }
+    let out = cmd.output().await.unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
