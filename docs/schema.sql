@@ -115,7 +115,8 @@ BEGIN
     INSERT INTO hookd.ordering_holds (endpoint_id, ordering_key, delivery_id)
     SELECT DISTINCT ON (o.endpoint_id, o.ordering_key) o.endpoint_id, o.ordering_key, o.id
     FROM ordered o JOIN hookd.endpoints e ON e.id = o.endpoint_id
-    WHERE o.status = 'dead' AND o.old_status <> 'dead' AND e.on_dead_letter = 'hold'
+    WHERE o.status = 'dead' AND o.old_status <> 'dead'
+      AND e.ordering = 'perKey' AND e.on_dead_letter = 'hold'
     ORDER BY o.endpoint_id, o.ordering_key, o.id
     ON CONFLICT (endpoint_id, ordering_key) DO NOTHING
   ), released AS (

@@ -309,6 +309,15 @@ pub async fn prune_once(
         )
         .await?;
     }
+    // Ordering keys held by a dead letter this pass (or an earlier one) deleted: nobody can
+    // replay it any more, so its line moves on.
+    let released = crate::db::deliveries::release_orphaned_holds(&mut conn).await?;
+    if released > 0 {
+        tracing::info!(
+            released,
+            "ordering keys held by a dead letter retention deleted move on"
+        );
+    }
     // Browser sessions that ended a day ago, and expired sign-in codes: one per sign-in.
     loop {
         let n = crate::db::sign_in::delete_ended_sessions(&mut conn, policy.batch).await?;

@@ -994,3 +994,143 @@ async fn two_folds_never_move_one_line_at_once(pool: PgPool) {
         "two of one key on their way: {on_their_way:?}"
     );
 }
+
+/// A replay never waits for a key's line: while a producer's open transaction holds the
+/// key, replaying one of its deliveries is 409 `ordering_key_in_use` at once (nothing
+/// changed), and an endpoint replay leaves that key's deliveries alone, counts them, and
+/// replays the rest. Before, the replay waited on the producer with the rows it had
+/// selected locked, so nothing of the endpoint (unkeyed deliveries included) was sent
+/// until the producer committed.
+#[sqlx::test]
+async fn a_replay_never_waits_for_a_producer_holding_the_key(pool: PgPool) {
+    let rx = OrderReceiver::start(Duration::ZERO, 0).await;
+    let api = TestApi::start(&pool).await;
+    let id = api_endpoint(&api, "e", &rx, json!({})).await;
+    let (_, keyed) = post_keyed(&api, Some("r"), 1).await;
+    for n in 1..=3 {
+        post_keyed(&api, None, n).await;
+    }
+    let d = TestDispatcher::start(&pool, dispatch_settings()).await;
+    assert!(
+        wait_until(Duration::from_secs(15), || async {
+            count_status(&pool, "succeeded").await == 4
+        })
+        .await
+    );
+    d.stop().await;
+    let mut producer = pool.begin().await.unwrap();
+    sqlx::query(
+        "SELECT hookd.enqueue($1, 'order.updated', '{\"k\":\"r\",\"n\":2}', NULL, NULL, 'r')",
+    )
+    .bind(TENANT)
+    .execute(&mut *producer)
+    .await
+    .unwrap();
+    let t = Instant::now();
+    let (status, v) = api
+        .post_as(TENANT, &format!("/v1/deliveries/{}/replay", keyed[0]), "")
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    assert_eq!(v["error"]["code"], "ordering_key_in_use", "{v}");
+    let (status, v) = api
+        .post_as(
+            TENANT,
+            &format!("/v1/endpoints/{id}/replay"),
+            "{\"statuses\":[\"succeeded\"]}",
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    assert_eq!(
+        (
+            v["replayed"].as_i64(),
+            v["skippedOrderingKeyInUse"].as_i64()
+        ),
+        (Some(3), Some(1)),
+        "{v}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "a replay waited: {:?}",
+        t.elapsed()
+    );
+    assert_eq!(delivery_status(&pool, keyed[0]).await.0, "succeeded");
+    producer.commit().await.unwrap();
+    let (status, v) = api
+        .post_as(TENANT, &format!("/v1/deliveries/{}/replay", keyed[0]), "")
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+}
+
+/// A dead letter that holds its key and is then deleted (as retention deletes it) releases
+/// the key at the next pruning pass, so the line behind it is not stranded; a keyed
+/// delivery that dies while its endpoint no longer orders by key holds nothing.
+#[sqlx::test]
+async fn a_hold_whose_dead_letter_is_gone_releases_the_key(pool: PgPool) {
+    let rx = OrderReceiver::start(Duration::ZERO, 0).await;
+    let api = TestApi::start(&pool).await;
+    let id = api_endpoint(&api, "e", &rx, json!({"onDeadLetter": "hold"})).await;
+    sqlx::query("UPDATE hookd.endpoints SET max_attempts = 1 WHERE id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    rx.fail_once("e", "k", 1);
+    let (_, first) = post_keyed(&api, Some("k"), 1).await;
+    post_keyed(&api, Some("k"), 2).await;
+    let d = TestDispatcher::start(&pool, dispatch_settings()).await;
+    assert!(
+        wait_until(Duration::from_secs(15), || async {
+            delivery_status(&pool, first[0]).await.0 == "dead"
+        })
+        .await
+    );
+    let holds = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM hookd.ordering_holds")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(holds().await, 1);
+    // retention deletes the dead letter's rows
+    sqlx::query("DELETE FROM hookd.dead_letters WHERE delivery_id = $1")
+        .bind(first[0])
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM hookd.deliveries WHERE id = $1")
+        .bind(first[0])
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    assert_eq!(
+        hookd::db::deliveries::release_orphaned_holds(&mut conn)
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(
+        wait_until(Duration::from_secs(15), || async {
+            rx.delivered("e", "k") == vec![2]
+        })
+        .await,
+        "{:?}",
+        rx.arrivals()
+    );
+    d.stop().await;
+
+    // no order, no hold: a keyed delivery that dies after ordering was turned off
+    rx.fail_once("e", "j", 1);
+    let (_, j) = post_keyed(&api, Some("j"), 1).await;
+    let (status, v) = patch_endpoint(&api, id, json!({"ordering": "none"})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let d = TestDispatcher::start(&pool, dispatch_settings()).await;
+    assert!(
+        wait_until(Duration::from_secs(15), || async {
+            delivery_status(&pool, j[0]).await.0 == "dead"
+        })
+        .await
+    );
+    d.stop().await;
+    assert_eq!(holds().await, 0);
+}

@@ -174,7 +174,9 @@ pub struct ReplayOut {
     operation_id = "replayDelivery",
     summary = "Send a delivery again, now (scope: operate)",
     description = "Resets the attempts and keeps the delivery id. Refused with 409 while a \
-        dispatcher holds the delivery. A request body, if any, is ignored.",
+        dispatcher holds the delivery, or while a transaction that has not finished holds its \
+        orderingKey (`ordering_key_in_use`). A keyed delivery of an endpoint that orders by key \
+        goes back in its key's line, in its event's order. A request body, if any, is ignored.",
     params(("id" = Uuid, Path, description = "The delivery id")),
     responses(
         (status = 202, description = "The delivery is due now", body = ReplayOut),
@@ -216,6 +218,12 @@ pub async fn replay(
             ErrorCode::DeliveryLeased,
             "a dispatcher is sending this delivery right now; retry after it completes",
         )),
+        ReplayOutcome::LineBusy => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            ErrorCode::OrderingKeyInUse,
+            "this delivery's orderingKey is held by a transaction that has not finished (a producer's, through hookd.enqueue, or another replay); nothing was changed, retry shortly",
+        )
+        .with_retry_after(1)),
         ReplayOutcome::NotFound => Err(ApiError::not_found("delivery")),
     }
 }
@@ -281,6 +289,9 @@ pub struct EndpointReplayOut {
     replayed: i64,
     /// matching deliveries left alone because a dispatcher holds them
     skipped_leased: i64,
+    /// matching deliveries left alone because their orderingKey is held by a transaction
+    /// that has not finished (a producer's, or another replay); replay again for them
+    skipped_ordering_key_in_use: i64,
 }
 
 /// POST /v1/endpoints/{id}/replay `{"since"?, "until"?, "statuses"?, "limit"?}`
@@ -368,22 +379,23 @@ pub async fn replay_endpoint(
     )
     .await;
     if let Some((limiter, key, took)) = rated {
-        let used = replayed.as_ref().map_or(0, |r| r.0);
+        let used = replayed.as_ref().map_or(0, |r| r.replayed);
         limiter.refund(
             &key,
             took.saturating_sub(u32::try_from(used).unwrap_or(took)),
         );
     }
-    let (replayed, skipped) = replayed?;
-    if replayed > 0 {
+    let r = replayed?;
+    if r.replayed > 0 {
         state.notifier.wake();
     }
     Ok((
         StatusCode::ACCEPTED,
         Json(EndpointReplayOut {
             endpoint_id: id,
-            replayed,
-            skipped_leased: skipped,
+            replayed: r.replayed,
+            skipped_leased: r.skipped_leased,
+            skipped_ordering_key_in_use: r.skipped_line_busy,
         }),
     )
         .into_response())

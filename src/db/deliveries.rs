@@ -927,11 +927,39 @@ pub async fn cancel_stragglers(pool: &PgPool) -> Result<u64, DbError> {
     Ok(r.rows_affected())
 }
 
+/// Releases the ordering keys held by a dead letter that is gone (retention deleted it
+/// before anyone replayed it): the hold can no longer be lifted by a replay, so the key's
+/// line moves on (an advance for the next fold) as `onDeadLetter: continue` would have.
+/// Returns the number released. Cheap: the holds are few, each a primary-key probe of the
+/// dead delivery's day.
+pub async fn release_orphaned_holds(conn: &mut PgConnection) -> Result<u64, DbError> {
+    let n: i64 = sqlx::query_scalar(
+        r#"
+        WITH gone AS (
+            DELETE FROM hookd.ordering_holds h
+            WHERE NOT EXISTS (SELECT 1 FROM hookd.deliveries d
+                              WHERE d.id = h.delivery_id AND d.status = 'dead')
+            RETURNING endpoint_id, ordering_key
+        ), advanced AS (
+            INSERT INTO hookd.ordering_advances (endpoint_id, ordering_key)
+            SELECT endpoint_id, ordering_key FROM gone
+        )
+        SELECT count(*) FROM gone
+        "#,
+    )
+    .fetch_one(on(conn))
+    .await?;
+    Ok(n.unsigned_abs())
+}
+
 /// Outcome of a replay request for one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplayOutcome {
     Replayed,
     Leased,
+    /// its ordering key's line is held by a transaction that has not finished (a
+    /// producer's, through `hookd.enqueue`, or another replay): nothing was changed
+    LineBusy,
     NotFound,
 }
 
@@ -943,7 +971,7 @@ pub async fn replay(
     id: Uuid,
     audience: super::Audience<'_>,
 ) -> Result<ReplayOutcome, DbError> {
-    let row: Option<(bool,)> = super::retry_conflicts(|| async {
+    let row: Option<(bool, bool)> = super::retry_conflicts(|| async {
         Ok(sqlx::query_as(
             r#"
         WITH target AS (
@@ -952,25 +980,26 @@ pub async fn replay(
             WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND ($3::text IS NULL OR consumer = $3)
               AND ($4::uuid IS NULL OR id >= $4)
             FOR UPDATE
-        ), lines AS (
-            -- an ordering key's line, as enqueues take it (migration 0034)
-            SELECT count(*) AS n FROM (
-                SELECT pg_advisory_xact_lock(k.h) FROM (
-                    SELECT DISTINCT hookd.ordering_lock_id(tenant, ordering_key) AS h FROM target
-                    WHERE ordering_key IS NOT NULL AND NOT leased ORDER BY 1) k) x
+        ), free AS MATERIALIZED (
+            -- A keyed delivery's line, as enqueues take it (migration 0034), without
+            -- waiting: a producer's open transaction holding the key makes this a 409,
+            -- not a wait that keeps this row locked
+            SELECT id FROM target
+            WHERE NOT leased
+              AND CASE WHEN ordering_key IS NULL THEN true
+                       ELSE pg_try_advisory_xact_lock(hookd.ordering_lock_id(tenant, ordering_key)) END
         ), upd AS (
             UPDATE hookd.deliveries d
             SET status = 'pending', attempts = 0,
                 -- a keyed delivery of an endpoint that orders by key waits its turn
                 visible_at = hookd.ordering_replay_at(d.endpoint_id, d.ordering_key),
                 locked_by = NULL, claim_token = NULL, completed_at = NULL, updated_at = now()
-            FROM target WHERE d.id = target.id AND NOT target.leased
-              AND (SELECT n FROM lines) >= 0
+            FROM free WHERE d.id = free.id
             RETURNING d.id
         ), undead AS (
             DELETE FROM hookd.dead_letters WHERE delivery_id IN (SELECT id FROM upd)
         )
-        SELECT leased FROM target
+        SELECT leased, NOT leased AND id NOT IN (SELECT id FROM free) AS line_busy FROM target
         "#,
         )
         .bind(id)
@@ -983,16 +1012,27 @@ pub async fn replay(
     .await?;
     Ok(match row {
         None => ReplayOutcome::NotFound,
-        Some((true,)) => ReplayOutcome::Leased,
-        Some((false,)) => ReplayOutcome::Replayed,
+        Some((true, _)) => ReplayOutcome::Leased,
+        Some((false, true)) => ReplayOutcome::LineBusy,
+        Some((false, false)) => ReplayOutcome::Replayed,
     })
+}
+
+/// What an endpoint replay did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointReplay {
+    pub replayed: i64,
+    /// left alone: a dispatcher holds them
+    pub skipped_leased: i64,
+    /// left alone: their ordering key's line is held by a transaction that has not
+    /// finished (a producer's, or another replay)
+    pub skipped_line_busy: i64,
 }
 
 /// Replays an endpoint's deliveries created in [since, until) (either end open when
 /// `None`) whose status is one of `statuses`, skipping leased ones; at most `limit` per
 /// call. `tenant` confines it to that tenant's deliveries (an endpoint whose tenant was
-/// changed keeps its older deliveries under the old one). Returns (replayed, skipped
-/// because leased).
+/// changed keeps its older deliveries under the old one).
 pub async fn replay_endpoint(
     pool: &PgPool,
     endpoint_id: Uuid,
@@ -1001,8 +1041,8 @@ pub async fn replay_endpoint(
     statuses: &[DeliveryStatus],
     limit: i64,
     tenant: Option<&str>,
-) -> Result<(i64, i64), DbError> {
-    let row: (i64, i64) = super::retry_conflicts(|| async {
+) -> Result<EndpointReplay, DbError> {
+    let row: (i64, i64, i64) = super::retry_conflicts(|| async {
         Ok(sqlx::query_as(
             r#"
         WITH target AS (
@@ -1016,12 +1056,14 @@ pub async fn replay_endpoint(
             ORDER BY created_at
             LIMIT $5
             FOR UPDATE SKIP LOCKED
-        ), lines AS (
-            -- the ordering keys' lines, as enqueues take them (migration 0034), sorted
-            SELECT count(*) AS n FROM (
-                SELECT pg_advisory_xact_lock(k.h) FROM (
-                    SELECT DISTINCT hookd.ordering_lock_id(tenant, ordering_key) AS h FROM target
-                    WHERE ordering_key IS NOT NULL AND NOT leased ORDER BY 1) k) x
+        ), free AS MATERIALIZED (
+            -- the ordering keys' lines, as enqueues take them (migration 0034), without
+            -- waiting: a line a producer's open transaction holds is skipped (and
+            -- counted), its rows left unlocked for the dispatchers
+            SELECT id FROM target
+            WHERE NOT leased
+              AND CASE WHEN ordering_key IS NULL THEN true
+                       ELSE pg_try_advisory_xact_lock(hookd.ordering_lock_id(tenant, ordering_key)) END
         ), upd AS (
             UPDATE hookd.deliveries d
             SET status = 'pending', attempts = 0,
@@ -1029,13 +1071,13 @@ pub async fn replay_endpoint(
                 -- go in the order of their events, whatever order they are replayed in
                 visible_at = hookd.ordering_replay_at(d.endpoint_id, d.ordering_key),
                 locked_by = NULL, claim_token = NULL, completed_at = NULL, updated_at = now()
-            FROM target WHERE d.id = target.id AND NOT target.leased
-              AND (SELECT n FROM lines) >= 0
+            FROM free WHERE d.id = free.id
             RETURNING d.id
         ), undead AS (
             DELETE FROM hookd.dead_letters WHERE delivery_id IN (SELECT id FROM upd)
         )
-        SELECT (SELECT count(*) FROM upd), (SELECT count(*) FROM target WHERE leased)
+        SELECT (SELECT count(*) FROM upd), (SELECT count(*) FROM target WHERE leased),
+               (SELECT count(*) FROM target WHERE NOT leased AND id NOT IN (SELECT id FROM free))
         "#,
         )
         .bind(endpoint_id)
@@ -1048,7 +1090,11 @@ pub async fn replay_endpoint(
         .await?)
     })
     .await?;
-    Ok(row)
+    Ok(EndpointReplay {
+        replayed: row.0,
+        skipped_leased: row.1,
+        skipped_line_busy: row.2,
+    })
 }
 
 /// The `visible_at` of a delivery waiting in its ordering key's line behind an earlier

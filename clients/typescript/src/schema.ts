@@ -236,7 +236,7 @@ export interface paths {
         put?: never;
         /**
          * Send a delivery again, now (scope: operate)
-         * @description Resets the attempts and keeps the delivery id. Refused with 409 while a dispatcher holds the delivery. A request body, if any, is ignored.
+         * @description Resets the attempts and keeps the delivery id. Refused with 409 while a dispatcher holds the delivery, or while a transaction that has not finished holds its orderingKey (`ordering_key_in_use`). A keyed delivery of an endpoint that orders by key goes back in its key's line, in its event's order. A request body, if any, is ignored.
          */
         post: operations["replayDelivery"];
         delete?: never;
@@ -1093,6 +1093,12 @@ export interface components {
              * @description matching deliveries left alone because a dispatcher holds them
              */
             skippedLeased: number;
+            /**
+             * Format: int64
+             * @description matching deliveries left alone because their orderingKey is held by a transaction
+             *     that has not finished (a producer's, or another replay); replay again for them
+             */
+            skippedOrderingKeyInUse: number;
         };
         /**
          * @description Whether an endpoint is sent to.
