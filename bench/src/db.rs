@@ -66,7 +66,7 @@ pub async fn server_settings(pool: &PgPool) -> Result<Vec<(String, String)>, DbE
 pub async fn truncate_queue(pool: &PgPool) -> Result<(), DbError> {
     sqlx::query(
         "TRUNCATE hookd.dead_letters, hookd.delivery_attempts, hookd.deliveries, hookd.events,
-                  hookd.endpoint_queue",
+                  hookd.endpoint_queue, hookd.ordering_advances, hookd.ordering_holds",
     )
     .execute(pool)
     .await?;
@@ -112,6 +112,111 @@ pub async fn endpoints_of(
             .fetch_all(pool)
             .await?;
     Ok(rows.into_iter().collect())
+}
+
+/// Events enqueued by `enqueue_keyed` per transaction: each takes its key's advisory
+/// lock until commit, and the server's lock table holds a few thousand.
+const KEYED_PER_TRANSACTION: i64 = 1_000;
+
+/// `count` events of `tenant` through `hookd.enqueue`'s 6-argument form (what a SQL
+/// producer calls), [`KEYED_PER_TRANSACTION`] per statement, in order: event i has
+/// ordering key `k<i mod keys>` and event type `bench.ordering.e<(i mod keys) mod
+/// endpoints>`, so a key always goes to the same endpoint (when endpoint e subscribes to
+/// `bench.ordering.e<e>` only), and a payload `{"seq":i,...}` of about `payload_bytes`.
+pub async fn enqueue_keyed(
+    pool: &PgPool,
+    tenant: &str,
+    count: i64,
+    keys: i64,
+    endpoints: i64,
+    payload_bytes: i64,
+) -> Result<(), DbError> {
+    let mut from = 0;
+    while from < count {
+        let to = (from + KEYED_PER_TRANSACTION).min(count) - 1;
+        sqlx::query(
+            r#"
+            SELECT count(hookd.enqueue($1, 'bench.ordering.e' || ((i % $4) % $5),
+                                       p.head || repeat('x', greatest(0, $6::int - length(p.head) - 2)) || '"}',
+                                       NULL, NULL, 'k' || (i % $4)))
+            FROM generate_series($2::bigint, $3::bigint) i
+            CROSS JOIN LATERAL (SELECT '{"seq":' || i || ',"invoice":"in_1","amount":4200,"pad":"' AS head) p
+            "#,
+        )
+        .bind(tenant)
+        .bind(from)
+        .bind(to)
+        .bind(keys)
+        .bind(endpoints)
+        .bind(payload_bytes)
+        .execute(pool)
+        .await?;
+        from = to + 1;
+    }
+    Ok(())
+}
+
+/// Endpoints with `ordering = mode` (`none` or `perKey`).
+pub async fn endpoints_with_ordering(pool: &PgPool, mode: &str) -> Result<i64, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM hookd.endpoints WHERE ordering = $1")
+            .bind(mode)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// Open deliveries waiting behind an earlier one of their key.
+pub async fn ordering_waiting(pool: &PgPool) -> Result<i64, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM hookd.deliveries
+         WHERE status IN ('pending', 'in_progress', 'failed') AND visible_at = hookd.ordering_waiting()",
+    )
+    .fetch_one(pool)
+    .await?)
+}
+
+/// Where the open deliveries are, for a drain that did not finish: by status, waiting or
+/// not, and the advances not yet folded.
+pub async fn ordering_state(pool: &PgPool) -> Result<String, DbError> {
+    let rows: Vec<(String, bool, i64)> = sqlx::query_as(
+        "SELECT status::text, visible_at = hookd.ordering_waiting(), count(*) FROM hookd.deliveries
+         WHERE status IN ('pending', 'in_progress', 'failed') GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .fetch_all(pool)
+    .await?;
+    let advances: i64 = sqlx::query_scalar("SELECT count(*) FROM hookd.ordering_advances")
+        .fetch_one(pool)
+        .await?;
+    let open: Vec<String> = rows
+        .iter()
+        .map(|(status, waiting, n)| {
+            format!("{n} {status}{}", if *waiting { " waiting" } else { "" })
+        })
+        .collect();
+    Ok(format!(
+        "open deliveries: [{}], ordering advances not folded: {advances}",
+        open.join(", ")
+    ))
+}
+
+/// The (ordering key, ordering sequence) of the event of each delivery in `ids`.
+pub async fn ordering_of(
+    pool: &PgPool,
+    ids: &[Uuid],
+) -> Result<std::collections::HashMap<Uuid, (String, i64)>, DbError> {
+    let rows: Vec<(Uuid, String, i64)> = sqlx::query_as(
+        "SELECT d.id, e.ordering_key, e.ordering_seq
+         FROM hookd.deliveries d JOIN hookd.events e ON e.id = d.event_id
+         WHERE d.id = ANY ($1) AND e.ordering_key IS NOT NULL",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, k, seq)| (id, (k, seq)))
+        .collect())
 }
 
 /// Deliveries in `status`.

@@ -129,12 +129,13 @@ pub enum Section {
     Endpoints,
     Consumers,
     Limits,
+    Ordering,
     /// Only when named in --only: a long paced run (issue 13's steady state)
     Sustained,
 }
 
 impl Section {
-    pub const ALL: [Section; 8] = [
+    pub const ALL: [Section; 9] = [
         Section::Ingest,
         Section::Baselines,
         Section::Dispatch,
@@ -143,6 +144,7 @@ impl Section {
         Section::Endpoints,
         Section::Consumers,
         Section::Limits,
+        Section::Ordering,
     ];
 
     pub fn name(self) -> &'static str {
@@ -155,6 +157,7 @@ impl Section {
             Section::Endpoints => "endpoints",
             Section::Consumers => "consumers",
             Section::Limits => "limits",
+            Section::Ordering => "ordering",
             Section::Sustained => "sustained",
         }
     }
@@ -180,6 +183,11 @@ pub struct Scale {
     pub dispatch_trickle_endpoints: usize,
     /// dispatcher processes for the multi-dispatcher drain
     pub dispatchers: usize,
+    /// ordered delivery per key (issue 34): this many keys over this many endpoints (key
+    /// k always to endpoint k mod endpoints), this many events in all
+    pub ordering_keys: usize,
+    pub ordering_endpoints: usize,
+    pub ordering_rows: i64,
     /// active endpoint counts the claim and an idle dispatcher are measured at
     pub endpoint_counts: Vec<i64>,
     /// how long an idle dispatcher's Postgres CPU is sampled
@@ -217,6 +225,9 @@ impl Scale {
             dispatch_many_rows: 30_000,
             dispatch_trickle_endpoints: 10_000,
             dispatchers: 4,
+            ordering_keys: 10_000,
+            ordering_endpoints: 100,
+            ordering_rows: 30_000,
             endpoint_counts: vec![10, 20_000, 300_000],
             idle_window: Duration::from_secs(10),
             e2e_rate: 200.0,
@@ -241,6 +252,7 @@ impl Scale {
             dispatch_rows: 20_000,
             dispatch_single_rows: 5_000,
             dispatch_many_rows: 10_000,
+            ordering_rows: 20_000,
             endpoint_counts: vec![10, 20_000],
             idle_window: Duration::from_secs(3),
             e2e_window: Duration::from_secs(3),
@@ -269,6 +281,9 @@ impl Scale {
             dispatch_many_rows: 200,
             dispatch_trickle_endpoints: 400,
             dispatchers: 2,
+            ordering_keys: 50,
+            ordering_endpoints: 5,
+            ordering_rows: 150,
             endpoint_counts: vec![10, 500],
             idle_window: Duration::from_millis(300),
             e2e_rate: 100.0,
@@ -598,6 +613,7 @@ async fn run_sections(ctx: &Ctx) -> Result<Report, BenchError> {
             Section::Endpoints => sections::endpoint_scale(ctx, &mut report).await?,
             Section::Consumers => sections::consumers(ctx, &mut report).await?,
             Section::Limits => sections::limits(ctx, &mut report).await?,
+            Section::Ordering => sections::ordering(ctx, &mut report).await?,
             Section::Sustained => sections::sustained(ctx, &mut report).await?,
         }
         progress(&format!(

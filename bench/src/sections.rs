@@ -850,6 +850,16 @@ async fn drain(
         "{rows} deliveries pre-filled in {}",
         secs(t.elapsed())
     ));
+    drain_filled(ctx, rx, rows, dispatchers).await
+}
+
+/// The timed half of [`drain`]: the `rows` deliveries are already in the queue.
+async fn drain_filled(
+    ctx: &Ctx,
+    rx: &FastReceiver,
+    rows: i64,
+    dispatchers: usize,
+) -> Result<Drained, BenchError> {
     rx.take();
     let started = Instant::now();
     let mut running = Vec::with_capacity(dispatchers);
@@ -1025,6 +1035,159 @@ fn distinct(arrivals: &[(Uuid, Instant)]) -> u64 {
         .map(|a| a.0)
         .collect::<std::collections::HashSet<_>>()
         .len() as u64
+}
+
+// ---- ordered delivery per key (issue 34) ----
+
+/// What ordering by key costs: the same events, each with one of `ordering_keys` keys and
+/// enqueued through `hookd.enqueue`'s 6-argument form, drained once to endpoints with
+/// `ordering: none` and once to the same endpoints with `ordering: perKey`. Endpoint e
+/// subscribes to its own event type, so each event fans out to exactly one endpoint, and
+/// key k always to endpoint k mod `ordering_endpoints`. The receiver's arrivals tell
+/// whether each key arrived in commit order.
+pub(crate) async fn ordering(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
+    let s = &ctx.scale;
+    let rx = start_receiver(ctx).await?;
+    let (keys, count, rows) = (s.ordering_keys, s.ordering_endpoints, s.ordering_rows);
+    let tenant = "bench-ordering";
+    for dispatchers in [1, s.dispatchers] {
+        let by = if dispatchers > 1 {
+            format!(", {dispatchers} dispatchers")
+        } else {
+            String::new()
+        };
+        let mut rates = Vec::new();
+        for (mode, spec) in [("none", ""), ("perKey", "  ordering: perKey\n")] {
+            let what = format!("ordering {mode}");
+            let per_key = !spec.is_empty();
+            reset(ctx).await?;
+            let urls: Vec<(String, Option<String>)> = (0..count)
+                .map(|e| {
+                    (
+                        rx.url(&format!("/ord{e}")),
+                        Some(format!("bench.ordering.e{e}")),
+                    )
+                })
+                .collect();
+            typed_endpoints(ctx, tenant, &urls, spec).await?;
+            report.checks.push(Check {
+                what: format!("ordering: {what}{by}: endpoints declared so"),
+                expected: count as u64,
+                actual: db::endpoints_with_ordering(&ctx.pool, mode).await? as u64,
+            });
+            let t = Instant::now();
+            db::enqueue_keyed(
+                &ctx.pool,
+                tenant,
+                rows,
+                keys as i64,
+                count as i64,
+                s.payload_bytes as i64,
+            )
+            .await?;
+            db::vacuum_analyze(&ctx.pool).await?;
+            let waiting = db::ordering_waiting(&ctx.pool).await?;
+            progress(&format!(
+                "ordering: {rows} events over {keys} keys enqueued in {} ({waiting} waiting in line)",
+                secs(t.elapsed())
+            ));
+            let d = match drain_filled(ctx, &rx, rows, dispatchers).await {
+                Ok(d) => d,
+                Err(e) => {
+                    let state = db::ordering_state(&ctx.pool).await?;
+                    return Err(BenchError::Check(format!(
+                        "ordering: {what}{by}: {e}; {state}"
+                    )));
+                }
+            };
+            let late = out_of_order(ctx, &d.arrivals).await?;
+            let rate = rows as f64 / d.elapsed.as_secs_f64();
+            rates.push(rate);
+            progress(&format!(
+                "ordering: drain {what}{by}: {rate:.0} deliveries/s, {late} out of order"
+            ));
+            report.checks.push(Check {
+                what: format!("ordering: {what}{by}: distinct ids received == rows"),
+                expected: rows as u64,
+                actual: distinct(&d.arrivals),
+            });
+            report.checks.push(Check {
+                what: format!("ordering: {what}{by}: succeeded rows == rows"),
+                expected: rows as u64,
+                actual: db::count_status(&ctx.pool, "succeeded").await? as u64,
+            });
+            if per_key {
+                report.checks.push(Check {
+                    what: format!("ordering: {what}{by}: arrivals in their key's commit order"),
+                    expected: rows as u64,
+                    actual: d.arrivals.len() as u64 - late,
+                });
+            }
+            report.rows.push(Row {
+                section: "ordering",
+                figure: format!("drain {rows} keyed to {count} endpoints, {what}{by}"),
+                value: rate,
+                unit: "del/s",
+                detail: format!(
+                    "{}; {waiting} waiting in their key's line at the start, {late} arrival(s) after a later one of their key, {} duplicate(s); {}",
+                    secs(d.elapsed),
+                    d.arrivals.len() as u64 - distinct(&d.arrivals),
+                    d.spent.per_item(rows as u64, "receiver")
+                ),
+                conditions: format!(
+                    "{keys} keys x {} events, key k to endpoint k mod {count} only ({} keys per endpoint), enqueued with hookd.enqueue (6 arguments) before the drain, vacuum analyzed; {dispatchers} {}, concurrency {DISPATCH_CONCURRENCY}, {ENDPOINT_CONCURRENCY} in flight per endpoint per dispatcher, payload {} B, {}",
+                    rows / keys as i64,
+                    keys / count,
+                    d.topology,
+                    s.payload_bytes,
+                    receiver_note(ctx)
+                ),
+            });
+        }
+        report.rows.push(Row {
+            section: "ordering",
+            figure: format!("perKey / none{by}"),
+            value: rates[1] / rates[0],
+            unit: "x",
+            detail: format!(
+                "{:.0} against {:.0} del/s (target: at least 0.8 x)",
+                rates[1], rates[0]
+            ),
+            conditions: "the two drains above, in one run".into(),
+        });
+    }
+    if rx.malformed() + rx.bad_signatures() > 0 {
+        report.checks.push(Check {
+            what: "ordering: receiver: malformed or badly signed deliveries".into(),
+            expected: 0,
+            actual: rx.malformed() + rx.bad_signatures(),
+        });
+    }
+    Ok(())
+}
+
+/// Arrivals (in the receiver's order) of a delivery whose event's ordering sequence is not
+/// above every one of its key that arrived before it: 0 when each key arrived in commit
+/// order, once each. An arrival the database does not know a key for counts too.
+async fn out_of_order(ctx: &Ctx, arrivals: &[(Uuid, Instant)]) -> Result<u64, BenchError> {
+    let ids: Vec<Uuid> = arrivals.iter().map(|a| a.0).collect();
+    let order = db::ordering_of(&ctx.pool, &ids).await?;
+    let mut last: HashMap<&str, i64> = HashMap::new();
+    let mut late = 0;
+    for (id, _) in arrivals {
+        let Some((key, seq)) = order.get(id) else {
+            late += 1;
+            continue;
+        };
+        match last.get_mut(key.as_str()) {
+            Some(before) if *before >= *seq => late += 1,
+            Some(before) => *before = *seq,
+            None => {
+                last.insert(key.as_str(), *seq);
+            }
+        }
+    }
+    Ok(late)
 }
 
 // ---- end-to-end latency ----

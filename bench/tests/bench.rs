@@ -91,6 +91,20 @@ async fn smoke_run_has_every_row_and_counts_add_up(pool: PgPool) {
         "limits",
         "most one endpoint received in a second (10/s, burst 5)",
     );
+    // issue 34: ordered delivery per key beside unordered delivery, in one run
+    for by in ["", ", 2 dispatchers"] {
+        assert_row(
+            &report,
+            "ordering",
+            &format!("drain 150 keyed to 5 endpoints, ordering none{by}"),
+        );
+        assert_row(
+            &report,
+            "ordering",
+            &format!("drain 150 keyed to 5 endpoints, ordering perKey{by}"),
+        );
+        assert_row(&report, "ordering", &format!("perKey / none{by}"));
+    }
     for count in [10, 500] {
         assert_row(
             &report,
