@@ -1134,3 +1134,38 @@ async fn a_hold_whose_dead_letter_is_gone_releases_the_key(pool: PgPool) {
     d.stop().await;
     assert_eq!(holds().await, 0);
 }
+
+/// A burst of advances (a replay of thousands of keys, say) is taken a few hundred per
+/// fold: each is a lock on its line for the fold's transaction, and Postgres's lock table
+/// is shared by every session (10,000 in one transaction can run out of it on a default
+/// server, and a fold that failed so would fail again on every claim). The rest wait for
+/// the next folds.
+#[sqlx::test]
+async fn a_fold_moves_a_bounded_number_of_lines(pool: PgPool) {
+    init();
+    let rx = OrderReceiver::start(Duration::ZERO, 0).await;
+    let ep = ordered_endpoint(
+        &pool,
+        rx.url("e"),
+        hookd::endpoints::OnDeadLetter::Continue,
+        None,
+    )
+    .await;
+    sqlx::query(
+        "INSERT INTO hookd.ordering_advances (endpoint_id, ordering_key)
+         SELECT $1, 'k' || g FROM generate_series(1, 1200) g",
+    )
+    .bind(ep)
+    .execute(&pool)
+    .await
+    .unwrap();
+    hookd::db::deliveries::fold_wakeups(&pool).await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM hookd.ordering_advances")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        left,
+        1200 - i64::from(hookd::db::deliveries::ADVANCES_PER_FOLD)
+    );
+}

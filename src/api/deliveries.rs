@@ -290,7 +290,8 @@ pub struct EndpointReplayOut {
     /// matching deliveries left alone because a dispatcher holds them
     skipped_leased: i64,
     /// matching deliveries left alone because their orderingKey is held by a transaction
-    /// that has not finished (a producer's, or another replay); replay again for them
+    /// that has not finished (a producer's, or another replay), or because one call takes
+    /// at most 1,000 ordering keys; replay again for them
     skipped_ordering_key_in_use: i64,
 }
 

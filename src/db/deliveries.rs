@@ -411,17 +411,44 @@ pub async fn claim_shared(
 /// asynchronously: lost in a crash, the wake-ups come back with it and are folded again.
 pub async fn fold_wakeups(pool: &PgPool) -> Result<u64, DbError> {
     // Entries a refresh had to skip, or a claim found early (migration 0015): refreshed
-    // with a snapshot that sees what made them so. Then the ordering keys whose line may
-    // move (migration 0034): each one's next delivery promoted, its wake-up folded below.
+    // with a snapshot that sees what made them so.
     sqlx::query(
-        "SELECT set_config('synchronous_commit', 'off', true), hookd.endpoint_queue_recheck(10000),
-                hookd.ordering_advance(10000)",
+        "SELECT set_config('synchronous_commit', 'off', true), hookd.endpoint_queue_recheck(10000)",
     )
     .execute(on(pool))
     .await?;
+    // Then the ordering keys whose line may move (migration 0034): each one's next
+    // delivery promoted, its wake-up folded below. A statement of its own, whose failure
+    // is not the claim's: the advances stay for the next fold, and every other
+    // delivery is claimed meanwhile (invariant 8).
+    if let Err(e) = sqlx::query(
+        "SELECT set_config('synchronous_commit', 'off', true), hookd.ordering_advance($1)",
+    )
+    .bind(ADVANCES_PER_FOLD)
+    .execute(on(pool))
+    .await
+    {
+        let e = DbError::from(e);
+        if e.is_unavailable() {
+            return Err(e);
+        }
+        tracing::warn!(error = %e, "moving the ordering keys' lines failed; the next fold tries again");
+    }
     let r = sqlx::query(FOLD_SQL).execute(on(pool)).await?;
     Ok(r.rows_affected())
 }
+
+/// The most ordering advances one fold processes. Each locks its key's line for the fold's
+/// transaction, and Postgres's lock table is shared by every session
+/// (`max_locks_per_transaction` x `max_connections`, 6,400 entries by default): 10,000 in
+/// one transaction can run out of it ("out of shared memory"; a producer's transaction of
+/// 10,000 keys did in the bench). Folds run before every claim, so a few hundred each
+/// keeps up with any drain.
+pub const ADVANCES_PER_FOLD: i32 = 500;
+
+/// The most ordering keys one endpoint replay takes (each a lock on its line, like the
+/// fold's): deliveries of further keys are left for the next call and counted as skipped.
+pub const LINES_PER_REPLAY: i64 = 1000;
 
 /// The fold of wake-ups into queue entries (see [`fold_wakeups`]); shared with
 /// [`explain_fold_wakeups`].
@@ -1025,7 +1052,8 @@ pub struct EndpointReplay {
     /// left alone: a dispatcher holds them
     pub skipped_leased: i64,
     /// left alone: their ordering key's line is held by a transaction that has not
-    /// finished (a producer's, or another replay)
+    /// finished (a producer's, or another replay), or is past the [`LINES_PER_REPLAY`]
+    /// keys one call takes
     pub skipped_line_busy: i64,
 }
 
@@ -1056,13 +1084,18 @@ pub async fn replay_endpoint(
             ORDER BY created_at
             LIMIT $5
             FOR UPDATE SKIP LOCKED
+        ), ranked AS MATERIALIZED (
+            SELECT id, tenant, ordering_key,
+                   dense_rank() OVER (ORDER BY tenant, ordering_key) AS line
+            FROM target WHERE NOT leased
         ), free AS MATERIALIZED (
             -- the ordering keys' lines, as enqueues take them (migration 0034), without
             -- waiting: a line a producer's open transaction holds is skipped (and
-            -- counted), its rows left unlocked for the dispatchers
-            SELECT id FROM target
-            WHERE NOT leased
-              AND CASE WHEN ordering_key IS NULL THEN true
+            -- counted), its rows left unlocked for the dispatchers; so are the lines past
+            -- the first $7 (a lock each, in a lock table every session shares)
+            SELECT id FROM ranked
+            WHERE CASE WHEN ordering_key IS NULL THEN true
+                       WHEN line > $7 THEN false
                        ELSE pg_try_advisory_xact_lock(hookd.ordering_lock_id(tenant, ordering_key)) END
         ), upd AS (
             UPDATE hookd.deliveries d
@@ -1086,6 +1119,7 @@ pub async fn replay_endpoint(
         .bind(statuses)
         .bind(limit)
         .bind(tenant)
+        .bind(LINES_PER_REPLAY)
         .fetch_one(on(pool))
         .await?)
     })

@@ -1096,7 +1096,8 @@ export interface components {
             /**
              * Format: int64
              * @description matching deliveries left alone because their orderingKey is held by a transaction
-             *     that has not finished (a producer's, or another replay); replay again for them
+             *     that has not finished (a producer's, or another replay), or because one call takes
+             *     at most 1,000 ordering keys; replay again for them
              */
             skippedOrderingKeyInUse: number;
         };
