@@ -782,7 +782,7 @@ BEGIN
            pg_try_advisory_xact_lock(hashtextextended(endpoint_id::text || E'\n' || ordering_key, 2)) AS mine
     FROM (SELECT DISTINCT endpoint_id, ordering_key FROM a ORDER BY 1, 2) d
   ), busy AS (
-    -- a line another fold is moving: look again at the next fold
+    -- a line another call is moving: look again at the next call
     INSERT INTO hookd.ordering_advances (endpoint_id, ordering_key)
     SELECT endpoint_id, ordering_key FROM k WHERE NOT mine
   )

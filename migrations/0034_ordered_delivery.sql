@@ -16,7 +16,7 @@
 --   `visible_at = hookd.ordering_waiting()`, a time no claim reaches. Every other path
 --   (listings, backlog, pause, cancellation) sees an ordinary pending row.
 -- * The line moves on through `hookd.ordering_advances`: the queue triggers add a row
---   when a keyed delivery ends or starts waiting, and the fold before every claim
+--   when a keyed delivery ends or starts waiting, and every dispatcher's line mover
 --   (`hookd.ordering_advance`) promotes the lowest waiting delivery of each advanced key
 --   when nothing of that key is on its way. An advance is processed by a later
 --   transaction than the one that wrote it, so whichever of "the head ended" and "a
@@ -52,7 +52,8 @@ CREATE INDEX deliveries_ordering_waiting ON hookd.delivery_queue (endpoint_id, o
 CREATE INDEX deliveries_ordering_head ON hookd.delivery_queue (endpoint_id, ordering_key)
     WHERE ordering_key IS NOT NULL AND visible_at < hookd.ordering_waiting();
 
--- Keys whose line may move. Insert-only for writers; the fold deletes what it processed.
+-- Keys whose line may move. Insert-only for writers; hookd.ordering_advance deletes what it
+-- processed.
 CREATE TABLE hookd.ordering_advances (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     endpoint_id uuid NOT NULL,
@@ -86,7 +87,7 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Where a replayed delivery goes: a keyed one of an endpoint that orders by key waits in
--- line (the fold promotes it when its turn comes); any other is due now.
+-- line (hookd.ordering_advance lets it go when its turn comes); any other is due now.
 CREATE FUNCTION hookd.ordering_replay_at(p_endpoint uuid, p_key text) RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
   SELECT CASE WHEN p_key IS NOT NULL
@@ -100,11 +101,12 @@ CREATE FUNCTION hookd.ordering_lock_id(p_tenant text, p_key text) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT hashtextextended(p_tenant || E'\n' || p_key, 1) $$;
 
 -- Promotes the next delivery of each advanced key whose line is free: nothing of the key
--- on its way, no dead letter holding it. Run by the fold before every claim. Never waits:
--- a line another fold is moving, or a candidate someone holds, is passed over and its
--- advance written again for the next fold. Returns the number of advances processed.
+-- on its way, no dead letter holding it. Run by every dispatcher's line mover
+-- (db::deliveries::advance_lines), off the claim's path. Never waits: a line another call
+-- is moving, or a candidate someone holds, is passed over and its advance written again
+-- for the next call. Returns the number of advances processed.
 --
--- Two folds must never move one line at once: each would see the line free in its own
+-- Two calls must never move one line at once: each would see the line free in its own
 -- snapshot and could pick a different delivery (one a replay just put back in line), and
 -- two of the key would be on their way. So the lines are try-locked first (a
 -- transaction-scoped lock per endpoint and key), and what to promote is decided by a
@@ -129,7 +131,7 @@ BEGIN
            pg_try_advisory_xact_lock(hashtextextended(endpoint_id::text || E'\n' || ordering_key, 2)) AS mine
     FROM (SELECT DISTINCT endpoint_id, ordering_key FROM a ORDER BY 1, 2) d
   ), busy AS (
-    -- a line another fold is moving: look again at the next fold
+    -- a line another call is moving: look again at the next call
     INSERT INTO hookd.ordering_advances (endpoint_id, ordering_key)
     SELECT endpoint_id, ordering_key FROM k WHERE NOT mine
   )

@@ -1136,10 +1136,10 @@ async fn a_hold_whose_dead_letter_is_gone_releases_the_key(pool: PgPool) {
 }
 
 /// A burst of advances (a replay of thousands of keys, say) is taken a few hundred per
-/// fold: each is a lock on its line for the fold's transaction, and Postgres's lock table
+/// call: each is a lock on its line for the call's transaction, and Postgres's lock table
 /// is shared by every session (10,000 in one transaction can run out of it on a default
-/// server, and a fold that failed so would fail again on every claim). The rest wait for
-/// the next folds.
+/// server, and a call that failed so would fail again every time). The rest wait for the
+/// next calls.
 #[sqlx::test]
 async fn a_fold_moves_a_bounded_number_of_lines(pool: PgPool) {
     init();
@@ -1159,7 +1159,11 @@ async fn a_fold_moves_a_bounded_number_of_lines(pool: PgPool) {
     .execute(&pool)
     .await
     .unwrap();
-    hookd::db::deliveries::fold_wakeups(&pool).await.unwrap();
+    let took = hookd::db::deliveries::advance_lines(&pool).await.unwrap();
+    assert_eq!(
+        took,
+        u64::from(hookd::db::deliveries::ADVANCES_PER_FOLD.unsigned_abs())
+    );
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM hookd.ordering_advances")
         .fetch_one(&pool)
         .await

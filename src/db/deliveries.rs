@@ -417,33 +417,30 @@ pub async fn fold_wakeups(pool: &PgPool) -> Result<u64, DbError> {
     )
     .execute(on(pool))
     .await?;
-    // Then the ordering keys whose line may move (migration 0034): each one's next
-    // delivery promoted, its wake-up folded below. A statement of its own, whose failure
-    // is not the claim's: the advances stay for the next fold, and every other
-    // delivery is claimed meanwhile (invariant 8).
-    if let Err(e) = sqlx::query(
-        "SELECT set_config('synchronous_commit', 'off', true), hookd.ordering_advance($1)",
-    )
-    .bind(ADVANCES_PER_FOLD)
-    .execute(on(pool))
-    .await
-    {
-        let e = DbError::from(e);
-        if e.is_unavailable() {
-            return Err(e);
-        }
-        tracing::warn!(error = %e, "moving the ordering keys' lines failed; the next fold tries again");
-    }
     let r = sqlx::query(FOLD_SQL).execute(on(pool)).await?;
     Ok(r.rows_affected())
 }
 
-/// The most ordering advances one fold processes. Each locks its key's line for the fold's
-/// transaction, and Postgres's lock table is shared by every session
+/// Lets the next delivery of each ordering key whose line may have moved go (migration
+/// 0034's `hookd.ordering_advance`), at most [`ADVANCES_PER_FOLD`] keys per call; returns
+/// how many advances it took (a full batch: call again). The dispatcher runs it on a task
+/// of its own, off the claim's path (`dispatch::lines`). Commits asynchronously: lost in a
+/// crash, the advances come back with it.
+pub async fn advance_lines(pool: &PgPool) -> Result<u64, DbError> {
+    let (_, n): (String, i32) = sqlx::query_as(
+        "SELECT set_config('synchronous_commit', 'off', true), hookd.ordering_advance($1)",
+    )
+    .bind(ADVANCES_PER_FOLD)
+    .fetch_one(on(pool))
+    .await?;
+    Ok(n.unsigned_abs().into())
+}
+
+/// The most ordering advances one call of [`advance_lines`] takes. Each locks its key's
+/// line for the call's transaction, and Postgres's lock table is shared by every session
 /// (`max_locks_per_transaction` x `max_connections`, 6,400 entries by default): 10,000 in
 /// one transaction can run out of it ("out of shared memory"; a producer's transaction of
-/// 10,000 keys did in the bench). Folds run before every claim, so a few hundred each
-/// keeps up with any drain.
+/// 10,000 keys did in the bench).
 pub const ADVANCES_PER_FOLD: i32 = 500;
 
 /// The most ordering keys one endpoint replay takes (each a lock on its line, like the

@@ -43,8 +43,8 @@ pub struct CompleterConfig {
     /// database before giving up
     pub shutdown_grace: Duration,
     /// notified once a batch that ended deliveries in an ordering key's line committed:
-    /// the next claim's fold then promotes each key's next delivery (migration 0034), at
-    /// once rather than at the next poll
+    /// the line mover (`dispatch::lines`) then lets each key's next delivery go
+    /// (migration 0034), at once rather than at its next poll
     pub line_moved: std::sync::Arc<tokio::sync::Notify>,
 }
 

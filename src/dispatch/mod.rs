@@ -12,6 +12,7 @@ mod config;
 mod deliver;
 mod duties;
 mod in_flight;
+mod lines;
 pub mod policy;
 mod process;
 pub mod secrets;
@@ -111,6 +112,9 @@ struct Dispatcher {
     completer: JoinHandle<()>,
     renewer_stop: CancellationToken,
     renewer: JoinHandle<()>,
+    /// kicks the task that moves the ordering keys' lines ([`lines`])
+    lines: Arc<Notify>,
+    line_mover: JoinHandle<()>,
     tasks: JoinSet<()>,
     error_backoff: Duration,
     /// the last [`Dispatcher::next_due`] answer and when it was read
@@ -145,6 +149,14 @@ impl Dispatcher {
         let in_flight = Arc::new(Mutex::new(InFlight::default()));
         let wake = Arc::new(Notify::new());
         let slot_freed = Arc::new(Notify::new());
+        let lines = Arc::new(Notify::new());
+        let line_mover = lines::spawn_line_mover(
+            pool.clone(),
+            lines.clone(),
+            wake.clone(),
+            cfg.poll_interval,
+            shutdown.clone(),
+        );
         if cfg.notify {
             crate::notify::spawn_listener(
                 pool.clone(),
@@ -161,7 +173,7 @@ impl Dispatcher {
                 circuit_threshold: i32::try_from(cfg.circuit_threshold).unwrap_or(i32::MAX),
                 circuit_cooldown: cfg.circuit_cooldown,
                 shutdown_grace: cfg.shutdown_grace,
-                line_moved: wake.clone(),
+                line_moved: lines.clone(),
             },
             metrics.clone(),
             shutdown.clone(),
@@ -188,6 +200,8 @@ impl Dispatcher {
             completer,
             renewer_stop,
             renewer,
+            lines,
+            line_mover,
             tasks: JoinSet::new(),
             error_backoff: Duration::from_millis(100),
             next_due_read: None,
@@ -327,7 +341,9 @@ impl Dispatcher {
             sleep_for = sleep_for.min(d + Duration::from_millis(1));
         }
         tokio::select! {
-            _ = self.wake.notified() => {}
+            // an enqueue or a replay may have queued a delivery behind a line that is
+            // free by now: the line mover looks
+            _ = self.wake.notified() => self.lines.notify_one(),
             _ = tokio::time::sleep(sleep_for) => {}
             // A freed slot may unblock an endpoint (or a tenant, or a consumer) that was
             // at its cap; a short pause lets several completions accumulate into one
@@ -396,6 +412,8 @@ impl Dispatcher {
         }
         self.renewer_stop.cancel();
         let _ = self.renewer.await;
+        // stopped by the same shutdown; what it had not taken stays for other dispatchers
+        let _ = self.line_mover.await;
         // the last sender: the completer writes what is queued and exits
         drop(self.done_tx);
         let _ = self.completer.await;
