@@ -125,6 +125,39 @@ impl OrderReceiver {
     }
 }
 
+impl OrderReceiver {
+    /// Waits up to 15 s until (endpoint, key) has been delivered exactly `want` (the n of
+    /// each 2xx answer, in arrival order); panics with every arrival otherwise.
+    async fn await_delivered(&self, endpoint: &str, key: &str, want: &[u64]) {
+        let got = wait_until(Duration::from_secs(15), || async {
+            self.delivered(endpoint, key) == want
+        })
+        .await;
+        assert!(got, "{endpoint}/{key}: {:?}", self.arrivals());
+    }
+}
+
+/// A producer's open transaction that enqueued event `n` of `key` through `hookd.enqueue`,
+/// and so holds the key's line until it ends.
+async fn producer_holding(
+    pool: &PgPool,
+    key: &str,
+    n: u64,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(
+        "SELECT hookd.enqueue($1, 'order.updated', json_build_object('k', $2::text, 'n', $3::bigint)::text,
+                              NULL, NULL, $2)",
+    )
+    .bind(TENANT)
+    .bind(key)
+    .bind(n as i64)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx
+}
+
 struct OpenGuard {
     state: Arc<Mutex<OrderState>>,
     in_flight: Arc<AtomicU64>,
@@ -522,14 +555,7 @@ async fn a_failing_head_holds_only_its_own_key(pool: PgPool) {
         );
     }
     rx.fail_always("stuck", false);
-    assert!(
-        wait_until(Duration::from_secs(15), || async {
-            rx.delivered("e", "stuck") == vec![1, 2, 3]
-        })
-        .await,
-        "{:?}",
-        rx.arrivals()
-    );
+    rx.await_delivered("e", "stuck", &[1, 2, 3]).await;
     assert_in_order(&rx.arrivals(), "e", "stuck", 3);
     d.stop().await;
 }
@@ -556,14 +582,7 @@ async fn dead_letters_continue_or_hold_the_key_and_a_replay_releases_it(pool: Pg
         events.push(post_keyed(&api, Some("k"), n).await);
     }
     let d = TestDispatcher::start(&pool, dispatch_settings()).await;
-    assert!(
-        wait_until(Duration::from_secs(15), || async {
-            rx.delivered("cont", "k") == vec![2, 3]
-        })
-        .await,
-        "{:?}",
-        rx.arrivals()
-    );
+    rx.await_delivered("cont", "k", &[2, 3]).await;
     // the held line: its head died, and nothing behind it moves (give it the time the
     // continuing endpoint needed, twice over)
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -593,14 +612,7 @@ async fn dead_letters_continue_or_hold_the_key_and_a_replay_releases_it(pool: Pg
         .post_as(TENANT, &format!("/v1/deliveries/{dead}/replay"), "")
         .await;
     assert!(status.is_success(), "{status} {v}");
-    assert!(
-        wait_until(Duration::from_secs(15), || async {
-            rx.delivered("hold", "k") == vec![1, 2, 3]
-        })
-        .await,
-        "{:?}",
-        rx.arrivals()
-    );
+    rx.await_delivered("hold", "k", &[1, 2, 3]).await;
     assert_in_order(&rx.arrivals(), "hold", "k", 3);
 
     // held again by a new dead letter; the endpoint switched to `continue` lets it go
@@ -622,14 +634,7 @@ async fn dead_letters_continue_or_hold_the_key_and_a_replay_releases_it(pool: Pg
     let (status, v) = patch_endpoint(&api, hold, json!({"onDeadLetter": "continue"})).await;
     assert_eq!(status, StatusCode::OK, "{v}");
     assert_eq!(v["onDeadLetter"], "continue");
-    assert!(
-        wait_until(Duration::from_secs(15), || async {
-            rx.delivered("hold", "k2") == vec![2]
-        })
-        .await,
-        "{:?}",
-        rx.arrivals()
-    );
+    rx.await_delivered("hold", "k2", &[2]).await;
     d.stop().await;
 }
 
@@ -642,14 +647,7 @@ async fn a_producer_transaction_holds_its_key_and_nothing_else(pool: PgPool) {
     let rx = OrderReceiver::start(Duration::ZERO, 0).await;
     let api = TestApi::start(&pool).await;
     api_endpoint(&api, "e", &rx, json!({})).await;
-    let mut producer = pool.begin().await.unwrap();
-    sqlx::query(
-        "SELECT hookd.enqueue($1, 'order.updated', '{\"k\":\"k\",\"n\":1}', NULL, NULL, 'k')",
-    )
-    .bind(TENANT)
-    .execute(&mut *producer)
-    .await
-    .unwrap();
+    let producer = producer_holding(&pool, "k", 1).await;
     let api = Arc::new(api);
     let same = {
         let api = api.clone();
@@ -667,25 +665,11 @@ async fn a_producer_transaction_holds_its_key_and_nothing_else(pool: PgPool) {
     producer.commit().await.unwrap();
     same.await.unwrap();
     let d = TestDispatcher::start(&pool, dispatch_settings()).await;
-    assert!(
-        wait_until(Duration::from_secs(15), || async {
-            rx.delivered("e", "k") == vec![1, 2]
-        })
-        .await,
-        "{:?}",
-        rx.arrivals()
-    );
+    rx.await_delivered("e", "k", &[1, 2]).await;
     d.stop().await;
 
     // held past the bound: 409, and nothing of that message written
-    let mut producer = pool.begin().await.unwrap();
-    sqlx::query(
-        "SELECT hookd.enqueue($1, 'order.updated', '{\"k\":\"k\",\"n\":3}', NULL, NULL, 'k')",
-    )
-    .bind(TENANT)
-    .execute(&mut *producer)
-    .await
-    .unwrap();
+    let producer = producer_holding(&pool, "k", 3).await;
     let before: i64 = sqlx::query_scalar("SELECT count(*) FROM hookd.events")
         .fetch_one(&pool)
         .await
@@ -813,12 +797,7 @@ async fn replays_keep_the_order_and_turning_ordering_off_releases_the_lines(pool
         post_keyed(&api, Some("k"), n).await;
     }
     let d = TestDispatcher::start(&pool, dispatch_settings()).await;
-    assert!(
-        wait_until(Duration::from_secs(15), || async {
-            rx.delivered("e", "k") == vec![1, 2, 3, 4]
-        })
-        .await
-    );
+    rx.await_delivered("e", "k", &[1, 2, 3, 4]).await;
     d.stop().await;
     let (status, v) = api
         .post_as(
@@ -1018,14 +997,7 @@ async fn a_replay_never_waits_for_a_producer_holding_the_key(pool: PgPool) {
         .await
     );
     d.stop().await;
-    let mut producer = pool.begin().await.unwrap();
-    sqlx::query(
-        "SELECT hookd.enqueue($1, 'order.updated', '{\"k\":\"r\",\"n\":2}', NULL, NULL, 'r')",
-    )
-    .bind(TENANT)
-    .execute(&mut *producer)
-    .await
-    .unwrap();
+    let producer = producer_holding(&pool, "r", 2).await;
     let t = Instant::now();
     let (status, v) = api
         .post_as(TENANT, &format!("/v1/deliveries/{}/replay", keyed[0]), "")
@@ -1109,14 +1081,7 @@ async fn a_hold_whose_dead_letter_is_gone_releases_the_key(pool: PgPool) {
             .unwrap(),
         1
     );
-    assert!(
-        wait_until(Duration::from_secs(15), || async {
-            rx.delivered("e", "k") == vec![2]
-        })
-        .await,
-        "{:?}",
-        rx.arrivals()
-    );
+    rx.await_delivered("e", "k", &[2]).await;
     d.stop().await;
 
     // no order, no hold: a keyed delivery that dies after ordering was turned off
