@@ -16,7 +16,9 @@ use common::*;
 use hookd::db::deliveries::{self, ClaimRequest, ClaimedDelivery, Completion, DeliveryOutcome};
 use hookd::db::endpoints::{self, CircuitInput};
 use hookd::dispatch::{Stage, StageHook};
-use hookd::domain::{CircuitState, DeliveryStatus, EndpointState, ErrorClass, ManagedBy};
+use hookd::domain::{
+    CircuitState, DeliveryOrder, DeliveryStatus, EndpointState, ErrorClass, ManagedBy, OnDeadLetter,
+};
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -1746,7 +1748,7 @@ fn literals_are_found_in_written_and_deparsed_sql() {
 /// Every status, class, circuit, endpoint state and owner literal the database holds (CHECK
 /// constraints, partial-index predicates, functions and triggers) and every one the
 /// statements of `src/db/` write is a value of `DeliveryStatus` / `CircuitState` /
-/// `ErrorClass` / `EndpointState` / `ManagedBy`, the CHECK constraints
+/// `ErrorClass` / `EndpointState` / `ManagedBy` / `DeliveryOrder` / `OnDeadLetter`, the CHECK constraints
 /// accept exactly the enums' values, `deliveries_claimable` is exactly
 /// `deliveries::CLAIMABLE`, and sqlx writes and reads the enums as those literals.
 #[sqlx::test]
@@ -1758,6 +1760,8 @@ async fn sql_literals_are_the_values_of_the_queue_enums(pool: PgPool) {
     let classes = set(&ErrorClass::ALL.map(ErrorClass::as_str));
     let endpoint_states = set(&EndpointState::ALL.map(EndpointState::as_str));
     let owners = set(&ManagedBy::ALL.map(ManagedBy::as_str));
+    let orderings = set(&DeliveryOrder::ALL.map(DeliveryOrder::as_str));
+    let on_dead_letters = set(&OnDeadLetter::ALL.map(OnDeadLetter::as_str));
 
     // the CHECK constraints: exactly the enums' values
     let check = |table: &'static str, column: &'static str| {
@@ -1785,6 +1789,11 @@ async fn sql_literals_are_the_values_of_the_queue_enums(pool: PgPool) {
     assert_eq!(check("hookd.endpoints", "circuit_state").await, circuits);
     assert_eq!(check("hookd.endpoints", "state").await, endpoint_states);
     assert_eq!(check("hookd.endpoints", "managed_by").await, owners);
+    assert_eq!(check("hookd.endpoints", "ordering").await, orderings);
+    assert_eq!(
+        check("hookd.endpoints", "on_dead_letter").await,
+        on_dead_letters
+    );
     assert_eq!(
         check("hookd.delivery_attempts", "error_class").await,
         classes

@@ -815,7 +815,7 @@ async fn replays_keep_the_order_and_turning_ordering_off_releases_the_lines(pool
     .unwrap();
     assert_eq!(
         waiting, 4,
-        "a replayed line waits for the fold to let its first go"
+        "a replayed line waits for the line mover to let its first go"
     );
     let d = TestDispatcher::start(&pool, dispatch_settings()).await;
     assert!(
@@ -892,14 +892,14 @@ async fn the_readmes_ordering_block_works_as_written(pool: PgPool) {
     d.stop().await;
 }
 
-/// Two folds never move one line at once. A fold that promoted a key's next delivery and
-/// has not committed yet holds the line; a second fold, run meanwhile for the same key
+/// Two line movers never move one line at once. A mover that promoted a key's next
+/// delivery and has not committed yet holds the line; a second one, run meanwhile for the same key
 /// (here after a replay put an earlier delivery of the key back in line), must not promote
 /// that earlier one too: it would be a second delivery of the key on its way. Failed
-/// before the line lock: the second fold saw the line free in its snapshot and promoted
-/// the replayed delivery beside the first fold's.
+/// before the line lock: the second mover saw the line free in its snapshot and promoted
+/// the replayed delivery beside the first one's.
 #[sqlx::test]
-async fn two_folds_never_move_one_line_at_once(pool: PgPool) {
+async fn two_movers_never_move_one_line_at_once(pool: PgPool) {
     init();
     let rx = OrderReceiver::start(Duration::ZERO, 0).await;
     let ep = ordered_endpoint(
@@ -934,10 +934,10 @@ async fn two_folds_never_move_one_line_at_once(pool: PgPool) {
     .execute(&pool)
     .await
     .unwrap();
-    // fold 1 moves the line (the second delivery) and has not committed
-    let mut fold1 = pool.begin().await.unwrap();
+    // mover 1 moves the line (the second delivery) and has not committed
+    let mut mover1 = pool.begin().await.unwrap();
     sqlx::query("SELECT hookd.ordering_advance(10000)")
-        .execute(&mut *fold1)
+        .execute(&mut *mover1)
         .await
         .unwrap();
     // meanwhile the first is replayed: back in line, before the others
@@ -945,13 +945,13 @@ async fn two_folds_never_move_one_line_at_once(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(replayed, hookd::db::deliveries::ReplayOutcome::Replayed);
-    // fold 2, for the replay's advance, while fold 1 holds the line
+    // mover 2, for the replay's advance, while mover 1 holds the line
     sqlx::query("SELECT hookd.ordering_advance(10000)")
         .execute(&pool)
         .await
         .unwrap();
-    fold1.commit().await.unwrap();
-    // and any number of folds after
+    mover1.commit().await.unwrap();
+    // and any number of calls after
     for _ in 0..3 {
         sqlx::query("SELECT hookd.ordering_advance(10000)")
             .execute(&pool)
@@ -1106,7 +1106,7 @@ async fn a_hold_whose_dead_letter_is_gone_releases_the_key(pool: PgPool) {
 /// server, and a call that failed so would fail again every time). The rest wait for the
 /// next calls.
 #[sqlx::test]
-async fn a_fold_moves_a_bounded_number_of_lines(pool: PgPool) {
+async fn one_call_moves_a_bounded_number_of_lines(pool: PgPool) {
     init();
     let rx = OrderReceiver::start(Duration::ZERO, 0).await;
     let ep = ordered_endpoint(
@@ -1125,16 +1125,13 @@ async fn a_fold_moves_a_bounded_number_of_lines(pool: PgPool) {
     .await
     .unwrap();
     let took = hookd::db::deliveries::advance_lines(&pool).await.unwrap();
-    assert_eq!(
-        took,
-        u64::from(hookd::db::deliveries::ADVANCES_PER_FOLD.unsigned_abs())
-    );
+    assert_eq!(took, u64::from(hookd::db::deliveries::ADVANCES_PER_CALL));
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM hookd.ordering_advances")
         .fetch_one(&pool)
         .await
         .unwrap();
     assert_eq!(
         left,
-        1200 - i64::from(hookd::db::deliveries::ADVANCES_PER_FOLD)
+        1200 - i64::from(hookd::db::deliveries::ADVANCES_PER_CALL)
     );
 }

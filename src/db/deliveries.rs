@@ -422,7 +422,7 @@ pub async fn fold_wakeups(pool: &PgPool) -> Result<u64, DbError> {
 }
 
 /// Lets the next delivery of each ordering key whose line may have moved go (migration
-/// 0034's `hookd.ordering_advance`), at most [`ADVANCES_PER_FOLD`] keys per call; returns
+/// 0034's `hookd.ordering_advance`), at most [`ADVANCES_PER_CALL`] keys per call; returns
 /// how many advances it took (a full batch: call again). The dispatcher runs it on a task
 /// of its own, off the claim's path (`dispatch::lines`). Commits asynchronously: lost in a
 /// crash, the advances come back with it.
@@ -430,7 +430,7 @@ pub async fn advance_lines(pool: &PgPool) -> Result<u64, DbError> {
     let (_, n): (String, i32) = sqlx::query_as(
         "SELECT set_config('synchronous_commit', 'off', true), hookd.ordering_advance($1)",
     )
-    .bind(ADVANCES_PER_FOLD)
+    .bind(ADVANCES_PER_CALL as i32)
     .fetch_one(on(pool))
     .await?;
     Ok(n.unsigned_abs().into())
@@ -441,7 +441,7 @@ pub async fn advance_lines(pool: &PgPool) -> Result<u64, DbError> {
 /// (`max_locks_per_transaction` x `max_connections`, 6,400 entries by default): 10,000 in
 /// one transaction can run out of it ("out of shared memory"; a producer's transaction of
 /// 10,000 keys did in the bench).
-pub const ADVANCES_PER_FOLD: i32 = 500;
+pub const ADVANCES_PER_CALL: u32 = 500;
 
 /// The most ordering keys one endpoint replay takes (each a lock on its line, like the
 /// fold's): deliveries of further keys are left for the next call and counted as skipped.

@@ -37,7 +37,7 @@ pub(super) fn spawn_line_mover(
                     Ok(0) => break,
                     Ok(n) => {
                         wake.notify_one();
-                        if n < u64::from(db::deliveries::ADVANCES_PER_FOLD.unsigned_abs()) {
+                        if n < u64::from(db::deliveries::ADVANCES_PER_CALL) {
                             break;
                         }
                     }

@@ -1,6 +1,6 @@
-//! The closed vocabularies of an endpoint: its state and which door owns it, and its rate
-//! limit. Each is stored
-//! as `text` with a CHECK constraint (migrations 0001 and 0007 spell the same values; the
+//! The closed vocabularies of an endpoint: its state, which door owns it, how it orders
+//! keyed deliveries and what a dead letter does to a key, and its rate limit. Each is stored
+//! as `text` with a CHECK constraint (migrations 0001, 0007 and 0034 spell the same values; the
 //! test `sql_literals_are_the_values_of_the_queue_enums` in tests/dispatch.rs ties them)
 //! and shown as the same string in the JSON API.
 
