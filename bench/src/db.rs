@@ -82,6 +82,31 @@ pub async fn vacuum_analyze(pool: &PgPool) -> Result<(), DbError> {
     Ok(())
 }
 
+/// Profiling (HOOKD_BENCH_STATEMENTS, on a server that loads `pg_stat_statements`): forget
+/// every statement's figures so far.
+pub async fn statements_reset(pool: &PgPool) -> Result<(), DbError> {
+    sqlx::query("SELECT pg_stat_statements_reset()")
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// The `n` statements that took the most execution time since the last reset: (ms, calls,
+/// rows, the statement's first 160 characters on one line).
+pub async fn statements_top(
+    pool: &PgPool,
+    n: i64,
+) -> Result<Vec<(f64, i64, i64, String)>, DbError> {
+    Ok(sqlx::query_as(
+        "SELECT total_exec_time, calls, rows,
+                left(regexp_replace(query, '\\s+', ' ', 'g'), 160)
+         FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT $1",
+    )
+    .bind(n)
+    .fetch_all(pool)
+    .await?)
+}
+
 /// (events, deliveries) row counts.
 pub async fn queue_counts(pool: &PgPool) -> Result<(i64, i64), DbError> {
     Ok(sqlx::query_as(

@@ -132,6 +132,8 @@ pub enum Section {
     Ordering,
     /// Only when named in --only: a long paced run (issue 13's steady state)
     Sustained,
+    /// Only when named in --only: the dispatch section's trickle pair, three times
+    Trickle,
 }
 
 impl Section {
@@ -159,6 +161,7 @@ impl Section {
             Section::Limits => "limits",
             Section::Ordering => "ordering",
             Section::Sustained => "sustained",
+            Section::Trickle => "trickle",
         }
     }
 }
@@ -597,7 +600,7 @@ async fn run_sections(ctx: &Ctx) -> Result<Report, BenchError> {
     } else {
         Section::ALL
             .into_iter()
-            .chain([Section::Sustained])
+            .chain([Section::Sustained, Section::Trickle])
             .filter(|s| ctx.args.only.contains(s))
             .collect()
     };
@@ -615,6 +618,7 @@ async fn run_sections(ctx: &Ctx) -> Result<Report, BenchError> {
             Section::Limits => sections::limits(ctx, &mut report).await?,
             Section::Ordering => sections::ordering(ctx, &mut report).await?,
             Section::Sustained => sections::sustained(ctx, &mut report).await?,
+            Section::Trickle => sections::trickle(ctx, &mut report).await?,
         }
         progress(&format!(
             "section {} done in {:.1} s",

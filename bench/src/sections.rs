@@ -733,20 +733,16 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
         (few, trickle_rows, 1),
         (trickle, trickle_rows, 1),
     ] {
-        reset(ctx).await?;
-        let urls: Vec<String> = (0..endpoint_count)
-            .map(|i| rx.url(&format!("/ep{i}")))
-            .collect();
-        let ids = endpoints(ctx, "bench-dispatch", &urls).await?;
-        let Drained {
-            elapsed,
-            arrivals,
-            spent,
-            topology,
-        } = drain(ctx, &rx, "bench-dispatch", &ids, rows, dispatchers).await?;
-        let unique: std::collections::HashSet<Uuid> = arrivals.iter().map(|a| a.0).collect();
-        let succeeded = db::count_status(&ctx.pool, "succeeded").await?;
-        let rate = rows as f64 / elapsed.as_secs_f64();
+        let rate = drain_row(
+            ctx,
+            &rx,
+            report,
+            "dispatch",
+            endpoint_count,
+            rows,
+            dispatchers,
+        )
+        .await?;
         if rows == trickle_rows && dispatchers == 1 {
             if endpoint_count == few {
                 pair.0 = Some(rate);
@@ -754,44 +750,6 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
                 pair.1 = Some(rate);
             }
         }
-        let by = if dispatchers > 1 {
-            format!(", {dispatchers} dispatchers")
-        } else {
-            String::new()
-        };
-        report.checks.push(Check {
-            what: format!(
-                "dispatch {endpoint_count} endpoint(s){by}: distinct ids received == rows"
-            ),
-            expected: rows as u64,
-            actual: unique.len() as u64,
-        });
-        report.checks.push(Check {
-            what: format!("dispatch {endpoint_count} endpoint(s){by}: succeeded rows == rows"),
-            expected: rows as u64,
-            actual: succeeded as u64,
-        });
-        report.rows.push(Row {
-            section: "dispatch",
-            figure: format!("drain {rows} to {endpoint_count} endpoint(s){by}"),
-            value: rate,
-            unit: "del/s",
-            detail: format!(
-                "{} until all outcomes written, {} duplicate(s); {}",
-                secs(elapsed),
-                arrivals.len() - unique.len(),
-                spent.per_item(rows as u64, "receiver")
-            ),
-            conditions: format!(
-                "backlog pre-filled (set-based SQL, vacuum analyzed), {dispatchers} {topology} (claim, sign, send, batched completion), concurrency {DISPATCH_CONCURRENCY}, {ENDPOINT_CONCURRENCY} in flight per endpoint per dispatcher, payload {} B, dispatcher pool {}, receiver in the bench process, {}",
-                s.payload_bytes,
-                ctx.pool_settings.max_connections,
-                receiver_note(ctx)
-            ),
-        });
-        progress(&format!(
-            "dispatch to {endpoint_count} endpoint(s){by}: {rate:.0} deliveries/s"
-        ));
     }
     if let (Some(few_rate), Some(many_rate)) = pair {
         report.rows.push(Row {
@@ -806,6 +764,123 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
             conditions: "the two drains above, in one run".into(),
         });
     }
+    if rx.malformed() + rx.bad_signatures() > 0 {
+        report.checks.push(Check {
+            what: "receiver: malformed or badly signed deliveries".into(),
+            expected: 0,
+            actual: rx.malformed() + rx.bad_signatures(),
+        });
+    }
+    Ok(())
+}
+
+/// One drain row of the dispatch section: `rows` pre-filled over `endpoint_count` fresh
+/// endpoints of the receiver `rx`, drained by `dispatchers` dispatcher processes, checked
+/// (every id received, every row succeeded) and reported. Returns deliveries per second.
+async fn drain_row(
+    ctx: &Ctx,
+    rx: &FastReceiver,
+    report: &mut Report,
+    section: &'static str,
+    endpoint_count: usize,
+    rows: i64,
+    dispatchers: usize,
+) -> Result<f64, BenchError> {
+    let s = &ctx.scale;
+    reset(ctx).await?;
+    let urls: Vec<String> = (0..endpoint_count)
+        .map(|i| rx.url(&format!("/ep{i}")))
+        .collect();
+    let ids = endpoints(ctx, "bench-dispatch", &urls).await?;
+    let Drained {
+        elapsed,
+        arrivals,
+        spent,
+        topology,
+    } = drain(ctx, rx, "bench-dispatch", &ids, rows, dispatchers).await?;
+    let unique: std::collections::HashSet<Uuid> = arrivals.iter().map(|a| a.0).collect();
+    let succeeded = db::count_status(&ctx.pool, "succeeded").await?;
+    let rate = rows as f64 / elapsed.as_secs_f64();
+    let by = if dispatchers > 1 {
+        format!(", {dispatchers} dispatchers")
+    } else {
+        String::new()
+    };
+    report.checks.push(Check {
+        what: format!("dispatch {endpoint_count} endpoint(s){by}: distinct ids received == rows"),
+        expected: rows as u64,
+        actual: unique.len() as u64,
+    });
+    report.checks.push(Check {
+        what: format!("dispatch {endpoint_count} endpoint(s){by}: succeeded rows == rows"),
+        expected: rows as u64,
+        actual: succeeded as u64,
+    });
+    report.rows.push(Row {
+        section,
+        figure: format!("drain {rows} to {endpoint_count} endpoint(s){by}"),
+        value: rate,
+        unit: "del/s",
+        detail: format!(
+            "{} until all outcomes written, {} duplicate(s); {}",
+            secs(elapsed),
+            arrivals.len() - unique.len(),
+            spent.per_item(rows as u64, "receiver")
+        ),
+        conditions: format!(
+            "backlog pre-filled (set-based SQL, vacuum analyzed), {dispatchers} {topology} (claim, sign, send, batched completion), concurrency {DISPATCH_CONCURRENCY}, {ENDPOINT_CONCURRENCY} in flight per endpoint per dispatcher, payload {} B, dispatcher pool {}, receiver in the bench process, {}",
+            s.payload_bytes,
+            ctx.pool_settings.max_connections,
+            receiver_note(ctx)
+        ),
+    });
+    progress(&format!(
+        "dispatch to {endpoint_count} endpoint(s){by}: {rate:.0} deliveries/s"
+    ));
+    Ok(rate)
+}
+
+/// Only when named in --only (issue 27's goal, measured as often as it takes to trust it):
+/// the trickle pair of the dispatch section, 10,000 endpoints x 1 row against the same rows
+/// over 50 endpoints, interleaved three times, each pair's ratio and their median.
+pub(crate) async fn trickle(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
+    let s = &ctx.scale;
+    let rx = start_receiver(ctx).await?;
+    let trickle = s.dispatch_trickle_endpoints;
+    let rows = trickle as i64;
+    let few = (trickle / 200).max(1);
+    let mut ratios = Vec::new();
+    for round in 1..=3 {
+        let few_rate = drain_row(ctx, &rx, report, "trickle", few, rows, 1).await?;
+        let many_rate = drain_row(ctx, &rx, report, "trickle", trickle, rows, 1).await?;
+        ratios.push(many_rate / few_rate);
+        report.rows.push(Row {
+            section: "trickle",
+            figure: format!(
+                "round {round}: {trickle} endpoints x 1 row against {few} x {}",
+                rows / few as i64
+            ),
+            value: many_rate / few_rate,
+            unit: "x",
+            detail: format!("{many_rate:.0} against {few_rate:.0} del/s (goal: at least 0.8 x)"),
+            conditions: "the two drains above, one after the other".into(),
+        });
+    }
+    ratios.sort_by(f64::total_cmp);
+    report.rows.push(Row {
+        section: "trickle",
+        figure: format!(
+            "median of 3: {trickle} endpoints x 1 row against {few} x {}",
+            rows / few as i64
+        ),
+        value: ratios[1],
+        unit: "x",
+        detail: format!(
+            "rounds {:.2}, {:.2}, {:.2} x (goal: at least 0.8 x)",
+            ratios[0], ratios[1], ratios[2]
+        ),
+        conditions: "three interleaved pairs in one run".into(),
+    });
     if rx.malformed() + rx.bad_signatures() > 0 {
         report.checks.push(Check {
             what: "receiver: malformed or badly signed deliveries".into(),
@@ -850,7 +925,28 @@ async fn drain(
         "{rows} deliveries pre-filled in {}",
         secs(t.elapsed())
     ));
-    drain_filled(ctx, rx, rows, dispatchers).await
+    let statements = std::env::var_os("HOOKD_BENCH_STATEMENTS");
+    if statements.is_some() {
+        db::statements_reset(&ctx.pool).await?;
+    }
+    let drained = drain_filled(ctx, rx, rows, dispatchers).await?;
+    if let Some(path) = statements {
+        let top = db::statements_top(&ctx.pool, 25).await?;
+        let mut out = format!("== drain of {rows} over {} endpoint(s)\n", ids.len());
+        for (ms, calls, rows, query) in top {
+            out.push_str(&format!(
+                "{ms:9.1} ms {calls:7} calls {rows:8} rows  {query}\n"
+            ));
+        }
+        use std::io::Write;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(out.as_bytes()))
+            .map_err(|e| BenchError::Setup(format!("HOOKD_BENCH_STATEMENTS: {e}")))?;
+    }
+    Ok(drained)
 }
 
 /// The timed half of [`drain`]: the `rows` deliveries are already in the queue.

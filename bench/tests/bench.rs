@@ -229,6 +229,37 @@ async fn sustained_runs_when_named(pool: PgPool) {
     );
 }
 
+/// The trickle section runs only when named: the dispatch section's trickle pair three
+/// times over, each pair's ratio and their median, every delivery counted.
+#[sqlx::test]
+async fn trickle_runs_when_named(pool: PgPool) {
+    init();
+    let mut args = BenchArgs::new(Some(database_url(&pool)));
+    args.smoke = true;
+    args.only = vec![Section::Trickle];
+    let report = run_report(args, CancellationToken::new()).await.unwrap();
+    assert!(
+        report.rows.iter().all(|r| r.section == "trickle"),
+        "{}",
+        report.render()
+    );
+    assert_eq!(report.rows.len(), 3 * 3 + 1, "{}", report.render());
+    for round in 1..=3 {
+        assert_row(
+            &report,
+            "trickle",
+            &format!("round {round}: 400 endpoints x 1 row"),
+        );
+    }
+    assert_row(&report, "trickle", "median of 3: 400 endpoints x 1 row");
+    assert_eq!(report.checks.len(), 6 * 2, "{}", report.render());
+    assert!(
+        report.checks.iter().all(|c| c.expected == c.actual),
+        "{}",
+        report.render()
+    );
+}
+
 /// `hookd-bench --help` never prints the value of DATABASE_URL (a password).
 #[test]
 fn help_hides_the_database_password() {
