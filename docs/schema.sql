@@ -379,10 +379,13 @@ BEGIN
     ORDER BY q.endpoint_id
     FOR UPDATE SKIP LOCKED
   ) l;
-  -- entries another transaction holds: refreshed again once this one commits
-  INSERT INTO hookd.endpoint_rechecks (endpoint_id)
-  SELECT q.endpoint_id FROM hookd.endpoint_queue q
-  WHERE q.endpoint_id = ANY (ids) AND q.endpoint_id <> ALL (locked);
+  -- (locked holds distinct ids that are all in ids: as many means all of them)
+  IF cardinality(locked) < cardinality(ids) THEN
+    -- entries another transaction holds: refreshed again once this one commits
+    INSERT INTO hookd.endpoint_rechecks (endpoint_id)
+    SELECT q.endpoint_id FROM hookd.endpoint_queue q
+    WHERE q.endpoint_id = ANY (ids) AND q.endpoint_id <> ALL (locked);
+  END IF;
   IF cardinality(locked) = 0 THEN
     RETURN;
   END IF;
