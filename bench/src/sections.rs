@@ -764,13 +764,7 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
             conditions: "the two drains above, in one run".into(),
         });
     }
-    if rx.malformed() + rx.bad_signatures() > 0 {
-        report.checks.push(Check {
-            what: "receiver: malformed or badly signed deliveries".into(),
-            expected: 0,
-            actual: rx.malformed() + rx.bad_signatures(),
-        });
-    }
+    receiver_check(&rx, report);
     Ok(())
 }
 
@@ -881,6 +875,12 @@ pub(crate) async fn trickle(ctx: &Ctx, report: &mut Report) -> Result<(), BenchE
         ),
         conditions: "three interleaved pairs in one run".into(),
     });
+    receiver_check(&rx, report);
+    Ok(())
+}
+
+/// A failed check when the receiver got a malformed or badly signed delivery.
+fn receiver_check(rx: &FastReceiver, report: &mut Report) {
     if rx.malformed() + rx.bad_signatures() > 0 {
         report.checks.push(Check {
             what: "receiver: malformed or badly signed deliveries".into(),
@@ -888,7 +888,6 @@ pub(crate) async fn trickle(ctx: &Ctx, report: &mut Report) -> Result<(), BenchE
             actual: rx.malformed() + rx.bad_signatures(),
         });
     }
-    Ok(())
 }
 
 /// A drain as users see it: `rows` deliveries pre-filled over the endpoints `ids` of
