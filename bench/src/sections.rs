@@ -768,9 +768,10 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
     Ok(())
 }
 
-/// One drain row of the dispatch section: `rows` pre-filled over `endpoint_count` fresh
-/// endpoints of the receiver `rx`, drained by `dispatchers` dispatcher processes, checked
-/// (every id received, every row succeeded) and reported. Returns deliveries per second.
+/// One drain row of `section` (dispatch or trickle): `rows` pre-filled over
+/// `endpoint_count` fresh endpoints of the receiver `rx`, drained by `dispatchers`
+/// dispatcher processes, checked (every id received, every row succeeded) and reported.
+/// Returns deliveries per second.
 async fn drain_row(
     ctx: &Ctx,
     rx: &FastReceiver,
