@@ -123,9 +123,7 @@ impl OrderReceiver {
             .map(|a| a.n)
             .collect()
     }
-}
 
-impl OrderReceiver {
     /// Waits up to 15 s until (endpoint, key) has been delivered exactly `want` (the n of
     /// each 2xx answer, in arrival order); panics with every arrival otherwise.
     async fn await_delivered(&self, endpoint: &str, key: &str, want: &[u64]) {

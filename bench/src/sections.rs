@@ -844,6 +844,10 @@ pub(crate) async fn trickle(ctx: &Ctx, report: &mut Report) -> Result<(), BenchE
     let trickle = s.dispatch_trickle_endpoints;
     let rows = trickle as i64;
     let few = (trickle / 200).max(1);
+    let pair = format!(
+        "{trickle} endpoints x 1 row against {few} x {}",
+        rows / few as i64
+    );
     let mut ratios = Vec::new();
     for round in 1..=3 {
         let few_rate = drain_row(ctx, &rx, report, "trickle", few, rows, 1).await?;
@@ -851,10 +855,7 @@ pub(crate) async fn trickle(ctx: &Ctx, report: &mut Report) -> Result<(), BenchE
         ratios.push(many_rate / few_rate);
         report.rows.push(Row {
             section: "trickle",
-            figure: format!(
-                "round {round}: {trickle} endpoints x 1 row against {few} x {}",
-                rows / few as i64
-            ),
+            figure: format!("round {round}: {pair}"),
             value: many_rate / few_rate,
             unit: "x",
             detail: format!("{many_rate:.0} against {few_rate:.0} del/s (goal: at least 0.8 x)"),
@@ -864,10 +865,7 @@ pub(crate) async fn trickle(ctx: &Ctx, report: &mut Report) -> Result<(), BenchE
     ratios.sort_by(f64::total_cmp);
     report.rows.push(Row {
         section: "trickle",
-        figure: format!(
-            "median of 3: {trickle} endpoints x 1 row against {few} x {}",
-            rows / few as i64
-        ),
+        figure: format!("median of 3: {pair}"),
         value: ratios[1],
         unit: "x",
         detail: format!(

@@ -444,7 +444,7 @@ pub async fn advance_lines(pool: &PgPool) -> Result<u64, DbError> {
 pub const ADVANCES_PER_CALL: u32 = 500;
 
 /// The most ordering keys one endpoint replay takes (each a lock on its line, like the
-/// fold's): deliveries of further keys are left for the next call and counted as skipped.
+/// line mover's): deliveries of further keys are left for the next call and counted as skipped.
 pub const LINES_PER_REPLAY: i64 = 1000;
 
 /// The fold of wake-ups into queue entries (see [`fold_wakeups`]); shared with
