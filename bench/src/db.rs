@@ -91,14 +91,31 @@ pub async fn statements_reset(pool: &PgPool) -> Result<(), DbError> {
     Ok(())
 }
 
+/// Where the server's write-ahead log ends now, as text (a `pg_lsn`).
+pub async fn wal_position(pool: &PgPool) -> Result<String, DbError> {
+    Ok(sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(pool)
+        .await?)
+}
+
+/// Bytes of write-ahead log the whole server wrote since `from` (a [`wal_position`]).
+pub async fn wal_bytes_since(pool: &PgPool, from: &str) -> Result<f64, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8")
+            .bind(from)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
 /// The `n` statements that took the most execution time since the last reset: (ms, calls,
-/// rows, the statement's first 160 characters on one line).
+/// rows, WAL bytes, the statement's first 160 characters on one line).
 pub async fn statements_top(
     pool: &PgPool,
     n: i64,
-) -> Result<Vec<(f64, i64, i64, String)>, DbError> {
+) -> Result<Vec<(f64, i64, i64, f64, String)>, DbError> {
     Ok(sqlx::query_as(
-        "SELECT total_exec_time, calls, rows,
+        "SELECT total_exec_time, calls, rows, wal_bytes::float8,
                 left(regexp_replace(query, '\\s+', ' ', 'g'), 160)
          FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT $1",
     )

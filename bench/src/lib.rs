@@ -132,7 +132,7 @@ pub enum Section {
     Ordering,
     /// Only when named in --only: a long paced run (issue 13's steady state)
     Sustained,
-    /// Only when named in --only: the dispatch section's trickle pair, three times
+    /// Only when named in --only: the dispatch section's trickle pair, five times
     Trickle,
 }
 

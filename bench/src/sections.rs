@@ -835,9 +835,14 @@ async fn drain_row(
     Ok(rate)
 }
 
+/// Pairs the trickle section runs. Five, not three: the first pair on a new database was
+/// the lowest in five of six runs (0.62-0.71 x against 0.75-0.90 x after it), and a
+/// median of three let that one round decide too often.
+const TRICKLE_ROUNDS: usize = 5;
+
 /// Only when named in --only (issue 27's goal, measured as often as it takes to trust it):
 /// the trickle pair of the dispatch section, 10,000 endpoints x 1 row against the same rows
-/// over 50 endpoints, interleaved three times, each pair's ratio and their median.
+/// over 50 endpoints, interleaved five times, each pair's ratio and their median.
 pub(crate) async fn trickle(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
     let s = &ctx.scale;
     let rx = start_receiver(ctx).await?;
@@ -849,7 +854,7 @@ pub(crate) async fn trickle(ctx: &Ctx, report: &mut Report) -> Result<(), BenchE
         rows / few as i64
     );
     let mut ratios = Vec::new();
-    for round in 1..=3 {
+    for round in 1..=TRICKLE_ROUNDS {
         let few_rate = drain_row(ctx, &rx, report, "trickle", few, rows, 1).await?;
         let many_rate = drain_row(ctx, &rx, report, "trickle", trickle, rows, 1).await?;
         ratios.push(many_rate / few_rate);
@@ -862,17 +867,18 @@ pub(crate) async fn trickle(ctx: &Ctx, report: &mut Report) -> Result<(), BenchE
             conditions: "the two drains above, one after the other".into(),
         });
     }
+    let rounds: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
     ratios.sort_by(f64::total_cmp);
     report.rows.push(Row {
         section: "trickle",
-        figure: format!("median of 3: {pair}"),
-        value: ratios[1],
+        figure: format!("median of {TRICKLE_ROUNDS}: {pair}"),
+        value: ratios[ratios.len() / 2],
         unit: "x",
         detail: format!(
-            "rounds {:.2}, {:.2}, {:.2} x (goal: at least 0.8 x)",
-            ratios[0], ratios[1], ratios[2]
+            "rounds {} x, in order (goal: at least 0.8 x)",
+            rounds.join(", ")
         ),
-        conditions: "three interleaved pairs in one run".into(),
+        conditions: format!("{TRICKLE_ROUNDS} interleaved pairs in one run"),
     });
     receiver_check(&rx, report);
     Ok(())
@@ -931,9 +937,10 @@ async fn drain(
     if let Some(path) = statements {
         let top = db::statements_top(&ctx.pool, 25).await?;
         let mut out = format!("== drain of {rows} over {} endpoint(s)\n", ids.len());
-        for (ms, calls, rows, query) in top {
+        for (ms, calls, rows, wal, query) in top {
             out.push_str(&format!(
-                "{ms:9.1} ms {calls:7} calls {rows:8} rows  {query}\n"
+                "{ms:9.1} ms {calls:7} calls {rows:8} rows {:9.0} kB WAL  {query}\n",
+                wal / 1024.0
             ));
         }
         use std::io::Write;

@@ -229,8 +229,9 @@ async fn sustained_runs_when_named(pool: PgPool) {
     );
 }
 
-/// The trickle section runs only when named: the dispatch section's trickle pair three
-/// times over, each pair's ratio and their median, every delivery counted.
+/// The trickle section runs only when named: the dispatch section's trickle pair five
+/// times over, each pair's ratio and their median, every delivery counted, and each
+/// drain's WAL per delivery.
 #[sqlx::test]
 async fn trickle_runs_when_named(pool: PgPool) {
     init();
@@ -243,16 +244,33 @@ async fn trickle_runs_when_named(pool: PgPool) {
         "{}",
         report.render()
     );
-    assert_eq!(report.rows.len(), 3 * 3 + 1, "{}", report.render());
-    for round in 1..=3 {
+    assert_eq!(report.rows.len(), 5 * 3 + 1, "{}", report.render());
+    for round in 1..=5 {
         assert_row(
             &report,
             "trickle",
             &format!("round {round}: 400 endpoints x 1 row"),
         );
     }
-    assert_row(&report, "trickle", "median of 3: 400 endpoints x 1 row");
-    assert_eq!(report.checks.len(), 6 * 2, "{}", report.render());
+    assert_row(&report, "trickle", "median of 5: 400 endpoints x 1 row");
+    // issue 32's interface: every drain row says the WAL written per delivery
+    let drains: Vec<_> = report
+        .rows
+        .iter()
+        .filter(|r| r.figure.starts_with("drain "))
+        .collect();
+    assert_eq!(drains.len(), 10, "{}", report.render());
+    for r in drains {
+        let wal: f64 = r
+            .detail
+            .split("WAL ")
+            .nth(1)
+            .and_then(|w| w.strip_suffix(" B per delivery"))
+            .and_then(|b| b.parse().ok())
+            .unwrap_or_else(|| panic!("no WAL per delivery in {:?}", r.detail));
+        assert!(wal > 0.0, "{:?}", r.detail);
+    }
+    assert_eq!(report.checks.len(), 10 * 2, "{}", report.render());
     assert!(
         report.checks.iter().all(|c| c.expected == c.actual),
         "{}",
