@@ -411,6 +411,24 @@ $$;
 
 
 --
+-- Name: endpoint_queue_tenants(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.endpoint_queue_tenants() RETURNS SETOF text
+    LANGUAGE sql STABLE
+    AS $$
+  WITH RECURSIVE t AS (
+    (SELECT q.tenant FROM hookd.endpoint_queue q ORDER BY q.tenant LIMIT 1)
+    UNION ALL
+    SELECT (SELECT q.tenant FROM hookd.endpoint_queue q
+            WHERE q.tenant > t.tenant ORDER BY q.tenant LIMIT 1)
+    FROM t WHERE t.tenant IS NOT NULL
+  )
+  SELECT t.tenant FROM t WHERE t.tenant IS NOT NULL
+$$;
+
+
+--
 -- Name: endpoint_queue_wake(uuid[], timestamp with time zone[]); Type: FUNCTION; Schema: hookd; Owner: -
 --
 
@@ -1453,6 +1471,13 @@ WITH (fillfactor='80');
 
 
 --
+-- Name: COLUMN endpoints.last_success_at; Type: COMMENT; Schema: hookd; Owner: -
+--
+
+COMMENT ON COLUMN hookd.endpoints.last_success_at IS 'unused since migration 0036 (read from the newest succeeded delivery); dropped in a later release';
+
+
+--
 -- Name: event_type_versions; Type: SEQUENCE; Schema: hookd; Owner: -
 --
 
@@ -2217,13 +2242,6 @@ CREATE INDEX delivery_queue_tenant_status_event_id_idx ON hookd.delivery_queue U
 --
 
 CREATE INDEX endpoint_queue_tenant_turn ON hookd.endpoint_queue USING btree (tenant, turn_at);
-
-
---
--- Name: endpoint_queue_turn; Type: INDEX; Schema: hookd; Owner: -
---
-
-CREATE INDEX endpoint_queue_turn ON hookd.endpoint_queue USING btree (turn_at);
 
 
 --

@@ -1270,6 +1270,52 @@ async fn open_circuit_is_skipped_and_yields_a_single_probe(pool: PgPool) {
     );
 }
 
+/// A success on an endpoint whose breaker is closed and clean writes nothing to its row:
+/// with thousands of customers' endpoints taking a delivery or two each, the first
+/// success of each rewrote its row, about a tenth of a drain (issue 27). The figures
+/// still report the success, read from the delivery and its attempt.
+#[sqlx::test]
+async fn a_clean_breaker_is_not_written_on_success(pool: PgPool) {
+    init();
+    let x = endpoint(&pool, opts("clean", "http://127.0.0.1:9/x".into())).await;
+    enqueue_sql(&pool, "clean", 1).await;
+    let w = Uuid::now_v7();
+    let got = deliveries::claim(&pool, &claim_req(w, 10, None))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    complete(&pool, w, &[outcome(&got[0], "succeeded")]).await;
+    let version = || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT xmin::text || ctid::text FROM hookd.endpoints WHERE id = $1",
+        )
+        .bind(x)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let before = version().await;
+    let ok = CircuitInput {
+        endpoint_id: x,
+        config_version: 1,
+        any_success: true,
+        trailing_failures: 0,
+    };
+    let mut conn = pool.acquire().await.unwrap();
+    assert!(
+        endpoints::record_circuit(&mut conn, &[ok], 3, 2.0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(version().await, before, "the endpoint row was rewritten");
+
+    let st = endpoints::stats(&pool, x, 10).await.unwrap().unwrap();
+    let last = st.last_success.expect("the success is reported");
+    assert_eq!(last.status_code, Some(200));
+    assert!(st.last_failure_at.is_none());
+}
+
 /// record_circuit called concurrently from 8 tasks, 5 times each with one failure, ends
 /// with exactly 40 consecutive failures (atomic SQL, no lost updates).
 #[sqlx::test]

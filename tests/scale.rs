@@ -844,8 +844,8 @@ async fn statistics_that_see_no_endpoints_do_not_make_outcomes_or_claims_read_th
     );
     assert!(
         plan.iter()
-            .any(|l| l.contains("Update on endpoints") && l.contains("rows=40 ")),
-        "every endpoint's first success is recorded:\n{}",
+            .any(|l| l.contains("Update on endpoints") && l.contains("rows=10 ")),
+        "the 10 open circuits are closed, the 30 clean ones not written:\n{}",
         plan.join("\n")
     );
 
@@ -937,4 +937,86 @@ async fn a_burst_of_wake_ups_or_rechecks_folds_in_one_pass_whatever_the_statisti
         read <= 3 * 3_000,
         "the recheck read {read} rows to fold 3,000"
     );
+}
+
+/// The queue keeps one index of turns, by tenant (migration 0037): an entry is written to
+/// two indexes, not three, when it is made and each time a claim serves it, which the
+/// trickle shape (thousands of endpoints with a delivery each) pays per delivery. The
+/// dispatcher's next-due timer and its backlog age walk the tenants instead: the earliest
+/// turn still to come across tenants, leaving out what is due now and what is held for
+/// good.
+#[sqlx::test]
+async fn the_queue_keeps_one_index_of_turns_and_next_due_walks_the_tenants(pool: PgPool) {
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes
+         WHERE schemaname = 'hookd' AND tablename = 'endpoint_queue' ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        ["endpoint_queue_pkey", "endpoint_queue_tenant_turn"]
+    );
+
+    let mut ids = Vec::new();
+    for t in ["walk-a", "walk-b", "walk-c", "walk-d"] {
+        ids.push(endpoint(&pool, opts(t, format!("http://127.0.0.1:9/{t}"))).await);
+        enqueue_sql(&pool, t, 1).await;
+    }
+    deliveries::fold_wakeups(&pool).await.unwrap();
+    let set = |sql: &'static str, id: Uuid| {
+        let pool = pool.clone();
+        async move {
+            let n = sqlx::query(sql)
+                .bind(id)
+                .execute(&pool)
+                .await
+                .unwrap()
+                .rows_affected();
+            assert_eq!(n, 1, "{sql}");
+        }
+    };
+    // walk-a is due, five minutes late; walk-b's turn comes in 30 s, walk-c's in 10 s;
+    // walk-d is held for good (a paused endpoint)
+    set(
+        "UPDATE hookd.endpoint_queue SET due_at = now() - interval '5 minutes' WHERE endpoint_id = $1",
+        ids[0],
+    )
+    .await;
+    set(
+        "UPDATE hookd.endpoint_queue SET served_at = now() + interval '30 seconds' WHERE endpoint_id = $1",
+        ids[1],
+    )
+    .await;
+    set(
+        "UPDATE hookd.endpoint_queue SET served_at = now() + interval '10 seconds' WHERE endpoint_id = $1",
+        ids[2],
+    )
+    .await;
+    set(
+        "UPDATE hookd.endpoint_queue SET hold_until = 'infinity' WHERE endpoint_id = $1",
+        ids[3],
+    )
+    .await;
+
+    let next = deliveries::next_due(&pool)
+        .await
+        .unwrap()
+        .expect("walk-c's turn is still to come");
+    let ahead = (next - chrono::Utc::now()).num_milliseconds();
+    assert!((8_000..=10_000).contains(&ahead), "next turn in {ahead} ms");
+
+    let (backlog, oldest) = deliveries::backlog_sample(&pool).await.unwrap();
+    assert_eq!(backlog, 4);
+    assert!((299..=305).contains(&oldest), "oldest due {oldest} s ago");
+
+    // nothing to come: no timer
+    sqlx::query("DELETE FROM hookd.endpoint_queue WHERE endpoint_id <> $1")
+        .bind(ids[3])
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(deliveries::next_due(&pool).await.unwrap(), None);
+    assert_eq!(deliveries::backlog_sample(&pool).await.unwrap().1, 0);
 }

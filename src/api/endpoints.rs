@@ -829,8 +829,7 @@ pub async fn stats(
         .await?
         .ok_or_else(|| ApiError::not_found("endpoint"))?;
     let hourly = db::endpoints::hourly_outcomes(&state.pool, id, 50_000).await?;
-    let last_success = db::endpoints::last_attempt(&state.pool, id, true).await?;
-    let last_failure = db::endpoints::last_attempt(&state.pool, id, false).await?;
+    let last_failure = db::endpoints::last_failure(&state.pool, id).await?;
     let sum = |from: usize| Outcomes {
         succeeded: hourly.iter().skip(from).map(|h| h.succeeded).sum(),
         failed: hourly.iter().skip(from).map(|h| h.failed).sum(),
@@ -860,7 +859,7 @@ pub async fn stats(
                 failed: h.failed,
             })
             .collect(),
-        last_success: last_success.map(last),
+        last_success: s.last_success.map(last),
         last_failure: last_failure.map(last),
         secret_unreadable: secret_unreadable(s.secret_unreadable, s.secret_unreadable_since),
     })

@@ -543,12 +543,21 @@ pub async fn explain_claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<Stri
 }
 
 /// The next time (after now) an endpoint's turn comes, for the dispatcher's next-due
-/// timer: one probe of `endpoint_queue_turn`, whatever the number of endpoints. What is
-/// due already is the claim's business (and wakes the dispatcher through NOTIFY, freed
-/// slots or the poll), so it is not reported here.
+/// timer: two probes of `endpoint_queue_tenant_turn` per tenant with entries (the tenants
+/// from `hookd.endpoint_queue_tenants`, migration 0037), whatever the number of endpoints. What is due already is the claim's business (and
+/// wakes the dispatcher through NOTIFY, freed slots or the poll), so it is not reported
+/// here.
 pub async fn next_due(pool: &PgPool) -> Result<Option<DateTime<Utc>>, DbError> {
     Ok(sqlx::query_scalar(
-        "SELECT min(turn_at) FROM hookd.endpoint_queue WHERE turn_at > now() AND turn_at < 'infinity'",
+        r#"
+        SELECT min(n.turn_at)
+        FROM hookd.endpoint_queue_tenants() t(tenant)
+        CROSS JOIN LATERAL (
+            SELECT q.turn_at FROM hookd.endpoint_queue q
+            WHERE q.tenant = t.tenant AND q.turn_at > now() AND q.turn_at < 'infinity'
+            ORDER BY q.turn_at LIMIT 1
+        ) n
+        "#,
     )
     .fetch_one(on(pool))
     .await?)
@@ -1191,11 +1200,15 @@ pub async fn backlog_sample(pool: &PgPool) -> Result<(i64, i64), DbError> {
         SELECT
           (SELECT count(*) FROM (SELECT 1 FROM hookd.deliveries
                                   WHERE status IN ('pending', 'in_progress', 'failed') LIMIT 100000) b),
-          -- the oldest among the first 10,000 endpoints whose turn has come (held ones
-          -- never have): bounded whatever the number of endpoints
-          coalesce((SELECT extract(epoch FROM now() - min(q.due_at))::bigint
-                      FROM (SELECT due_at FROM hookd.endpoint_queue
-                            WHERE turn_at <= now() ORDER BY turn_at LIMIT 10000) q), 0)
+          -- the oldest among each tenant's first 1,000 endpoints whose turn has come
+          -- (held ones never have): bounded whatever the number of endpoints
+          coalesce((SELECT extract(epoch FROM now() - min(f.due_at))::bigint
+                    FROM hookd.endpoint_queue_tenants() t(tenant)
+                    CROSS JOIN LATERAL (
+                        SELECT q.due_at FROM hookd.endpoint_queue q
+                        WHERE q.tenant = t.tenant AND q.turn_at <= now()
+                        ORDER BY q.turn_at LIMIT 1000
+                    ) f), 0)
         "#,
     )
     .fetch_one(on(pool))

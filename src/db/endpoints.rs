@@ -388,13 +388,13 @@ pub struct CircuitInput {
     pub trailing_failures: i32,
 }
 
-/// Applies a batch of outcomes to the circuit breakers (and the last success/failure times
-/// the controller reports) in one atomic statement, so concurrent replicas never lose each
-/// other's counts. A success closes the circuit; a
+/// Applies a batch of outcomes to the circuit breakers in one atomic statement, so
+/// concurrent replicas never lose each other's counts. A success closes the circuit; a
 /// failure while half-open, or reaching `threshold` consecutive failures, opens it for
-/// `cooldown`. An endpoint whose breaker is closed and clean is written on success at most
-/// once a second (to refresh last_success_at), not per delivery. Returns the endpoints
-/// that this batch opened.
+/// `cooldown`. An endpoint whose breaker is closed and clean is not written on success at
+/// all: with thousands of customers' endpoints taking a delivery or two each, writing
+/// every endpoint's row on its first success cost as much as a tenth of a drain
+/// (hookd-bench, issue 27). Returns the endpoints that this batch opened.
 pub async fn record_circuit(
     conn: &mut PgConnection,
     inputs: &[CircuitInput],
@@ -469,10 +469,10 @@ const RECORD_CIRCUIT_SQL: &str = r#"
                 SELECT e.circuit_state, e.circuit_failures FROM hookd.endpoints e
                 -- only outcomes of the endpoint's current configuration count
                 WHERE e.id = i.id AND e.config_version = i.version
+                  -- a clean, closed breaker has nothing to record for a success: the row
+                  -- is neither locked nor written (an endpoint's last success is read from
+                  -- its deliveries, see last_success)
                   AND (i.trailing_failures > 0 OR e.circuit_failures <> 0 OR e.circuit_state <> 'closed'
-                       -- last_success_at is kept to the second, not per delivery
-                       OR (i.any_success AND (e.last_success_at IS NULL
-                                              OR e.last_success_at < now() - interval '1 second'))
                        -- a send happened: the secret was readable after all
                        OR (e.secret_unreadable IS NOT NULL AND (i.any_success OR i.trailing_failures > 0)))
                 FOR NO KEY UPDATE OF e
@@ -486,7 +486,6 @@ const RECORD_CIRCUIT_SQL: &str = r#"
             circuit_open_until = CASE WHEN calc.open_now THEN now() + make_interval(secs => $5)
                                       WHEN calc.failures = 0 THEN NULL
                                       ELSE e.circuit_open_until END,
-            last_success_at = CASE WHEN calc.any_success THEN now() ELSE e.last_success_at END,
             last_failure_at = CASE WHEN calc.trailing_failures > 0 THEN now() ELSE e.last_failure_at END,
             secret_unreadable = CASE WHEN calc.any_success OR calc.trailing_failures > 0 THEN NULL
                                      ELSE e.secret_unreadable END,
@@ -602,7 +601,8 @@ pub async fn get_declared(
     .await?)
 }
 
-/// What the controller reports in a WebhookEndpoint's status, read in one statement.
+/// What the controller reports in a WebhookEndpoint's status and the API in an endpoint's
+/// stats.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct EndpointStats {
     pub id: Uuid,
@@ -611,7 +611,10 @@ pub struct EndpointStats {
     pub circuit_state: CircuitState,
     pub circuit_failures: i32,
     pub circuit_open_until: Option<DateTime<Utc>>,
-    pub last_success_at: Option<DateTime<Utc>>,
+    /// see [`last_success`]
+    #[sqlx(skip)]
+    pub last_success: Option<LastAttempt>,
+    /// written with the failure counts of the breaker
     pub last_failure_at: Option<DateTime<Utc>>,
     /// claimable deliveries (pending, in progress, waiting for a retry), at most `cap`
     pub backlog: i64,
@@ -628,10 +631,10 @@ pub struct EndpointStats {
 /// sampling every few seconds costs the same however much history the endpoint has; past
 /// `cap` they saturate rather than scan further.
 pub async fn stats(pool: &PgPool, id: Uuid, cap: i64) -> Result<Option<EndpointStats>, DbError> {
-    Ok(sqlx::query_as::<_, EndpointStats>(
+    let Some(mut stats) = sqlx::query_as::<_, EndpointStats>(
         r#"
         SELECT e.id, e.state, e.state_reason, e.circuit_state, e.circuit_failures,
-               e.circuit_open_until, e.last_success_at, e.last_failure_at,
+               e.circuit_open_until, e.last_failure_at,
                (SELECT count(*) FROM (
                    SELECT 1 FROM hookd.deliveries d
                    WHERE d.endpoint_id = e.id AND d.status IN ('pending', 'in_progress', 'failed')
@@ -646,7 +649,12 @@ pub async fn stats(pool: &PgPool, id: Uuid, cap: i64) -> Result<Option<EndpointS
     .bind(id)
     .bind(cap)
     .fetch_optional(on(pool))
-    .await?)
+    .await?
+    else {
+        return Ok(None);
+    };
+    stats.last_success = last_success(pool, id).await?;
+    Ok(Some(stats))
 }
 
 /// Records why deliveries of these endpoints are held (issue 19): a dispatcher could not
@@ -1091,34 +1099,53 @@ pub async fn hourly_outcomes(
     .await?)
 }
 
-/// The latest succeeded and failed attempt of an endpoint's recent deliveries.
-#[derive(Debug, Clone, sqlx::FromRow)]
+/// An attempt of an endpoint's recent deliveries: its last success or failure.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct LastAttempt {
     pub started_at: DateTime<Utc>,
     pub status_code: Option<i32>,
     pub error: Option<String>,
 }
 
-/// The newest attempt with `succeeded` = whether it was a 2xx, among the endpoint's newest
-/// 1,000 deliveries.
-pub async fn last_attempt(
-    pool: &PgPool,
-    id: Uuid,
-    succeeded: bool,
-) -> Result<Option<LastAttempt>, DbError> {
+/// The attempt that delivered the endpoint's newest succeeded delivery, among its newest
+/// 1,000 deliveries: the one home of an endpoint's last success (the row does not keep
+/// it, see [`record_circuit`]). The controller reads it every few seconds for each
+/// WebhookEndpoint, so the walk stops at the first succeeded delivery: a row or two for
+/// an endpoint that is well. An older delivery that succeeded later, on a retry, is not
+/// looked for.
+pub async fn last_success(pool: &PgPool, id: Uuid) -> Result<Option<LastAttempt>, DbError> {
+    Ok(sqlx::query_as::<_, LastAttempt>(
+        r#"
+        SELECT a.started_at, a.status_code, a.error
+        FROM (SELECT d.id, d.status FROM hookd.deliveries d WHERE d.endpoint_id = $1
+              ORDER BY d.id DESC LIMIT 1000) d
+        CROSS JOIN LATERAL (
+            SELECT a.started_at, a.status_code, a.error FROM hookd.delivery_attempts a
+            WHERE a.delivery_id = d.id ORDER BY a.attempt DESC LIMIT 1
+        ) a
+        WHERE d.status = 'succeeded'
+        ORDER BY d.id DESC LIMIT 1
+        "#,
+    )
+    .bind(id)
+    .fetch_optional(on(pool))
+    .await?)
+}
+
+/// The newest failed attempt (an error or a status other than 2xx) among the endpoint's
+/// newest 1,000 deliveries.
+pub async fn last_failure(pool: &PgPool, id: Uuid) -> Result<Option<LastAttempt>, DbError> {
     Ok(sqlx::query_as::<_, LastAttempt>(
         r#"
         SELECT a.started_at, a.status_code, a.error
         FROM (SELECT d.id FROM hookd.deliveries d WHERE d.endpoint_id = $1
               ORDER BY d.id DESC LIMIT 1000) d
         JOIN hookd.delivery_attempts a ON a.delivery_id = d.id
-        WHERE (a.status_code BETWEEN 200 AND 299) = $2
-           OR (NOT $2 AND a.status_code IS NULL)
+        WHERE a.status_code IS NULL OR a.status_code NOT BETWEEN 200 AND 299
         ORDER BY a.started_at DESC LIMIT 1
         "#,
     )
     .bind(id)
-    .bind(succeeded)
     .fetch_optional(on(pool))
     .await?)
 }

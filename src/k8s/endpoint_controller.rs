@@ -567,7 +567,7 @@ pub fn desired_status(
         circuit: Some(stats.circuit_state.to_string()),
         backlog: Some(stats.backlog),
         dead_letters: Some(stats.dead_letters),
-        last_success_time: stats.last_success_at.map(to_time),
+        last_success_time: stats.last_success.as_ref().map(|a| to_time(a.started_at)),
         last_failure_time: stats.last_failure_at.map(to_time),
     }
 }
@@ -602,7 +602,8 @@ pub fn refused_status(
         circuit: stats.map(|s| s.circuit_state.to_string()),
         backlog: stats.map(|s| s.backlog),
         dead_letters: stats.map(|s| s.dead_letters),
-        last_success_time: stats.and_then(|s| s.last_success_at.map(to_time)),
+        last_success_time: stats
+            .and_then(|s| s.last_success.as_ref().map(|a| to_time(a.started_at))),
         last_failure_time: stats.and_then(|s| s.last_failure_at.map(to_time)),
     }
 }
@@ -741,7 +742,7 @@ mod tests {
             circuit_state: circuit,
             circuit_failures: 0,
             circuit_open_until: None,
-            last_success_at: None,
+            last_success: None,
             last_failure_at: None,
             backlog: 7,
             dead_letters: 2,
