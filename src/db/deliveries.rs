@@ -544,9 +544,9 @@ pub async fn explain_claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<Stri
 
 /// The next time (after now) an endpoint's turn comes, for the dispatcher's next-due
 /// timer: two probes of `endpoint_queue_tenant_turn` per tenant with entries (the tenants
-/// from `hookd.endpoint_queue_tenants`, migration 0037), whatever the number of endpoints. What is due already is the claim's business (and
-/// wakes the dispatcher through NOTIFY, freed slots or the poll), so it is not reported
-/// here.
+/// from `hookd.endpoint_queue_tenants`, migration 0037), whatever the number of
+/// endpoints. What is due already is the claim's business (and wakes the dispatcher
+/// through NOTIFY, freed slots or the poll), so it is not reported here.
 pub async fn next_due(pool: &PgPool) -> Result<Option<DateTime<Utc>>, DbError> {
     Ok(sqlx::query_scalar(
         r#"
