@@ -720,20 +720,13 @@ pub(crate) async fn baselines(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
 pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
     let s = &ctx.scale;
     let rx = start_receiver(ctx).await?;
-    let trickle = s.dispatch_trickle_endpoints;
-    let trickle_rows = trickle as i64;
-    let few = (trickle / 200).max(1);
-    // the trickle pair's rates, for the ratio row: (few endpoints, many endpoints)
-    let mut pair = (None, None);
     for (endpoint_count, rows, dispatchers) in [
         (s.dispatch_endpoints, s.dispatch_rows, 1),
         (s.dispatch_endpoints, s.dispatch_rows, s.dispatchers),
         (s.dispatch_many_endpoints, s.dispatch_many_rows, 1),
         (1, s.dispatch_single_rows, 1),
-        (few, trickle_rows, 1),
-        (trickle, trickle_rows, 1),
     ] {
-        let rate = drain_row(
+        drain_row(
             ctx,
             &rx,
             report,
@@ -743,29 +736,72 @@ pub(crate) async fn dispatch(ctx: &Ctx, report: &mut Report) -> Result<(), Bench
             dispatchers,
         )
         .await?;
-        if rows == trickle_rows && dispatchers == 1 {
-            if endpoint_count == few {
-                pair.0 = Some(rate);
-            } else if endpoint_count == trickle {
-                pair.1 = Some(rate);
-            }
-        }
     }
-    if let (Some(few_rate), Some(many_rate)) = pair {
-        report.rows.push(Row {
-            section: "dispatch",
-            figure: format!(
-                "drain of {trickle} endpoints x 1 row against {few} endpoints x {} rows",
-                trickle_rows / few as i64
-            ),
-            value: many_rate / few_rate,
-            unit: "x",
-            detail: format!("{many_rate:.0} against {few_rate:.0} del/s (goal: at least 0.8 x)"),
-            conditions: "the two drains above, in one run".into(),
-        });
-    }
+    let pair = TricklePair::of(s);
+    let rates = pair.drain(ctx, &rx, report, "dispatch").await?;
+    report.rows.push(TricklePair::ratio_row(
+        "dispatch",
+        format!(
+            "drain of {} endpoints x 1 row against {} endpoints x {} rows",
+            pair.many,
+            pair.few,
+            pair.rows / pair.few as i64
+        ),
+        rates,
+        "the two drains above, in one run".into(),
+    ));
     receiver_check(&rx, report);
     Ok(())
+}
+
+/// Issue 27's trickle pair: `many` endpoints with one row each against the same rows over
+/// `few` endpoints (a two-hundredth as many), each drained by one dispatcher.
+struct TricklePair {
+    many: usize,
+    few: usize,
+    rows: i64,
+}
+
+impl TricklePair {
+    fn of(s: &crate::Scale) -> TricklePair {
+        let many = s.dispatch_trickle_endpoints;
+        TricklePair {
+            many,
+            few: (many / 200).max(1),
+            rows: many as i64,
+        }
+    }
+
+    /// The few endpoints' drain, then the many's (a drain row each): their rates, (many,
+    /// few).
+    async fn drain(
+        &self,
+        ctx: &Ctx,
+        rx: &FastReceiver,
+        report: &mut Report,
+        section: &'static str,
+    ) -> Result<(f64, f64), BenchError> {
+        let few = drain_row(ctx, rx, report, section, self.few, self.rows, 1).await?;
+        let many = drain_row(ctx, rx, report, section, self.many, self.rows, 1).await?;
+        Ok((many, few))
+    }
+
+    /// The row of the many endpoints' rate against the few's (goal: at least 0.8 x).
+    fn ratio_row(
+        section: &'static str,
+        figure: String,
+        (many, few): (f64, f64),
+        conditions: String,
+    ) -> Row {
+        Row {
+            section,
+            figure,
+            value: many / few,
+            unit: "x",
+            detail: format!("{many:.0} against {few:.0} del/s (goal: at least 0.8 x)"),
+            conditions,
+        }
+    }
 }
 
 /// One drain row of `section` (dispatch or trickle): `rows` pre-filled over
@@ -844,34 +880,31 @@ const TRICKLE_ROUNDS: usize = 5;
 /// the trickle pair of the dispatch section, 10,000 endpoints x 1 row against the same rows
 /// over 50 endpoints, interleaved five times, each pair's ratio and their median.
 pub(crate) async fn trickle(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
-    let s = &ctx.scale;
     let rx = start_receiver(ctx).await?;
-    let trickle = s.dispatch_trickle_endpoints;
-    let rows = trickle as i64;
-    let few = (trickle / 200).max(1);
-    let pair = format!(
-        "{trickle} endpoints x 1 row against {few} x {}",
-        rows / few as i64
+    let pair = TricklePair::of(&ctx.scale);
+    let label = format!(
+        "{} endpoints x 1 row against {} x {}",
+        pair.many,
+        pair.few,
+        pair.rows / pair.few as i64
     );
     let mut ratios = Vec::new();
     for round in 1..=TRICKLE_ROUNDS {
-        let few_rate = drain_row(ctx, &rx, report, "trickle", few, rows, 1).await?;
-        let many_rate = drain_row(ctx, &rx, report, "trickle", trickle, rows, 1).await?;
-        ratios.push(many_rate / few_rate);
-        report.rows.push(Row {
-            section: "trickle",
-            figure: format!("round {round}: {pair}"),
-            value: many_rate / few_rate,
-            unit: "x",
-            detail: format!("{many_rate:.0} against {few_rate:.0} del/s (goal: at least 0.8 x)"),
-            conditions: "the two drains above, one after the other".into(),
-        });
+        let rates = pair.drain(ctx, &rx, report, "trickle").await?;
+        let row = TricklePair::ratio_row(
+            "trickle",
+            format!("round {round}: {label}"),
+            rates,
+            "the two drains above, one after the other".into(),
+        );
+        ratios.push(row.value);
+        report.rows.push(row);
     }
     let rounds: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
     ratios.sort_by(f64::total_cmp);
     report.rows.push(Row {
         section: "trickle",
-        figure: format!("median of {TRICKLE_ROUNDS}: {pair}"),
+        figure: format!("median of {TRICKLE_ROUNDS}: {label}"),
         value: ratios[ratios.len() / 2],
         unit: "x",
         detail: format!(

@@ -79,6 +79,14 @@ async fn smoke_run_has_every_row_and_counts_add_up(pool: PgPool) {
         "drain 300 to 3 endpoint(s), 2 dispatchers",
     );
     assert_row(&report, "dispatch", "drain 200 to 20 endpoint(s)");
+    // issue 27: the trickle pair and its ratio
+    assert_row(&report, "dispatch", "drain 400 to 2 endpoint(s)");
+    assert_row(&report, "dispatch", "drain 400 to 400 endpoint(s)");
+    assert_row(
+        &report,
+        "dispatch",
+        "drain of 400 endpoints x 1 row against 2 endpoints x 200 rows",
+    );
     assert_row(&report, "e2e", "fsync: synchronous commit p50");
     // issue 34: what a rate limit costs where it does not bind, and how it binds
     assert_row(
