@@ -469,6 +469,20 @@ $$;
 
 
 --
+-- Name: endpoints_queue_gone(); Type: FUNCTION; Schema: hookd; Owner: -
+--
+
+CREATE FUNCTION hookd.endpoints_queue_gone() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+  DELETE FROM hookd.endpoint_queue q USING gone g WHERE q.endpoint_id = g.id;
+  RETURN NULL;
+END
+$$;
+
+
+--
 -- Name: endpoints_queue_hold(); Type: FUNCTION; Schema: hookd; Owner: -
 --
 
@@ -2623,6 +2637,13 @@ CREATE TRIGGER endpoints_owner_immutable BEFORE UPDATE OF tenant, consumer ON ho
 
 
 --
+-- Name: endpoints endpoints_queue_gone; Type: TRIGGER; Schema: hookd; Owner: -
+--
+
+CREATE TRIGGER endpoints_queue_gone AFTER DELETE ON hookd.endpoints REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION hookd.endpoints_queue_gone();
+
+
+--
 -- Name: endpoints endpoints_queue_hold; Type: TRIGGER; Schema: hookd; Owner: -
 --
 
@@ -2686,14 +2707,6 @@ ALTER TABLE ONLY hookd.delivery_queue
 
 ALTER TABLE ONLY hookd.delivery_queue
     ADD CONSTRAINT delivery_queue_event_id_fkey FOREIGN KEY (event_id) REFERENCES hookd.events(id) ON DELETE CASCADE;
-
-
---
--- Name: endpoint_queue endpoint_queue_endpoint_id_fkey; Type: FK CONSTRAINT; Schema: hookd; Owner: -
---
-
-ALTER TABLE ONLY hookd.endpoint_queue
-    ADD CONSTRAINT endpoint_queue_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES hookd.endpoints(id) ON DELETE CASCADE;
 
 
 --

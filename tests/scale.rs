@@ -939,6 +939,59 @@ async fn a_burst_of_wake_ups_or_rechecks_folds_in_one_pass_whatever_the_statisti
     );
 }
 
+/// A queue entry has no foreign key (migration 0038): the fold of a burst of wake-ups, an
+/// entry per endpoint, runs no check per entry (before: a primary-key probe and a lock of
+/// the endpoint from an after-row trigger for each, a third of the fold's time), and an
+/// endpoint deleted by hand still takes its entry with it.
+#[sqlx::test]
+async fn the_fold_checks_no_foreign_key_per_entry_and_a_deleted_endpoint_takes_its_entry(
+    pool: PgPool,
+) {
+    idle_endpoints(&pool, 500).await;
+    sqlx::query(
+        "INSERT INTO hookd.endpoint_wakeups (endpoint_id, due_at)
+         SELECT id, now() FROM hookd.endpoints",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let plan = deliveries::explain_fold_wakeups(&pool).await.unwrap();
+    let checks: Vec<&String> = plan
+        .iter()
+        .filter(|l| l.trim_start().starts_with("Trigger"))
+        .collect();
+    assert!(
+        checks.is_empty(),
+        "the fold ran triggers per entry: {checks:?}"
+    );
+    assert_eq!(deliveries::fold_wakeups(&pool).await.unwrap(), 500);
+
+    let gone: Vec<Uuid> = sqlx::query_scalar(
+        "DELETE FROM hookd.endpoints
+         WHERE id IN (SELECT id FROM hookd.endpoints ORDER BY id LIMIT 7) RETURNING id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(gone.len(), 7);
+    let entries: i64 = sqlx::query_scalar("SELECT count(*) FROM hookd.endpoint_queue")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        entries, 493,
+        "the deleted endpoints' entries went with them"
+    );
+    let left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM hookd.endpoint_queue WHERE endpoint_id = ANY ($1)",
+    )
+    .bind(&gone)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(left, 0);
+}
+
 /// The queue keeps one index of turns, by tenant (migration 0037): an entry is written to
 /// two indexes, not three, when it is made and each time a claim serves it, which the
 /// trickle shape (thousands of endpoints with a delivery each) pays per delivery. The

@@ -81,7 +81,7 @@ pub struct ClaimedDelivery {
 /// The claim statement (see [`claim`]); shared with [`explain_claim`] so the plan a test
 /// inspects is the plan of exactly this text.
 const CLAIM_SQL: &str = r#"
-        WITH RECURSIVE clock AS (
+        WITH clock AS (
             -- Leases commit asynchronously (invariant 9): one lost in a database crash
             -- re-sends a delivery, never drops one. Set here, not by a SET LOCAL
             -- round trip, because the claim runs as a single-statement transaction.
@@ -96,12 +96,8 @@ const CLAIM_SQL: &str = r#"
             SELECT * FROM unnest($14::text[], $15::text[], $16::int[]) AS c(tenant, consumer, n)
         ), tenants AS (
             -- Every tenant with a queue entry: a loose scan of endpoint_queue_tenant_turn,
-            -- one probe per tenant (migration 0015), whatever its number of entries.
-            (SELECT q.tenant FROM hookd.endpoint_queue q ORDER BY q.tenant LIMIT 1)
-            UNION ALL
-            SELECT (SELECT q.tenant FROM hookd.endpoint_queue q
-                    WHERE q.tenant > t.tenant ORDER BY q.tenant LIMIT 1)
-            FROM tenants t WHERE t.tenant IS NOT NULL
+            -- one probe per tenant whatever its number of entries (migration 0037).
+            SELECT t.tenant FROM hookd.endpoint_queue_tenants() t(tenant)
         ), due AS (
             -- Endpoints whose turn has come, longest waiting first, read tenant by tenant:
             -- each tenant's range scan stops at what its share can use (a row per entry)
@@ -126,7 +122,7 @@ const CLAIM_SQL: &str = r#"
                     ORDER BY q.turn_at
                     LIMIT least($2, $11 - coalesce(tb.n, 0)) + 16
                 ) d
-                WHERE t.tenant IS NOT NULL AND coalesce(tb.n, 0) < $11
+                WHERE coalesce(tb.n, 0) < $11
             ) w
             ORDER BY w.rn > w.useful, w.turn_at
             LIMIT $2 + cardinality($4::uuid[]) + 64
@@ -466,6 +462,8 @@ const FOLD_SQL: &str = r#"
         -- FOR SHARE on the endpoint: a state change that has not committed yet is waited
         -- for and then read; one that starts after waits for this entry to commit, so
         -- its trigger (hookd.endpoints_queue_hold) sees it. Either way the hold is right.
+        -- A deletion the same way (hookd.endpoints_queue_gone): the entry has no foreign
+        -- key (migration 0038), and this is what keeps it from outliving its endpoint.
         INSERT INTO hookd.endpoint_queue AS q (endpoint_id, tenant, due_at, hold_until)
         -- A primary-key probe per endpoint whatever the statistics say; the sorted
         -- subquery makes the nested loop take the locks in id order.
