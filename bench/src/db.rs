@@ -124,6 +124,34 @@ pub async fn statements_top(
     .await?)
 }
 
+/// Profiling (HOOKD_BENCH_STATEMENTS): the write-ahead log between two [`wal_position`]s by
+/// record type, largest first: (resource manager/record type, records, record bytes,
+/// full-page-image bytes). Empty when the server lacks `pg_walinspect` (a contrib module of
+/// PostgreSQL 15 and later), which this creates when it can. It reads only what is flushed:
+/// the last few records of a drain whose commits were asynchronous may be left out.
+pub async fn wal_records(
+    pool: &PgPool,
+    from: &str,
+    to: &str,
+) -> Result<Vec<(String, i64, f64, f64)>, DbError> {
+    if sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        .execute(pool)
+        .await
+        .is_err()
+    {
+        return Ok(Vec::new());
+    }
+    Ok(sqlx::query_as(
+        "SELECT \"resource_manager/record_type\", count, record_size::float8, fpi_size::float8
+         FROM pg_get_wal_stats($1::pg_lsn, least($2::pg_lsn, pg_current_wal_flush_lsn()), true)
+         WHERE count > 0 ORDER BY combined_size DESC LIMIT 15",
+    )
+    .bind(from)
+    .bind(to)
+    .fetch_all(pool)
+    .await?)
+}
+
 /// (events, deliveries) row counts.
 pub async fn queue_counts(pool: &PgPool) -> Result<(i64, i64), DbError> {
     Ok(sqlx::query_as(

@@ -197,6 +197,9 @@ pub struct Scale {
     pub idle_window: Duration,
     pub e2e_rate: f64,
     pub e2e_window: Duration,
+    /// the e2e row in the customer shape (issue 32): this many consumers with an endpoint
+    /// each, every event addressed to the next of them
+    pub e2e_customers: usize,
     pub claim_due: Vec<i64>,
     pub claim_terminal: i64,
     pub claim_endpoints: usize,
@@ -235,6 +238,7 @@ impl Scale {
             idle_window: Duration::from_secs(10),
             e2e_rate: 200.0,
             e2e_window: Duration::from_secs(15),
+            e2e_customers: 1_000,
             claim_due: vec![0, 100_000, 1_000_000],
             claim_terminal: 1_000_000,
             claim_endpoints: 8,
@@ -291,6 +295,7 @@ impl Scale {
             idle_window: Duration::from_millis(300),
             e2e_rate: 100.0,
             e2e_window: Duration::from_millis(500),
+            e2e_customers: 20,
             claim_due: vec![0, 200, 1_000],
             claim_terminal: 1_000,
             claim_endpoints: 4,

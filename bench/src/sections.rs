@@ -58,7 +58,8 @@ async fn endpoints(ctx: &Ctx, tenant: &str, urls: &[String]) -> Result<Vec<Uuid>
 }
 
 /// [`endpoints`], each subscribed to its event type (`None`: every type).
-/// `spec` is added to every endpoint's spec (YAML lines indented by two).
+/// `spec` is added to every endpoint's spec (YAML lines indented by two), `{i}` in it
+/// replaced by the endpoint's index.
 async fn typed_endpoints(
     ctx: &Ctx,
     tenant: &str,
@@ -86,7 +87,7 @@ async fn typed_endpoints(
             if let Some(t) = event_type {
                 yaml.push_str(&format!("  eventTypes: [\"{t}\"]\n"));
             }
-            yaml.push_str(spec);
+            yaml.push_str(&spec.replace("{i}", &i.to_string()));
         }
         let file = PathBuf::from(format!("bench-{n}.yaml"));
         let docs = hookd::apply::parse_documents(&file, &yaml)
@@ -963,17 +964,30 @@ async fn drain(
         secs(t.elapsed())
     ));
     let statements = std::env::var_os("HOOKD_BENCH_STATEMENTS");
-    if statements.is_some() {
-        db::statements_reset(&ctx.pool).await?;
-    }
+    let wal_from = match statements {
+        Some(_) => {
+            db::statements_reset(&ctx.pool).await?;
+            Some(db::wal_position(&ctx.pool).await?)
+        }
+        None => None,
+    };
     let drained = drain_filled(ctx, rx, rows, dispatchers).await?;
-    if let Some(path) = statements {
+    if let Some((path, from)) = statements.zip(wal_from) {
+        let to = db::wal_position(&ctx.pool).await?;
         let top = db::statements_top(&ctx.pool, 25).await?;
         let mut out = format!("== drain of {rows} over {} endpoint(s)\n", ids.len());
         for (ms, calls, rows, wal, query) in top {
             out.push_str(&format!(
                 "{ms:9.1} ms {calls:7} calls {rows:8} rows {:9.0} kB WAL  {query}\n",
                 wal / 1024.0
+            ));
+        }
+        out.push_str("-- WAL by record type (pg_walinspect): records, kB, of which full pages\n");
+        for (kind, n, bytes, fpi) in db::wal_records(&ctx.pool, &from, &to).await? {
+            out.push_str(&format!(
+                "{n:9} {:9.0} kB {:9.0} kB  {kind}\n",
+                (bytes + fpi) / 1024.0,
+                fpi / 1024.0
             ));
         }
         use std::io::Write;
@@ -1380,7 +1394,7 @@ pub(crate) async fn e2e(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError
     // API, dispatcher and receiver as separate processes (the deployed topology)
     if crate::hookd_command().is_none() {
         progress("e2e: separate processes skipped (this is not the hookd-bench executable)");
-        return Ok(());
+        return customers(ctx, report).await;
     }
     reset(ctx).await?;
     rx.take();
@@ -1395,7 +1409,40 @@ pub(crate) async fn e2e(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError
         ", separate processes",
         "`hookd api` and `hookd dispatch` as child processes with default settings, receiver in the bench process",
     );
+    customers(ctx, report).await?;
     beside_a_crowd(ctx, report).await
+}
+
+/// Issue 32: the same paced load in the customer shape, each event addressed to the next of
+/// many consumers with an endpoint each, so nearly every event makes a queue entry for an
+/// endpoint that had none. Separate processes from the hookd-bench executable.
+async fn customers(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
+    let n = ctx.scale.e2e_customers;
+    reset(ctx).await?;
+    let rx = start_receiver(ctx).await?;
+    let urls: Vec<(String, Option<String>)> = (0..n)
+        .map(|_| (rx.url("/e2e"), Some("bench.e2e".to_string())))
+        .collect();
+    typed_endpoints(ctx, "bench-e2e", &urls, "  consumer: c{i}\n").await?;
+    db::vacuum_analyze(&ctx.pool).await?;
+    let stack = LoadStack::start(ctx).await?;
+    let pace = Pace {
+        consumers: n,
+        ..Pace::e2e(ctx)
+    };
+    let paced = paced_load(ctx, stack.api, &rx, &pace).await;
+    let topology = stack.topology;
+    stack.stop().await;
+    latency_rows(
+        ctx,
+        report,
+        &paced?,
+        &format!(", {n} customer endpoints"),
+        &format!(
+            "{topology}, receiver in the bench process; {n} consumers with an endpoint each, event i addressed to consumer i mod {n}"
+        ),
+    );
+    Ok(())
 }
 
 /// Issue 27: a one-endpoint tenant's latency while a tenant of many endpoints with a few
@@ -1429,6 +1476,7 @@ async fn beside_a_crowd(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError
         rate: 20.0,
         window: s.e2e_window,
         types: vec!["bench.e2e".into()],
+        consumers: 0,
     };
     let paced = paced_load(ctx, stack.api, &rx, &pace).await;
     let left = db::open_deliveries(&ctx.pool).await?;
@@ -1526,6 +1574,58 @@ impl ProcessStack {
     }
 }
 
+/// What a paced load runs against: `hookd api` and `hookd dispatch` as child processes with
+/// default settings when this is the hookd-bench executable, else both in the bench process
+/// (the test harness).
+struct LoadStack {
+    api: SocketAddr,
+    topology: &'static str,
+    processes: Option<ProcessStack>,
+    in_process: Option<(CancellationToken, RunningDispatcher)>,
+}
+
+impl LoadStack {
+    async fn start(ctx: &Ctx) -> Result<LoadStack, BenchError> {
+        if crate::hookd_command().is_some() {
+            let stack = ProcessStack::start(ctx).await?;
+            return Ok(LoadStack {
+                api: stack.api,
+                topology: "`hookd api` and `hookd dispatch` as child processes with default settings",
+                processes: Some(stack),
+                in_process: None,
+            });
+        }
+        let (api, stop_api) = start_api(ctx, AuthMode::None).await?;
+        let d = start_dispatcher(ctx)?;
+        // let the dispatcher's LISTEN connection come up and its first claim run
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok(LoadStack {
+            api,
+            topology: "API and dispatcher in the bench process",
+            processes: None,
+            in_process: Some((stop_api, d)),
+        })
+    }
+
+    /// The child processes' pids (none in the bench process).
+    fn pids(&self) -> Vec<i32> {
+        self.processes
+            .as_ref()
+            .map(ProcessStack::pids)
+            .unwrap_or_default()
+    }
+
+    async fn stop(self) {
+        if let Some(stack) = self.processes {
+            stack.stop().await;
+        }
+        if let Some((stop_api, d)) = self.in_process {
+            d.stop().await;
+            stop_api.cancel();
+        }
+    }
+}
+
 /// DATABASE_URL of the bench database on the bench's server.
 fn database_url(ctx: &Ctx) -> Result<String, BenchError> {
     let mut url = reqwest::Url::parse(&ctx.pool_settings.url)
@@ -1570,6 +1670,8 @@ struct Pace {
     rate: f64,
     window: Duration,
     types: Vec<String>,
+    /// 0: events without a consumer; else event n is addressed to consumer `c<n mod this>`
+    consumers: usize,
 }
 
 impl Pace {
@@ -1579,6 +1681,7 @@ impl Pace {
             rate: ctx.scale.e2e_rate,
             window: ctx.scale.e2e_window,
             types: vec!["bench.e2e".into()],
+            consumers: 0,
         }
     }
 }
@@ -1631,8 +1734,12 @@ async fn paced_load(
             errors.clone(),
             conn_tx.clone(),
         );
+        let consumer = match pace.consumers {
+            0 => String::new(),
+            n => format!(r#""consumer":"c{}","#, seq as usize % n),
+        };
         let body = format!(
-            r#"{{"tenant":"bench-e2e","eventType":"{}","payload":{}}}"#,
+            r#"{{"tenant":"bench-e2e","eventType":"{}",{consumer}"payload":{}}}"#,
             pace.types[seq as usize % pace.types.len()],
             payload(s.payload_bytes, seq)
         );
@@ -2219,30 +2326,13 @@ pub(crate) async fn sustained(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
         .map(|(i, t)| (rx.url(&format!("/s{i}")), Some(t.clone())))
         .collect();
     typed_endpoints(ctx, "bench-e2e", &urls, "").await?;
-    let (addr, topology, stack, in_process) = if crate::hookd_command().is_some() {
-        let stack = ProcessStack::start(ctx).await?;
-        (
-            stack.api,
-            "`hookd api` and `hookd dispatch` as child processes with default settings",
-            Some(stack),
-            None,
-        )
-    } else {
-        let (addr, stop_api) = start_api(ctx, AuthMode::None).await?;
-        let d = start_dispatcher(ctx)?;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        (
-            addr,
-            "API and dispatcher in the bench process",
-            None,
-            Some((stop_api, d)),
-        )
-    };
-    let pids = stack.as_ref().map(ProcessStack::pids).unwrap_or_default();
+    let stack = LoadStack::start(ctx).await?;
+    let (addr, topology, pids) = (stack.api, stack.topology, stack.pids());
     let pace = Pace {
         rate: s.sustained_rate,
         window: s.sustained_window,
         types,
+        consumers: 0,
     };
     let mut minutes: Vec<Minute> = Vec::with_capacity(windows);
     let run = async {
@@ -2280,13 +2370,7 @@ pub(crate) async fn sustained(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
         Ok::<(), BenchError>(())
     }
     .await;
-    if let Some(stack) = stack {
-        stack.stop().await;
-    }
-    if let Some((stop_api, d)) = in_process {
-        d.stop().await;
-        stop_api.cancel();
-    }
+    stack.stop().await;
     run?;
 
     let cond = format!(

@@ -137,6 +137,9 @@ async fn smoke_run_has_every_row_and_counts_add_up(pool: PgPool) {
     let p50 = assert_row(&report, "e2e", "latency p50");
     let p99 = assert_row(&report, "e2e", "latency p99");
     assert!(p50 <= p99, "{table}");
+    // issue 32: the same load addressed to many customers, an endpoint each
+    assert_row(&report, "e2e", "latency p50, 20 customer endpoints");
+    assert_row(&report, "e2e", "latency p99, 20 customer endpoints");
     for figure in ["0 due", "200 due", "1000 due", "1000 due + 1000 terminal"] {
         let row = report
             .rows
