@@ -397,8 +397,9 @@ BEGIN
                   ORDER BY d.visible_at LIMIT 1) AS due
     FROM unnest(locked) AS l(id)
   ), gone AS (
-    DELETE FROM hookd.endpoint_queue q USING m
-    WHERE q.endpoint_id = m.id AND q.endpoint_id = ANY (locked) AND m.due IS NULL
+    -- an array, not a join: one index scan whatever the estimates (see above)
+    DELETE FROM hookd.endpoint_queue q
+    WHERE q.endpoint_id = ANY (ARRAY(SELECT m.id FROM m WHERE m.due IS NULL))
   )
   UPDATE hookd.endpoint_queue q
   SET due_at = m.due,

@@ -395,6 +395,83 @@ async fn a_refresh_looks_for_rechecks_only_when_it_skipped_an_entry(pool: PgPool
     assert_eq!(rechecks, vec![b], "the held entry is left for a recheck");
 }
 
+/// Migration 0039: a refresh deletes a batch of entries with nothing left to send in one
+/// scan of the queue, and moves a batch of served ones in one more. Before, the delete was a
+/// nested loop that probed the queue once per entry with the whole batch as part of each
+/// probe (work that grows with the square of the batch, after every outcome batch): 502
+/// scans for 500 entries here.
+#[sqlx::test]
+async fn a_refresh_deletes_a_batch_of_finished_entries_in_one_scan(pool: PgPool) {
+    // 500 endpoints over 50 tenants, one delivery each: 500 entries with a due row
+    idle_endpoints(&pool, 500).await;
+    for t in 0..50 {
+        enqueue_sql(&pool, &format!("idle-{t}"), 1).await;
+    }
+    assert_eq!(deliveries::fold_wakeups(&pool).await.unwrap(), 500);
+    let ids: Vec<Uuid> = sqlx::query_scalar("SELECT endpoint_id FROM hookd.endpoint_queue")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), 500);
+    let refresh = async |served: &[Uuid]| {
+        let mut tx = pool.begin().await.unwrap();
+        let before = queue_scans(&mut tx).await;
+        sqlx::query("SELECT hookd.endpoint_queue_refresh($1, $2)")
+            .bind(&ids)
+            .bind(served)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let scanned = queue_scans(&mut tx).await - before;
+        tx.commit().await.unwrap();
+        scanned
+    };
+    let entries = async || -> (i64, i64) {
+        sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE served_at > '-infinity')
+             FROM hookd.endpoint_queue",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+
+    // every entry served (a claim's refresh): each moved, none deleted
+    let scanned = refresh(&ids).await;
+    assert!(
+        scanned <= 4,
+        "the lock, the delete and the update each scan the queue once: {scanned} scans"
+    );
+    assert_eq!(entries().await, (500, 500));
+
+    // every delivery gone (an outcome batch's refresh): every entry deleted
+    sqlx::query("UPDATE hookd.deliveries SET status = 'cancelled' WHERE status = 'pending'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM hookd.endpoint_rechecks")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO hookd.endpoint_queue (endpoint_id, tenant, due_at)
+         SELECT e.id, e.tenant, now() FROM hookd.endpoints e ON CONFLICT DO NOTHING",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let scanned = refresh(&[]).await;
+    assert!(
+        scanned <= 4,
+        "the lock, the delete and the update each scan the queue once: {scanned} scans"
+    );
+    assert_eq!(
+        entries().await,
+        (0, 0),
+        "every entry with nothing to send is gone"
+    );
+}
+
 /// Whose share of a dispatcher's slots a fairness test measures: a tenant's against
 /// another tenant, or a consumer's against another consumer of its tenant (`shop`).
 #[derive(Debug, Clone, Copy)]
