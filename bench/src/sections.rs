@@ -1415,7 +1415,8 @@ pub(crate) async fn e2e(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError
 
 /// Issue 32: the same paced load in the customer shape, each event addressed to the next of
 /// many consumers with an endpoint each, so nearly every event makes a queue entry for an
-/// endpoint that had none. Separate processes from the hookd-bench executable.
+/// endpoint that had none. Run by [`LoadStack`] (separate processes from the hookd-bench
+/// executable).
 async fn customers(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
     let n = ctx.scale.e2e_customers;
     reset(ctx).await?;
