@@ -250,6 +250,77 @@ async fn a_tenant_of_many_trickle_endpoints_fills_a_claim_and_hides_no_other(poo
     );
 }
 
+/// The claim reads each claimed endpoint's signing secrets once and matches nothing per row
+/// against every endpoint: with 300 endpoints of one due row each, no node of its plan
+/// handles more than a few rows per row claimed. Before, the rows were joined to their
+/// endpoints' secrets after the fact, which the planner (expecting a few endpoints) ran as
+/// a nested loop reading the claimed endpoints again for every claimed row: 250 x 125.
+#[sqlx::test]
+async fn a_claim_of_many_endpoints_reads_each_ones_secrets_once(pool: PgPool) {
+    bulk_endpoints(&pool, "many", 300).await;
+    // a sealed secret each, as a running system has
+    sqlx::query(
+        "INSERT INTO hookd.endpoint_secrets (endpoint_id, fingerprint, key_id, ciphertext)
+         SELECT id, '\\x00', 'k1', '\\x0102' FROM hookd.endpoints",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    enqueue_sql(&pool, "many", 1).await;
+    for table in [
+        "endpoints",
+        "endpoint_secrets",
+        "deliveries",
+        "endpoint_queue",
+        "events",
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(format!("ANALYZE hookd.{table}")))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    // whatever join the planner picks: here the nested loop it chose in hookd-bench's
+    // trickle drain, on connections of a new pool that start with hash and merge joins off
+    sqlx::query(
+        "DO $$ BEGIN
+           EXECUTE format('ALTER DATABASE %I SET enable_hashjoin = off', current_database());
+         END $$",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let nested = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let plan = deliveries::explain_claim(&nested, &claim_req(250, 32))
+        .await
+        .unwrap();
+    assert_eq!(max_actual_rows(&plan, "Update on deliveries"), 250);
+    let number = |line: &str, key: &str| -> u64 {
+        line.split(key)
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let (most, line) = plan
+        .iter()
+        .filter(|l| l.contains("(actual "))
+        .map(|l| {
+            let actual = l.split("(actual ").nth(1).unwrap_or("");
+            (number(actual, "rows=") * number(actual, "loops="), l)
+        })
+        .max()
+        .unwrap();
+    assert!(
+        most <= 4 * 250,
+        "a node handled {most} rows for a claim of 250: {line}\n{}",
+        plan.join("\n")
+    );
+}
+
 /// Issue 27, item 2: queue entries with nothing due ahead in turn order never throttle
 /// their tenant. Seven such entries of tenant `t` (as a race left them) and one endpoint
 /// with 100 due rows: the claim takes that endpoint's full per-endpoint quota (32), not

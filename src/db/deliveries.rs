@@ -205,8 +205,28 @@ const CLAIM_SQL: &str = r#"
             -- quota: a range scan of deliveries_claimable (endpoint_id, visible_at) that
             -- locks only the rows it returns
             SELECT c.id, c.event_id, el.endpoint_id, el.probe, el.limited, el.config_version, el.url,
-                   el.headers, el.timeout_ms, el.max_attempts, el.retry_schedule_secs
-            FROM (SELECT * FROM eligible WHERE quota > 0 ORDER BY turn_at, endpoint_id) el
+                   el.headers, el.timeout_ms, el.max_attempts, el.retry_schedule_secs,
+                   el.secret_ids, el.secret_key_ids, el.secret_ciphertexts
+            FROM (
+                -- Each endpoint's signing secrets, read once as its turn comes: not per row,
+                -- and not by a join of the rows to their endpoints afterwards, which the
+                -- planner (expecting a few endpoints) ran as a nested loop of every row
+                -- against every endpoint, 225 x 225 in a claim of the trickle shape.
+                -- OFFSET 0 keeps this a subquery of its own, so they stay per endpoint.
+                -- Legacy plaintext rows (from before migration 0004) are never handed out;
+                -- `hookd rekey` or a dispatcher's start encrypts them.
+                SELECT el.*, x.*
+                FROM (SELECT * FROM eligible WHERE quota > 0 ORDER BY turn_at, endpoint_id) el
+                CROSS JOIN LATERAL (
+                    SELECT coalesce(array_agg(s.id ORDER BY s.id DESC), '{}') AS secret_ids,
+                           coalesce(array_agg(s.key_id ORDER BY s.id DESC), '{}') AS secret_key_ids,
+                           coalesce(array_agg(s.ciphertext ORDER BY s.id DESC), '{}') AS secret_ciphertexts
+                    FROM hookd.endpoint_secrets s
+                    WHERE s.endpoint_id = el.endpoint_id AND s.ciphertext IS NOT NULL
+                      AND (s.not_after IS NULL OR s.not_after > (SELECT now FROM clock))
+                ) x
+                OFFSET 0
+            ) el
             CROSS JOIN LATERAL (
                 SELECT d.id, d.event_id FROM hookd.deliveries d
                 WHERE d.endpoint_id = el.endpoint_id
@@ -274,20 +294,6 @@ const CLAIM_SQL: &str = r#"
                    OR hookd.rate_tokens(e.rate_per_second, e.rate_burst, e.rate_tokens,
                                         e.rate_at, (SELECT now FROM clock)) >= m.n)
             RETURNING e.id
-        ), sec AS (
-            -- once per claimed endpoint, not per row. Legacy plaintext rows (from before
-            -- migration 0004) are never handed out; `hookd rekey` or a dispatcher's
-            -- start encrypts them.
-            SELECT pe.endpoint_id, x.*
-            FROM (SELECT DISTINCT endpoint_id FROM picked) pe
-            CROSS JOIN LATERAL (
-                SELECT coalesce(array_agg(s.id ORDER BY s.id DESC), '{}') AS secret_ids,
-                       coalesce(array_agg(s.key_id ORDER BY s.id DESC), '{}') AS secret_key_ids,
-                       coalesce(array_agg(s.ciphertext ORDER BY s.id DESC), '{}') AS secret_ciphertexts
-                FROM hookd.endpoint_secrets s
-                WHERE s.endpoint_id = pe.endpoint_id AND s.ciphertext IS NOT NULL
-                  AND (s.not_after IS NULL OR s.not_after > (SELECT now FROM clock))
-            ) x
         ), rows AS (
             SELECT p.*, ev.event_type, ev.payload, ev.created_at AS event_created_at,
                    ev.source, ev.source_event_id, ev.traceparent, ev.tracestate
@@ -310,17 +316,17 @@ const CLAIM_SQL: &str = r#"
             visible_at = (SELECT now FROM clock) + make_interval(secs => $3),
             locked_by = $1,
             updated_at = (SELECT now FROM clock)
-        FROM rows r, sec
+        FROM rows r
         -- the status names the queue partition (migration 0014), so the update is
         -- planned on it alone rather than on every history day
-        WHERE d.id = r.id AND d.status IN ('pending', 'in_progress', 'failed') AND sec.endpoint_id = r.endpoint_id
+        WHERE d.id = r.id AND d.status IN ('pending', 'in_progress', 'failed')
           AND (NOT (r.probe OR r.limited) OR r.endpoint_id IN (SELECT id FROM marks))
         RETURNING d.id, d.event_id, d.endpoint_id, d.tenant, d.consumer, d.attempts,
                   d.claim_token, d.attempt_seq, r.config_version,
                   d.visible_at AS lease_until, d.ordering_key IS NOT NULL AS ordered,
                   r.event_type, r.payload, r.event_created_at, r.source, r.source_event_id,
                   r.traceparent, r.tracestate, r.url, r.headers, r.timeout_ms, r.max_attempts, r.retry_schedule_secs,
-                  sec.secret_ids, sec.secret_key_ids, sec.secret_ciphertexts
+                  r.secret_ids, r.secret_key_ids, r.secret_ciphertexts
         "#;
 
 /// Fairness for one claim (issue 19): the rows each tenant, and each consumer within a
