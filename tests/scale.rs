@@ -298,19 +298,13 @@ async fn a_claim_of_many_endpoints_reads_each_ones_secrets_once(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(max_actual_rows(&plan, "Update on deliveries"), 250);
-    let number = |line: &str, key: &str| -> u64 {
-        line.split(key)
-            .nth(1)
-            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
     let (most, line) = plan
         .iter()
         .filter(|l| l.contains("(actual "))
         .map(|l| {
             let actual = l.split("(actual ").nth(1).unwrap_or("");
-            (number(actual, "rows=") * number(actual, "loops="), l)
+            let n = |key| plan_number(actual, key).unwrap_or(0);
+            (n("rows=") * n("loops="), l)
         })
         .max()
         .unwrap();
@@ -891,26 +885,28 @@ async fn deliveries_of_a_killed_dispatcher_arrive_within_10s_of_a_replacement(po
 
 /// Rows of `hookd.{table}` a plan read: each scan node on the table, its rows and the
 /// rows its filter removed, times its loops.
+/// The number after `key` in a line of a plan.
+fn plan_number(line: &str, key: &str) -> Option<u64> {
+    line.split(key)
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+}
+
 fn rows_read(plan: &[String], table: &str) -> u64 {
     let on_table = format!(" on {table} ");
-    let number = |line: &str, key: &str| -> Option<u64> {
-        line.split(key)
-            .nth(1)
-            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-            .and_then(|n| n.parse().ok())
-    };
     let mut total = 0;
     for (i, line) in plan.iter().enumerate() {
         if !(line.contains(&on_table) && line.contains("(actual ")) {
             continue;
         }
         let actual = line.split("(actual ").nth(1).unwrap_or_default();
-        let rows = number(actual, "rows=").unwrap_or(0);
-        let loops = number(actual, "loops=").unwrap_or(1);
+        let rows = plan_number(actual, "rows=").unwrap_or(0);
+        let loops = plan_number(actual, "loops=").unwrap_or(1);
         let removed = plan[i + 1..]
             .iter()
             .take_while(|l| !l.contains("->"))
-            .find_map(|l| number(l, "Rows Removed by Filter: "))
+            .find_map(|l| plan_number(l, "Rows Removed by Filter: "))
             .unwrap_or(0);
         total += (rows + removed) * loops;
     }
