@@ -1375,21 +1375,11 @@ pub(crate) async fn e2e(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError
     reset(ctx).await?;
     let rx = start_receiver(ctx).await?;
     endpoints(ctx, "bench-e2e", &[rx.url("/e2e")]).await?;
-    let (addr, stop_api) = start_api(ctx, AuthMode::None).await?;
-    let d = start_dispatcher(ctx)?;
-    // let the dispatcher's LISTEN connection come up and its first claim run
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let paced = paced_load(ctx, addr, &rx, &Pace::e2e(ctx)).await;
-    d.stop().await;
-    stop_api.cancel();
-    let paced = paced?;
-    latency_rows(
-        ctx,
-        report,
-        &paced,
-        "",
-        "API and dispatcher in the bench process",
-    );
+    let stack = LoadStack::in_process(ctx).await?;
+    let paced = paced_load(ctx, stack.api, &rx, &Pace::e2e(ctx)).await;
+    let topology = stack.topology;
+    stack.stop().await;
+    latency_rows(ctx, report, &paced?, "", topology);
 
     // API, dispatcher and receiver as separate processes (the deployed topology)
     if crate::hookd_command().is_none() {
@@ -1596,6 +1586,11 @@ impl LoadStack {
                 in_process: None,
             });
         }
+        LoadStack::in_process(ctx).await
+    }
+
+    /// The API and a dispatcher in the bench process, whatever the executable.
+    async fn in_process(ctx: &Ctx) -> Result<LoadStack, BenchError> {
         let (api, stop_api) = start_api(ctx, AuthMode::None).await?;
         let d = start_dispatcher(ctx)?;
         // let the dispatcher's LISTEN connection come up and its first claim run
