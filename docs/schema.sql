@@ -1714,14 +1714,14 @@ CREATE TABLE hookd.subscriptions (
 -- Name: dead_letters_before_0014; Type: TABLE ATTACH; Schema: hookd; Owner: -
 --
 
-ALTER TABLE ONLY hookd.dead_letters ATTACH PARTITION hookd.dead_letters_before_0014 FOR VALUES FROM (MINVALUE) TO ('01a248a6-7c00-0000-0000-000000000000');
+ALTER TABLE ONLY hookd.dead_letters ATTACH PARTITION hookd.dead_letters_before_0014 FOR VALUES FROM (MINVALUE) TO ('<the day of migration 0014>');
 
 
 --
 -- Name: delivery_attempts_before_0014; Type: TABLE ATTACH; Schema: hookd; Owner: -
 --
 
-ALTER TABLE ONLY hookd.delivery_attempts ATTACH PARTITION hookd.delivery_attempts_before_0014 FOR VALUES FROM (MINVALUE) TO ('01a248a6-7c00-0000-0000-000000000000');
+ALTER TABLE ONLY hookd.delivery_attempts ATTACH PARTITION hookd.delivery_attempts_before_0014 FOR VALUES FROM (MINVALUE) TO ('<the day of migration 0014>');
 
 
 --
@@ -1735,7 +1735,7 @@ ALTER TABLE ONLY hookd.deliveries ATTACH PARTITION hookd.delivery_history FOR VA
 -- Name: delivery_history_before_0014; Type: TABLE ATTACH; Schema: hookd; Owner: -
 --
 
-ALTER TABLE ONLY hookd.delivery_history ATTACH PARTITION hookd.delivery_history_before_0014 FOR VALUES FROM (MINVALUE) TO ('01a248a6-7c00-0000-0000-000000000000');
+ALTER TABLE ONLY hookd.delivery_history ATTACH PARTITION hookd.delivery_history_before_0014 FOR VALUES FROM (MINVALUE) TO ('<the day of migration 0014>');
 
 
 --
