@@ -128,7 +128,7 @@ pub struct ApiSettings {
     /// ordering_key_in_use). Only that request waits.
     #[arg(long, env = "HOOKD_IDEMPOTENCY_WAIT_MS", default_value_t = 5000)]
     pub idempotency_wait_ms: u64,
-    /// Send a coalesced NOTIFY after each commit to wake dispatchers at once
+    /// Send a coalesced NOTIFY after each commit, naming the new deliveries, so a waiting dispatcher leases them at once
     #[arg(long, env = "HOOKD_NOTIFY", default_value_t = true, action = clap::ArgAction::Set)]
     pub notify: bool,
     /// Postgres URL for LISTEN, straight to Postgres, for when DATABASE_URL goes through a pooler in transaction mode: the API listens for changes to inbound sources, and keeps them between requests only while it does (without it such an API reads a source from the database on every inbound request)
@@ -289,7 +289,7 @@ pub struct DispatchSettings {
     /// Fallback poll interval when no NOTIFY arrives, in milliseconds
     #[arg(long, env = "HOOKD_POLL_MS", default_value_t = 1000)]
     pub poll_ms: u64,
-    /// LISTEN for the API's NOTIFY wake-ups (polling still runs)
+    /// LISTEN for the API's NOTIFY, which names new deliveries to lease at once (scans and polling still run)
     #[arg(long, env = "HOOKD_NOTIFY", default_value_t = true, action = clap::ArgAction::Set)]
     pub notify: bool,
     /// Postgres URL for LISTEN, straight to Postgres, for when DATABASE_URL goes through a pooler in transaction mode (a LISTEN is session state the pooler cannot keep); without it such a dispatcher only polls (HOOKD_POLL_MS)

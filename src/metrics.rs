@@ -129,6 +129,8 @@ pub struct Metrics {
     pub deliveries_in_flight: Gauge,
     pub claim_seconds: Histogram,
     pub claimed: Counter,
+    /// of `claimed`, those leased because the API named them in its NOTIFY, without a scan
+    pub claimed_handed: Counter,
     pub leases_lost: Counter,
     pub outcome_write_errors: Counter,
     pub circuits_opened: Counter,
@@ -245,6 +247,12 @@ impl Metrics {
             "claimed",
             "Deliveries leased by this process",
             claimed.clone(),
+        );
+        let claimed_handed = Counter::default();
+        r.register(
+            "claimed_handed",
+            "Deliveries leased by this process as the API handed them over (NOTIFY), without a scan",
+            claimed_handed.clone(),
         );
         let leases_lost = Counter::default();
         r.register(
@@ -369,6 +377,7 @@ impl Metrics {
             deliveries_in_flight,
             claim_seconds,
             claimed,
+            claimed_handed,
             leases_lost,
             outcome_write_errors,
             circuits_opened,

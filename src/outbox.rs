@@ -227,7 +227,10 @@ async fn commit_group(pool: &PgPool, cfg: &OutboxConfig, mut jobs: Vec<Job>, not
         let messages: Vec<&[NewMessage]> = jobs.iter().map(|j| j.messages.as_slice()).collect();
         match group_tx(pool, &messages).await {
             Ok(GroupResult::Committed(verdicts)) => {
-                notifier.wake();
+                notifier.hand(verdicts.iter().flat_map(|v| match v {
+                    Verdict::Done(r) => handed(r),
+                    _ => Vec::new(),
+                }));
                 let mut alone = Vec::new();
                 for (job, v) in jobs.into_iter().zip(verdicts) {
                     match v {
@@ -325,12 +328,22 @@ fn spawn_alone(pool: &PgPool, cfg: &OutboxConfig, jobs: Vec<Job>, notifier: &Not
         let (pool, cfg, notifier) = (pool.clone(), cfg.clone(), notifier.clone());
         tokio::spawn(async move {
             let result = enqueue_alone(&pool, &cfg, &job.messages).await;
-            if result.is_ok() {
-                notifier.wake();
+            if let Ok(r) = &result {
+                notifier.hand(handed(r));
             }
             let _ = job.reply.send(result);
         });
     }
+}
+
+/// The deliveries a commit created, for the dispatchers to lease at once (those of an
+/// event an idempotency key returned are not new).
+fn handed(enqueued: &[Enqueued]) -> Vec<Uuid> {
+    enqueued
+        .iter()
+        .filter(|e| e.created)
+        .flat_map(|e| e.delivery_ids.iter().copied())
+        .collect()
 }
 
 /// One job in its own transaction, waiting (bounded) for keys held elsewhere.

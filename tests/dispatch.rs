@@ -2049,3 +2049,206 @@ async fn claim_reads_only_its_quota_after_statistics_of_an_empty_queue(pool: PgP
         "no bitmap over the backlog:\n{text}"
     );
 }
+
+/// The deliveries of `tenant` still queued, oldest due first.
+async fn queued_deliveries(pool: &PgPool, tenant: &str) -> Vec<Uuid> {
+    sqlx::query_scalar(
+        "SELECT id FROM hookd.deliveries WHERE tenant = $1
+           AND status IN ('pending', 'in_progress', 'failed')
+         ORDER BY visible_at, id",
+    )
+    .bind(tenant)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// Waits until this database has a session listening for new deliveries (the
+/// dispatcher's LISTEN), so what is enqueued next is heard.
+async fn wait_listening(pool: &PgPool) {
+    let listening = wait_until(Duration::from_secs(10), || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND query ILIKE 'LISTEN%hookd_deliveries%'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+            > 0
+    })
+    .await;
+    assert!(listening, "the dispatcher never listened");
+}
+
+/// A dispatcher that is waiting leases what the API's NOTIFY names, without scanning the
+/// queue: with the poll an hour away, five events arrive one by one, every lease is a
+/// handed one, and their wake-ups are never folded (a scan folds them first). A retry
+/// the completer schedules still arrives when due: the scan it asks for, and the timer
+/// to the next due row, find it with no NOTIFY at all.
+#[sqlx::test]
+async fn enqueued_deliveries_are_handed_to_a_waiting_dispatcher(pool: PgPool) {
+    let rx = Receiver::start(&[SECRET_A]).await;
+    endpoint(&pool, opts("handed", rx.url("/hook"))).await;
+    let api = TestApi::start(&pool).await;
+    let d = TestDispatcher::start(
+        &pool,
+        hookd::config::DispatchSettings {
+            poll_ms: 3_600_000,
+            retry_schedule: "1".into(),
+            ..dispatch_settings()
+        },
+    )
+    .await;
+    wait_listening(&pool).await;
+    // the scan a new listener asks for has run and found nothing
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..5 {
+        api.enqueue("handed", "a.b", &format!("{{\"i\":{i}}}"))
+            .await;
+        let want = i + 1;
+        assert!(
+            wait_until(Duration::from_secs(5), || async { rx.count() == want }).await,
+            "event {i} was not delivered"
+        );
+    }
+    assert_eq!(d.metrics.claimed_handed.get(), 5);
+    assert_eq!(d.metrics.claimed.get(), 5);
+    let unfolded: i64 = sqlx::query_scalar("SELECT count(*) FROM hookd.endpoint_wakeups")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(unfolded, 5, "no scan ran, so no fold");
+
+    rx.set(Behavior {
+        status: 500,
+        ..Default::default()
+    });
+    let t0 = Instant::now();
+    api.enqueue("handed", "a.b", "{\"i\":5}").await;
+    assert!(
+        wait_until(Duration::from_secs(6), || async { rx.count() == 7 }).await,
+        "the retry, due 1 s after the 500, did not arrive (the poll is an hour away)"
+    );
+    let retried_after = t0.elapsed();
+    assert!(
+        retried_after >= Duration::from_millis(800),
+        "retried after {retried_after:?}, before it was due"
+    );
+    d.stop().await;
+}
+
+/// A claim of handed deliveries leases by the claim's own rules: only queued, due
+/// deliveries it was named (with their endpoint's older due rows), up to the endpoint's
+/// cap, none of a paused endpoint, none already leased, and nothing for ids that name no
+/// delivery.
+#[sqlx::test]
+async fn handed_deliveries_are_leased_by_key_within_the_claims_rules(pool: PgPool) {
+    init();
+    endpoint(&pool, opts("a", "http://127.0.0.1:9/a".into())).await;
+    endpoint(&pool, opts("b", "http://127.0.0.1:9/b".into())).await;
+    endpoint(
+        &pool,
+        EndpointOpts {
+            paused: true,
+            ..opts("p", "http://127.0.0.1:9/p".into())
+        },
+    )
+    .await;
+    // one transaction each, so the three are due one after another
+    for _ in 0..3 {
+        enqueue_sql(&pool, "a", 1).await;
+    }
+    enqueue_sql(&pool, "b", 2).await;
+    enqueue_sql(&pool, "p", 1).await;
+    let a = queued_deliveries(&pool, "a").await;
+    let b = queued_deliveries(&pool, "b").await;
+    let p = queued_deliveries(&pool, "p").await;
+    let req = ClaimRequest {
+        worker_id: Uuid::now_v7(),
+        limit: 100,
+        lease_secs: 30.0,
+        per_endpoint_cap: 2,
+        busy: vec![],
+        now: None,
+        default_max_attempts: 8,
+    };
+    let shares = deliveries::TenantShares::unlimited();
+    let ids = |rows: &[ClaimedDelivery]| rows.iter().map(|r| r.id).collect::<HashSet<_>>();
+
+    // a's newest only: its two oldest go first, up to its cap of 2
+    let got = deliveries::claim_handed(&pool, &req, &shares, &[a[2]])
+        .await
+        .unwrap();
+    assert_eq!(ids(&got), HashSet::from([a[0], a[1]]));
+    // b's first, a paused endpoint's, and an id that is no delivery
+    let got = deliveries::claim_handed(&pool, &req, &shares, &[b[0], p[0], Uuid::now_v7()])
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&got),
+        HashSet::from([b[0], b[1]]),
+        "b's older and newer due rows"
+    );
+    // already leased: not again
+    let got = deliveries::claim_handed(&pool, &req, &shares, &[a[0], b[1]])
+        .await
+        .unwrap();
+    assert!(got.is_empty(), "leased twice: {got:?}");
+    // the worker's cap for a is counted from what it holds
+    let busy = ClaimRequest {
+        busy: vec![(got_endpoint(&pool, a[2]).await, 2)],
+        ..req.clone()
+    };
+    let got = deliveries::claim_handed(&pool, &busy, &shares, &[a[2]])
+        .await
+        .unwrap();
+    assert!(got.is_empty(), "a is at its cap: {got:?}");
+    let got = deliveries::claim_handed(&pool, &req, &shares, &[a[2]])
+        .await
+        .unwrap();
+    assert_eq!(ids(&got), HashSet::from([a[2]]));
+    assert_eq!(
+        delivery_status(&pool, p[0]).await.0,
+        "pending",
+        "a paused endpoint's delivery stays queued"
+    );
+}
+
+async fn got_endpoint(pool: &PgPool, delivery: Uuid) -> Uuid {
+    sqlx::query_scalar("SELECT endpoint_id FROM hookd.deliveries WHERE id = $1")
+        .bind(delivery)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// A backlog already queued when a dispatcher starts, over many endpoints of one tenant,
+/// drains with no NOTIFY at all and the poll an hour away: each freed slot after a scan
+/// that met the tenant's share scans again.
+#[sqlx::test]
+async fn a_backlog_queued_before_the_start_drains_without_notifications(pool: PgPool) {
+    let rx = Receiver::start(&[SECRET_A]).await;
+    for i in 0..50 {
+        endpoint(
+            &pool,
+            EndpointOpts {
+                name: format!("crowd-{i}"),
+                ..opts("crowd", rx.url(&format!("/c{i}")))
+            },
+        )
+        .await;
+    }
+    enqueue_sql(&pool, "crowd", 20).await;
+    let d = TestDispatcher::start(
+        &pool,
+        hookd::config::DispatchSettings {
+            poll_ms: 3_600_000,
+            concurrency: 40,
+            ..dispatch_settings()
+        },
+    )
+    .await;
+    let drained = wait_until(Duration::from_secs(20), || async { rx.count() >= 1000 }).await;
+    assert!(drained, "only {} of 1000 delivered", rx.count());
+    d.stop().await;
+}

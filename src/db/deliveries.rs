@@ -78,9 +78,13 @@ pub struct ClaimedDelivery {
     pub secret_ciphertexts: Vec<Vec<u8>>,
 }
 
-/// The claim statement (see [`claim`]); shared with [`explain_claim`] so the plan a test
-/// inspects is the plan of exactly this text.
-const CLAIM_SQL: &str = r#"
+/// The claim statement around the CTE `due` that picks the endpoints it serves: the
+/// scan's ([`CLAIM_SQL`]) or the handed deliveries' ([`CLAIM_HANDED_SQL`]). One text, so
+/// both lease by the same rules (caps, shares, circuits, rate limits, lines).
+macro_rules! claim_sql {
+    ($due:literal) => {
+        concat!(
+            r#"
         WITH clock AS (
             -- Leases commit asynchronously (invariant 9): one lost in a database crash
             -- re-sends a delivery, never drops one. Set here, not by a SET LOCAL
@@ -98,35 +102,9 @@ const CLAIM_SQL: &str = r#"
             -- Every tenant with a queue entry: a loose scan of endpoint_queue_tenant_turn,
             -- one probe per tenant whatever its number of entries (migration 0037).
             SELECT t.tenant FROM hookd.endpoint_queue_tenants() t(tenant)
-        ), due AS (
-            -- Endpoints whose turn has come, longest waiting first, read tenant by tenant:
-            -- each tenant's range scan stops at what its share can use (a row per entry)
-            -- plus a margin for entries that turn out to have nothing to give, so one
-            -- tenant's thousands of endpoints never fill the window and hide another
-            -- tenant's one (issue 27: 6-11 rows per claim of 250, the small tenant not
-            -- reached). Entries past their tenant's share sort last, so the window's
-            -- limit cuts them first. Endpoints this worker holds at the per-endpoint cap
-            -- and tenants at their share are passed over inside the scans.
-            SELECT w.endpoint_id, w.tenant, w.turn_at
-            FROM (
-                SELECT d.*, row_number() OVER (PARTITION BY d.tenant ORDER BY d.turn_at) AS rn,
-                       least($2, $11 - coalesce(tb.n, 0)) AS useful
-                FROM tenants t
-                LEFT JOIN tenant_busy tb ON tb.tenant = t.tenant
-                CROSS JOIN LATERAL (
-                    SELECT q.endpoint_id, q.tenant, q.turn_at
-                    FROM hookd.endpoint_queue q
-                    WHERE q.tenant = t.tenant
-                      AND q.turn_at <= (SELECT now FROM clock)
-                      AND q.endpoint_id NOT IN (SELECT endpoint_id FROM busy WHERE n >= $7)
-                    ORDER BY q.turn_at
-                    LIMIT least($2, $11 - coalesce(tb.n, 0)) + 16
-                ) d
-                WHERE coalesce(tb.n, 0) < $11
-            ) w
-            ORDER BY w.rn > w.useful, w.turn_at
-            LIMIT $2 + cardinality($4::uuid[]) + 64
-        ), settings AS (
+        ), "#,
+            $due,
+            r#"        ), settings AS (
             SELECT du.endpoint_id, du.tenant, du.turn_at, e.config_version, e.url, e.headers,
                    e.timeout_ms, e.max_attempts, e.retry_schedule_secs,
                    e.circuit_state <> 'closed' AS probe,
@@ -327,7 +305,59 @@ const CLAIM_SQL: &str = r#"
                   r.event_type, r.payload, r.event_created_at, r.source, r.source_event_id,
                   r.traceparent, r.tracestate, r.url, r.headers, r.timeout_ms, r.max_attempts, r.retry_schedule_secs,
                   r.secret_ids, r.secret_key_ids, r.secret_ciphertexts
-        "#;
+        "#
+        )
+    };
+}
+
+/// The claim statement (see [`claim`]); shared with [`explain_claim`] so the plan a test
+/// inspects is the plan of exactly this text.
+const CLAIM_SQL: &str = claim_sql!(
+    r#"due AS (
+            -- Endpoints whose turn has come, longest waiting first, read tenant by tenant:
+            -- each tenant's range scan stops at what its share can use (a row per entry)
+            -- plus a margin for entries that turn out to have nothing to give, so one
+            -- tenant's thousands of endpoints never fill the window and hide another
+            -- tenant's one (issue 27: 6-11 rows per claim of 250, the small tenant not
+            -- reached). Entries past their tenant's share sort last, so the window's
+            -- limit cuts them first. Endpoints this worker holds at the per-endpoint cap
+            -- and tenants at their share are passed over inside the scans.
+            SELECT w.endpoint_id, w.tenant, w.turn_at
+            FROM (
+                SELECT d.*, row_number() OVER (PARTITION BY d.tenant ORDER BY d.turn_at) AS rn,
+                       least($2, $11 - coalesce(tb.n, 0)) AS useful
+                FROM tenants t
+                LEFT JOIN tenant_busy tb ON tb.tenant = t.tenant
+                CROSS JOIN LATERAL (
+                    SELECT q.endpoint_id, q.tenant, q.turn_at
+                    FROM hookd.endpoint_queue q
+                    WHERE q.tenant = t.tenant
+                      AND q.turn_at <= (SELECT now FROM clock)
+                      AND q.endpoint_id NOT IN (SELECT endpoint_id FROM busy WHERE n >= $7)
+                    ORDER BY q.turn_at
+                    LIMIT least($2, $11 - coalesce(tb.n, 0)) + 16
+                ) d
+                WHERE coalesce(tb.n, 0) < $11
+            ) w
+            ORDER BY w.rn > w.useful, w.turn_at
+            LIMIT $2 + cardinality($4::uuid[]) + 64
+"#
+);
+
+/// The claim of handed deliveries (see [`claim_handed`]): `due` is the endpoints of the
+/// deliveries named in `$17` that are queued and due, by primary key, each as if its
+/// turn were now. Endpoints this worker holds at the per-endpoint cap are passed over.
+const CLAIM_HANDED_SQL: &str = claim_sql!(
+    r#"due AS (
+            SELECT d.endpoint_id, d.tenant, (SELECT now FROM clock) AS turn_at
+            FROM hookd.deliveries d
+            WHERE d.id = ANY ($17::uuid[])
+              AND d.status IN ('pending', 'in_progress', 'failed')
+              AND d.visible_at <= (SELECT now FROM clock)
+              AND d.endpoint_id NOT IN (SELECT endpoint_id FROM busy WHERE n >= $7)
+            GROUP BY d.endpoint_id, d.tenant
+        "#
+);
 
 /// Fairness for one claim (issue 19): the rows each tenant, and each consumer within a
 /// tenant, has in flight in this worker, and the most each may have. A tenant's
@@ -398,6 +428,32 @@ pub async fn claim_shared(
     super::retry_conflicts(|| async {
         Ok(
             sqlx::query_as_with::<_, ClaimedDelivery, _>(CLAIM_SQL, claim_arguments(req, shares)?)
+                .fetch_all(on(pool))
+                .await?,
+        )
+    })
+    .await
+}
+
+/// Leases the deliveries named in `handed` that are queued and due, with their
+/// endpoints' other due rows older than them, by the rules of [`claim_shared`], as if
+/// each endpoint's turn had come: the API names the deliveries each commit created (the
+/// NOTIFY payload), so a waiting dispatcher sends them without a scan. By primary key,
+/// so its cost follows `handed`; no fold of wake-ups first, and the queue entries are
+/// left to the next scan's fold. What it does not lease (an endpoint at its cap, a share
+/// used up, an open circuit, a line) the scan finds as before.
+pub async fn claim_handed(
+    pool: &PgPool,
+    req: &ClaimRequest,
+    shares: &TenantShares,
+    handed: &[Uuid],
+) -> Result<Vec<ClaimedDelivery>, DbError> {
+    super::retry_conflicts(|| async {
+        let mut args = claim_arguments(req, shares)?;
+        args.add(handed)
+            .map_err(|e| DbError::Query(sqlx::Error::Encode(e)))?;
+        Ok(
+            sqlx::query_as_with::<_, ClaimedDelivery, _>(CLAIM_HANDED_SQL, args)
                 .fetch_all(on(pool))
                 .await?,
         )
@@ -551,16 +607,27 @@ pub async fn explain_claim(pool: &PgPool, req: &ClaimRequest) -> Result<Vec<Stri
 /// from `hookd.endpoint_queue_tenants`, migration 0037), whatever the number of
 /// endpoints. What is due already is the claim's business (and wakes the dispatcher
 /// through NOTIFY, freed slots or the poll), so it is not reported here.
+///
+/// While an entry waits to be rechecked (`hookd.endpoint_rechecks`: a claim found it
+/// early, or a refresh skipped it), its turn here may be wrong, and a wake-up of its
+/// endpoint (a retry written while the entry was earlier) was never written: the answer
+/// is then a few milliseconds from now, so a scan comes and its fold puts the entry right.
+/// A dispatcher that leases handed deliveries without scanning would otherwise sleep past
+/// that retry until its poll.
 pub async fn next_due(pool: &PgPool) -> Result<Option<DateTime<Utc>>, DbError> {
     Ok(sqlx::query_scalar(
         r#"
-        SELECT min(n.turn_at)
-        FROM hookd.endpoint_queue_tenants() t(tenant)
-        CROSS JOIN LATERAL (
-            SELECT q.turn_at FROM hookd.endpoint_queue q
-            WHERE q.tenant = t.tenant AND q.turn_at > now() AND q.turn_at < 'infinity'
-            ORDER BY q.turn_at LIMIT 1
-        ) n
+        SELECT CASE WHEN EXISTS (SELECT 1 FROM hookd.endpoint_rechecks)
+                    THEN now() + interval '5 milliseconds'
+               ELSE (SELECT min(n.turn_at)
+                     FROM hookd.endpoint_queue_tenants() t(tenant)
+                     CROSS JOIN LATERAL (
+                         SELECT q.turn_at FROM hookd.endpoint_queue q
+                         WHERE q.tenant = t.tenant AND q.turn_at > now()
+                           AND q.turn_at < 'infinity'
+                         ORDER BY q.turn_at LIMIT 1
+                     ) n)
+               END
         "#,
     )
     .fetch_one(on(pool))

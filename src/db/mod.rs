@@ -130,9 +130,10 @@ pub async fn set_async_commit(conn: &mut sqlx::PgConnection) -> Result<(), DbErr
 /// `synchronous_commit = on` it waited for its own WAL flush (a whole fsync, 0.5-1 ms
 /// here) before the listeners heard it, on the path of every event to its receiver. A
 /// notification lost in a crash costs latency only (invariant 7).
-pub async fn notify(pool: &PgPool, channel: &str) -> Result<(), DbError> {
-    sqlx::query("SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, '')")
+pub async fn notify(pool: &PgPool, channel: &str, payload: &str) -> Result<(), DbError> {
+    sqlx::query("SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)")
         .bind(channel)
+        .bind(payload)
         .execute(on(pool))
         .await?;
     Ok(())

@@ -46,6 +46,11 @@ pub struct CompleterConfig {
     /// the line mover (`dispatch::lines`) then lets each key's next delivery go
     /// (migration 0034), at once rather than at its next poll
     pub line_moved: std::sync::Arc<tokio::sync::Notify>,
+    /// asked to scan once a batch committed that makes something due later or sooner
+    /// than the claim loop knows: a retry or a held delivery scheduled, a circuit opened
+    /// or closed. The loop leases handed deliveries without scanning, so this is how its
+    /// timer to the next due row learns of them.
+    pub rescan: std::sync::Arc<crate::notify::Wakeup>,
 }
 
 /// Spawns the completer; it drains the channel and exits once every sender is dropped.
@@ -190,7 +195,17 @@ async fn write_batch(
     }) {
         cfg.line_moved.notify_one();
     }
-    endpoint_effects(pool, cfg, batch, &passed, metrics).await;
+    let circuits_moved = endpoint_effects(pool, cfg, batch, &passed, metrics).await;
+    if circuits_moved
+        || batch.iter().any(|f| {
+            matches!(
+                f.completion.status,
+                db::deliveries::DeliveryOutcome::Retry | db::deliveries::DeliveryOutcome::Held
+            ) && passed.contains(&f.completion.delivery_id)
+        })
+    {
+        cfg.rescan.scan();
+    }
     let lost = batch.len() - passed.len();
     if lost > 0 {
         metrics.leases_lost.inc_by(lost as u64);
@@ -248,14 +263,15 @@ async fn write_batch(
 /// (its trigger), and a claim's wake-up fold locks an endpoint row and then its entry, so
 /// taking endpoint rows in the same transaction as the outcomes deadlocked with folds
 /// (a 1 s stall each time, dozens a minute under a steady 1,000 events/s). Losing these
-/// in a crash between the commits costs a circuit count, never a delivery.
+/// in a crash between the commits costs a circuit count, never a delivery. Returns
+/// whether a circuit opened or closed.
 async fn endpoint_effects(
     pool: &PgPool,
     cfg: &CompleterConfig,
     batch: &[Finished],
     passed: &HashSet<Uuid>,
     metrics: &Metrics,
-) {
+) -> bool {
     // Fold this batch's fenced outcomes per endpoint configuration in attempt order.
     let mut circuits: HashMap<(Uuid, i64), CircuitInput> = HashMap::new();
     let mut gone: Vec<(Uuid, i64)> = Vec::new();
@@ -297,7 +313,7 @@ async fn endpoint_effects(
         })
         .collect();
     if inputs.is_empty() && held.is_empty() && gone.is_empty() {
-        return;
+        return false;
     }
     let mut delay = Duration::from_millis(10);
     let mut tries = 0;
@@ -314,7 +330,7 @@ async fn endpoint_effects(
                 // the outcomes are written; the next batch of these endpoints counts again
                 metrics.outcome_write_errors.inc();
                 tracing::warn!(error = %e, endpoints = inputs.len(), "could not record these outcomes' circuit breakers and endpoint status");
-                return;
+                return false;
             }
         }
     };
@@ -329,6 +345,7 @@ async fn endpoint_effects(
         tracing::warn!(endpoint = %id, "endpoint disabled: receiver answered 410 Gone");
     }
     metrics.endpoints_disabled.inc_by(disabled.len() as u64);
+    !circuit.opened.is_empty() || !circuit.closed.is_empty()
 }
 
 async fn write_endpoint_effects(

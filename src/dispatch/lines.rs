@@ -11,17 +11,18 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::db;
+use crate::notify::Wakeup;
 
 /// Moves the lines whenever `kick` is notified (an outcome batch ended keyed deliveries,
 /// or the dispatcher was woken: an enqueue or a replay may have queued behind a line that
 /// is free) and at least every `poll`, until `stop`. Each time, it takes the advances in
-/// batches until a batch is not full, and wakes the claim loop (`wake`) after any batch:
-/// what it let go is due now. A failure is logged and tried again at the next kick or
+/// batches until a batch is not full, and asks the claim loop (`wake`) to scan after any
+/// batch: what it let go is due now. A failure is logged and tried again at the next kick or
 /// poll; the advances stay in their table meanwhile, and nothing else waits for them.
 pub(super) fn spawn_line_mover(
     pool: PgPool,
     kick: Arc<Notify>,
-    wake: Arc<Notify>,
+    wake: Arc<Wakeup>,
     poll: Duration,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
@@ -36,7 +37,7 @@ pub(super) fn spawn_line_mover(
                 match db::deliveries::advance_lines(&pool).await {
                     Ok(0) => break,
                     Ok(n) => {
-                        wake.notify_one();
+                        wake.scan();
                         if n < u64::from(db::deliveries::ADVANCES_PER_CALL) {
                             break;
                         }

@@ -3,8 +3,14 @@
 //! One claimer loop leases as many rows as there are free slots (a global semaphore)
 //! and spawns a task per delivery, so a slow endpoint only ever occupies its own slots
 //! (bounded per endpoint by the claim's quota) and never delays another endpoint's
-//! deliveries. Outcomes go to the batch completer. Wake-ups come from NOTIFY, a timer to
-//! the next due row, freed slots, and a poll fallback.
+//! deliveries. Outcomes go to the batch completer.
+//!
+//! New deliveries are handed over: the API's NOTIFY names them, and the loop leases
+//! exactly those by primary key ([`db::deliveries::claim_handed`]). Everything else is
+//! found by a scan of the queue ([`db::deliveries::claim_shared`]), run only when
+//! something may be due that no handed id names: a notification without ids, a handed
+//! delivery not leased, lines moved, retries written, a freed slot after a scan that
+//! met a cap, a full batch, the timer to the next due row, or the poll.
 
 mod classify;
 mod completer;
@@ -22,6 +28,7 @@ pub use in_flight::share_cap;
 use in_flight::{HeldLease, InFlight, spawn_lease_renewer};
 pub use process::{run, run_on};
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,6 +38,7 @@ use sqlx::PgPool;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 use crate::crypto::Keyring;
 use crate::db::{
@@ -38,6 +46,7 @@ use crate::db::{
     deliveries::{ClaimRequest, ClaimedDelivery, Release},
 };
 use crate::metrics::{Metrics, Outcome};
+use crate::notify::Wakeup;
 use crate::outbound::{self, ClientOptions};
 use completer::Finished;
 
@@ -65,8 +74,7 @@ pub async fn run_dispatcher(
     while !shutdown.is_cancelled() {
         // reap finished tasks so the JoinSet does not grow
         while d.tasks.try_join_next().is_some() {}
-        let free = d.slots.available_permits();
-        if free == 0 {
+        if d.slots.available_permits() == 0 {
             tokio::select! {
                 _ = d.slot_freed.notified() => {}
                 _ = shutdown.cancelled() => {}
@@ -74,24 +82,63 @@ pub async fn run_dispatcher(
             // Every slot was taken: let a few more free up before claiming, so a busy
             // dispatcher claims in batches instead of once per freed slot (each claim
             // has a fixed cost of two statements, and at thousands of deliveries a
-            // second that cost, not the receivers, bounded the drain).
+            // second that cost, not the receivers, bounded the drain). What waited
+            // behind the full slots is found by a scan.
             d.gather_free_slots(&shutdown).await;
+            d.scan_needed = true;
             continue;
         }
-        let limit = free.min(MAX_CLAIM_BATCH);
-        let Some((rows, claimed_at)) = d.claim(limit, &shutdown).await else {
-            continue;
-        };
-        let got = rows.len();
-        for row in rows {
-            d.spawn(row, claimed_at);
+        let (handed, asked) = d.wakeup.take();
+        let mut kick_lines = asked;
+        if asked {
+            // whatever asked may have moved the next turn too
+            d.next_due_read = None;
+            d.scan_needed = true;
         }
-        if got == limit {
-            continue; // a full batch: more is probably due right now
+        if !handed.is_empty() && !d.claim_handed(&handed).await {
+            // Not all leased: an endpoint at its cap, a share used up, a circuit, or a
+            // key's line (an enqueue may have queued behind a line that is free by
+            // now: the line mover looks). The scan finds the rest.
+            d.scan_needed = true;
+            kick_lines = true;
+        }
+        if kick_lines {
+            d.lines.notify_one();
+        }
+        let free = d.slots.available_permits();
+        if d.scan_needed && free > 0 {
+            d.scan_needed = false;
+            let limit = free.min(MAX_CLAIM_BATCH);
+            let Some(leased) = d.claim(limit, &shutdown).await else {
+                d.scan_needed = true;
+                continue;
+            };
+            let got = leased.rows.len();
+            // With anything in flight when the scan read it, or leased by it, the scan
+            // may have passed over an endpoint, consumer or tenant at its cap: a freed
+            // slot scans again. What is in flight now is not the question: sends that
+            // ended during the scan freed their slots, and a dispatcher that looked
+            // after the scan slept through them with the tenant's backlog due.
+            d.capped = leased.busy || got > 0;
+            d.backlogged = got == limit;
+            d.spawn_all(leased);
+            if d.backlogged {
+                d.scan_needed = true;
+                continue; // a full batch: more is probably due right now
+            }
         }
         d.sleep_until_due(&shutdown).await;
     }
     d.drain_and_release().await;
+}
+
+/// Rows one claim leased, and when it was sent.
+struct Leased {
+    rows: Vec<ClaimedDelivery>,
+    at: Instant,
+    /// this worker had deliveries in flight when the claim read them (so caps and shares
+    /// may have held something back)
+    busy: bool,
 }
 
 /// The claimer loop's state, shared with the delivery tasks it spawns; one method per
@@ -104,8 +151,15 @@ struct Dispatcher {
     /// one permit per delivery in flight, up to `concurrency`
     slots: Arc<Semaphore>,
     in_flight: Arc<Mutex<InFlight>>,
-    /// NOTIFY: something may have become due
-    wake: Arc<Notify>,
+    /// what woke the loop: deliveries handed over (NOTIFY), or a scan asked for
+    wakeup: Arc<Wakeup>,
+    /// the next turn scans the queue (see the module's documentation)
+    scan_needed: bool,
+    /// the last scan filled its batch: new deliveries queue behind that backlog, so
+    /// handed ones are left to the scan, which serves tenants by their turns
+    backlogged: bool,
+    /// the last scan may have passed over something at a cap: a freed slot scans
+    capped: bool,
     slot_freed: Arc<Notify>,
     secret_cache: secrets::SecretCache,
     done_tx: mpsc::Sender<Finished>,
@@ -147,13 +201,13 @@ impl Dispatcher {
         }));
         let slots = Arc::new(Semaphore::new(cfg.concurrency));
         let in_flight = Arc::new(Mutex::new(InFlight::default()));
-        let wake = Arc::new(Notify::new());
+        let wakeup = Arc::new(Wakeup::default());
         let slot_freed = Arc::new(Notify::new());
         let lines = Arc::new(Notify::new());
         let line_mover = lines::spawn_line_mover(
             pool.clone(),
             lines.clone(),
-            wake.clone(),
+            wakeup.clone(),
             cfg.poll_interval,
             shutdown.clone(),
         );
@@ -161,7 +215,7 @@ impl Dispatcher {
             crate::notify::spawn_listener(
                 pool.clone(),
                 cfg.notify_url.clone(),
-                wake.clone(),
+                wakeup.clone(),
                 shutdown.clone(),
             );
         }
@@ -174,6 +228,7 @@ impl Dispatcher {
                 circuit_cooldown: cfg.circuit_cooldown,
                 shutdown_grace: cfg.shutdown_grace,
                 line_moved: lines.clone(),
+                rescan: wakeup.clone(),
             },
             metrics.clone(),
             shutdown.clone(),
@@ -193,7 +248,10 @@ impl Dispatcher {
             metrics,
             slots,
             in_flight,
-            wake,
+            wakeup,
+            scan_needed: true,
+            backlogged: false,
+            capped: false,
             slot_freed,
             secret_cache,
             done_tx,
@@ -208,16 +266,11 @@ impl Dispatcher {
         }
     }
 
-    /// Claims up to `limit` due deliveries within every tenant's and consumer's share,
-    /// and when, by this host's clock, the statement was sent (what leases are counted
-    /// from). `None` when the claim failed; it returns after the error backoff, or at
-    /// shutdown.
-    async fn claim(
-        &mut self,
-        limit: usize,
-        shutdown: &CancellationToken,
-    ) -> Option<(Vec<ClaimedDelivery>, Instant)> {
-        let (busy, shares) = {
+    /// Leases up to `limit` deliveries within every tenant's and consumer's share: those
+    /// `handed` names, or (without) what a scan finds due. One statement; also when, by
+    /// this host's clock, it was sent (what leases are counted from).
+    async fn lease(&self, limit: usize, handed: Option<&[Uuid]>) -> Result<Leased, db::DbError> {
+        let (busy, shares): (Vec<(Uuid, i32)>, _) = {
             let f = self.in_flight.lock().expect("in-flight lock");
             (
                 f.per_endpoint.iter().map(|(k, v)| (*k, *v)).collect(),
@@ -231,35 +284,46 @@ impl Dispatcher {
                 target: crate::telemetry::TARGET,
                 "hookd.claim",
                 hookd.limit = limit,
+                hookd.handed = handed.map_or(0, <[_]>::len),
                 hookd.rows = tracing::field::Empty,
             )
         });
-        let claimed = db::deliveries::claim_shared(
-            &self.pool,
-            &ClaimRequest {
-                worker_id: cfg.worker_id,
-                limit: limit as i64,
-                lease_secs: cfg.lease.as_secs_f64(),
-                per_endpoint_cap: i32::try_from(cfg.endpoint_concurrency).unwrap_or(i32::MAX),
-                busy,
-                now: None,
-                default_max_attempts: i32::try_from(cfg.retry.max_attempts).unwrap_or(i32::MAX),
-            },
-            &shares,
-        )
-        .await;
+        let busy_when_read = !busy.is_empty();
+        let req = ClaimRequest {
+            worker_id: cfg.worker_id,
+            limit: limit as i64,
+            lease_secs: cfg.lease.as_secs_f64(),
+            per_endpoint_cap: i32::try_from(cfg.endpoint_concurrency).unwrap_or(i32::MAX),
+            busy,
+            now: None,
+            default_max_attempts: i32::try_from(cfg.retry.max_attempts).unwrap_or(i32::MAX),
+        };
+        let claimed = match handed {
+            Some(ids) => db::deliveries::claim_handed(&self.pool, &req, &shares, ids).await,
+            None => db::deliveries::claim_shared(&self.pool, &req, &shares).await,
+        };
         self.metrics
             .claim_seconds
             .observe(started.elapsed().as_secs_f64());
         if let (Some(span), Ok(rows)) = (&span, &claimed) {
             span.record("hookd.rows", rows.len());
         }
-        drop(span);
-        match claimed {
-            Ok(rows) => {
+        let rows = claimed?;
+        self.metrics.claimed.inc_by(rows.len() as u64);
+        Ok(Leased {
+            rows,
+            at: started,
+            busy: busy_when_read,
+        })
+    }
+
+    /// Scans for up to `limit` due deliveries ([`Dispatcher::lease`]). `None` when the
+    /// claim failed; it returns after the error backoff, or at shutdown.
+    async fn claim(&mut self, limit: usize, shutdown: &CancellationToken) -> Option<Leased> {
+        match self.lease(limit, None).await {
+            Ok(leased) => {
                 self.error_backoff = Duration::from_millis(100);
-                self.metrics.claimed.inc_by(rows.len() as u64);
-                Some((rows, started))
+                Some(leased)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "claim failed; retrying");
@@ -270,6 +334,36 @@ impl Dispatcher {
                 self.error_backoff = (self.error_backoff * 2).min(Duration::from_secs(5));
                 None
             }
+        }
+    }
+
+    /// Leases the handed deliveries (and their endpoints' older due rows) and starts
+    /// sending them. Whether every handed one was leased: false sends the loop to scan,
+    /// as does a backlog (new deliveries wait their tenant's turn behind it) and an error
+    /// (the scan's own error handling takes over).
+    async fn claim_handed(&mut self, handed: &[Uuid]) -> bool {
+        let free = self.slots.available_permits();
+        if self.backlogged || free == 0 {
+            return false;
+        }
+        match self.lease(free.min(MAX_CLAIM_BATCH), Some(handed)).await {
+            Ok(leased) => {
+                let ids: HashSet<Uuid> = leased.rows.iter().map(|r| r.id).collect();
+                self.metrics.claimed_handed.inc_by(leased.rows.len() as u64);
+                self.spawn_all(leased);
+                handed.iter().all(|id| ids.contains(id))
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "leasing handed deliveries failed; scanning instead");
+                false
+            }
+        }
+    }
+
+    /// Starts sending every row of a lease.
+    fn spawn_all(&mut self, leased: Leased) {
+        for row in leased.rows {
+            self.spawn(row, leased.at);
         }
     }
 
@@ -341,18 +435,20 @@ impl Dispatcher {
             sleep_for = sleep_for.min(d + Duration::from_millis(1));
         }
         tokio::select! {
-            // an enqueue or a replay may have queued a delivery behind a line that is
-            // free by now: the line mover looks
-            _ = self.wake.notified() => self.lines.notify_one(),
-            _ = tokio::time::sleep(sleep_for) => {}
-            // A freed slot may unblock an endpoint (or a tenant, or a consumer) that was
-            // at its cap; a short pause lets several completions accumulate into one
-            // claim. Always armed: a slot freed after the claim read what was in flight
-            // left its permit here, and ignoring it because nothing is in flight by now
-            // slept a dispatcher with due rows for a whole poll interval (seen at once
-            // per second in `hookd-bench` drains). A stale permit costs one claim.
+            // the loop takes what woke it
+            _ = self.wakeup.notified() => {}
+            _ = tokio::time::sleep(sleep_for) => self.scan_needed = true,
+            // A freed slot may unblock an endpoint (or a tenant, or a consumer) that the
+            // last scan found at its cap; a short pause lets several completions
+            // accumulate into one claim. Armed whatever is in flight now: a slot freed
+            // after the scan read what was in flight left its permit here, and ignoring
+            // it slept a dispatcher with due rows for a whole poll interval (seen at
+            // once per second in `hookd-bench` drains). A stale permit costs one claim.
             _ = self.slot_freed.notified() => {
-                tokio::time::sleep(Duration::from_millis(1)).await;
+                if self.capped {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    self.scan_needed = true;
+                }
             }
             _ = shutdown.cancelled() => {}
         }
