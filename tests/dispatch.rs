@@ -2223,8 +2223,9 @@ async fn got_endpoint(pool: &PgPool, delivery: Uuid) -> Uuid {
 }
 
 /// A backlog already queued when a dispatcher starts, over many endpoints of one tenant,
-/// drains with no NOTIFY at all and the poll an hour away: each freed slot after a scan
-/// that met the tenant's share scans again.
+/// drains with no NOTIFY at all and the poll an hour away: a slot freed while the tenant
+/// was at its share scans again, also when every send ended during the scan (the loop
+/// once judged by what was in flight after it: 36 of 1,000 in 20 s).
 #[sqlx::test]
 async fn a_backlog_queued_before_the_start_drains_without_notifications(pool: PgPool) {
     let rx = Receiver::start(&[SECRET_A]).await;
@@ -2250,5 +2251,42 @@ async fn a_backlog_queued_before_the_start_drains_without_notifications(pool: Pg
     .await;
     let drained = wait_until(Duration::from_secs(20), || async { rx.count() >= 1000 }).await;
     assert!(drained, "only {} of 1000 delivered", rx.count());
+    d.stop().await;
+}
+
+/// At 200 events/s, sends overlap, and the new deliveries are still leased as handed, not
+/// by scans: a freed slot scans only when it was at a cap, and a handed id this loop has
+/// leased already (with its endpoint's older rows, or by a scan before its NOTIFY came)
+/// is no reason to scan. Before, most freed slots scanned and each such scan leased
+/// deliveries whose ids then came and were not leased, which scanned again: 78-90 of
+/// 600 were leased as handed. With the poll an hour away, a scan here has no other cause.
+#[sqlx::test]
+async fn overlapping_sends_leave_new_deliveries_to_the_handed_claim(pool: PgPool) {
+    let rx = Receiver::start(&[SECRET_A]).await;
+    endpoint(&pool, opts("overlap", rx.url("/hook"))).await;
+    let api = Arc::new(TestApi::start(&pool).await);
+    let d = TestDispatcher::start(
+        &pool,
+        hookd::config::DispatchSettings {
+            poll_ms: 3_600_000,
+            ..dispatch_settings()
+        },
+    )
+    .await;
+    wait_listening(&pool).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut sent = tokio::task::JoinSet::new();
+    let t0 = tokio::time::Instant::now();
+    for i in 0..400u64 {
+        tokio::time::sleep_until(t0 + Duration::from_millis(5 * i)).await;
+        let api = api.clone();
+        sent.spawn(async move { api.enqueue("overlap", "a.b", "{}").await });
+    }
+    while sent.join_next().await.is_some() {}
+    assert!(wait_until(Duration::from_secs(10), || async { rx.count() == 400 }).await);
+    let handed = d.metrics.claimed_handed.get();
+    assert_eq!(d.metrics.claimed.get(), 400);
+    // margin for a loaded machine, where a late NOTIFY leaves some to a scan
+    assert!(handed >= 300, "only {handed} of 400 leased as handed");
     d.stop().await;
 }

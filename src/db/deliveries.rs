@@ -70,6 +70,9 @@ pub struct ClaimedDelivery {
     pub timeout_ms: Option<i32>,
     pub max_attempts: Option<i32>,
     pub retry_schedule_secs: Option<Vec<i32>>,
+    /// the endpoint's own cap on deliveries in flight, below the dispatcher's (None: the
+    /// dispatcher's): a freed slot of an endpoint at its cap is worth a scan
+    pub max_in_flight: Option<i32>,
     /// Current and in-grace signing secrets, newest first, still sealed: row ids, key
     /// ids and ciphertexts, index for index. The dispatcher opens them through its cache,
     /// so the AEAD runs once per secret row, not once per delivery.
@@ -106,7 +109,7 @@ macro_rules! claim_sql {
             $due,
             r#"        ), settings AS (
             SELECT du.endpoint_id, du.tenant, du.turn_at, e.config_version, e.url, e.headers,
-                   e.timeout_ms, e.max_attempts, e.retry_schedule_secs,
+                   e.timeout_ms, e.max_attempts, e.retry_schedule_secs, e.max_in_flight,
                    e.circuit_state <> 'closed' AS probe,
                    e.rate_per_second IS NOT NULL AS limited,
                    least(
@@ -172,7 +175,7 @@ macro_rules! claim_sql {
                           ROWS UNBOUNDED PRECEDING)
         ), eligible AS (
             SELECT endpoint_id, probe, limited, turn_at, config_version, url, headers, timeout_ms,
-                   max_attempts, retry_schedule_secs,
+                   max_attempts, retry_schedule_secs, max_in_flight,
                    least(own_left, greatest(0, tenant_left
                        - (sum(greatest(own_left, 0)) OVER w - greatest(own_left, 0)))) AS quota
             FROM own_share
@@ -183,7 +186,7 @@ macro_rules! claim_sql {
             -- quota: a range scan of deliveries_claimable (endpoint_id, visible_at) that
             -- locks only the rows it returns
             SELECT c.id, c.event_id, el.endpoint_id, el.probe, el.limited, el.config_version, el.url,
-                   el.headers, el.timeout_ms, el.max_attempts, el.retry_schedule_secs,
+                   el.headers, el.timeout_ms, el.max_attempts, el.retry_schedule_secs, el.max_in_flight,
                    el.secret_ids, el.secret_key_ids, el.secret_ciphertexts
             FROM (
                 -- Each endpoint's signing secrets, read once as its turn comes: not per row,
@@ -304,6 +307,7 @@ macro_rules! claim_sql {
                   d.visible_at AS lease_until, d.ordering_key IS NOT NULL AS ordered,
                   r.event_type, r.payload, r.event_created_at, r.source, r.source_event_id,
                   r.traceparent, r.tracestate, r.url, r.headers, r.timeout_ms, r.max_attempts, r.retry_schedule_secs,
+                  r.max_in_flight,
                   r.secret_ids, r.secret_key_ids, r.secret_ciphertexts
         "#
         )

@@ -322,6 +322,7 @@ mod tests {
             timeout_ms: None,
             max_attempts: None,
             retry_schedule_secs: None,
+            max_in_flight: None,
             secret_ids: vec![],
             secret_key_ids: vec![],
             secret_ciphertexts: vec![],
