@@ -10,8 +10,8 @@
 //! found by a scan of the queue ([`db::deliveries::claim_shared`]), run only when
 //! something may be due that no handed id names: a notification without ids, a handed
 //! delivery not leased, lines moved, retries written, a slot freed by an endpoint,
-//! consumer or tenant at its cap, a full batch, the timer to the next due row, or the
-//! poll.
+//! consumer or tenant at its cap (also one freed while a claim filled it:
+//! [`InFlight::claimed`]), a full batch, the timer to the next due row, or the poll.
 
 mod classify;
 mod completer;
@@ -273,10 +273,7 @@ impl Dispatcher {
     async fn lease(&self, limit: usize, handed: Option<&[Uuid]>) -> Result<Leased, db::DbError> {
         let (busy, shares) = {
             let mut f = self.in_flight.lock().expect("in-flight lock");
-            if handed.is_none() {
-                // a scan reads what is in flight now: slots freed before it are seen
-                f.freed_at_cap = false;
-            }
+            f.claiming(handed.is_none());
             (
                 f.per_endpoint.iter().map(|(k, v)| (*k, *v)).collect(),
                 f.shares(self.cfg.concurrency),
@@ -312,7 +309,13 @@ impl Dispatcher {
         if let (Some(span), Ok(rows)) = (&span, &claimed) {
             span.record("hookd.rows", rows.len());
         }
-        let rows = claimed?;
+        let rows = match claimed {
+            Ok(rows) => rows,
+            Err(e) => {
+                self.claimed(&[]);
+                return Err(e);
+            }
+        };
         self.metrics.claimed.inc_by(rows.len() as u64);
         Ok(Leased { rows, at: started })
     }
@@ -370,9 +373,24 @@ impl Dispatcher {
             self.leased_lately[0].clear();
         }
         self.leased_lately[0].extend(leased.rows.iter().map(|r| r.id));
+        self.claimed(&leased.rows);
         for row in leased.rows {
             self.spawn(row, leased.at);
         }
+    }
+
+    /// Counts a claim's rows in flight, and ends the claim ([`InFlight::claimed`]; no rows
+    /// when it failed).
+    fn claimed(&self, rows: &[ClaimedDelivery]) {
+        let mut f = self.in_flight.lock().expect("in-flight lock");
+        for row in rows {
+            f.take(row);
+        }
+        f.claimed(
+            rows,
+            i32::try_from(self.cfg.endpoint_concurrency).unwrap_or(i32::MAX),
+            self.cfg.concurrency,
+        );
     }
 
     /// Whether a slot given back since the last scan may let a claim take what it held
@@ -381,8 +399,8 @@ impl Dispatcher {
         self.in_flight.lock().expect("in-flight lock").freed_at_cap
     }
 
-    /// Takes a slot and the in-flight bookkeeping for one claimed row, and spawns the
-    /// task that sends it.
+    /// Takes a slot and the lease of one claimed row (counted in flight by
+    /// [`Dispatcher::spawn_all`]), and spawns the task that sends it.
     fn spawn(&mut self, row: ClaimedDelivery, claimed_at: Instant) {
         let signing = self.secret_cache.open(&row);
         let permit = self
@@ -393,7 +411,6 @@ impl Dispatcher {
         let stop = CancellationToken::new();
         {
             let mut f = self.in_flight.lock().expect("in-flight lock");
-            f.take(&row);
             f.leases.insert(
                 row.id,
                 HeldLease {
@@ -566,10 +583,10 @@ impl DeliveryTask {
         let endpoint_id = row.endpoint_id;
         let delivery_id = row.id;
         let owner = (row.tenant.clone(), row.consumer.clone());
-        let dispatcher_cap = i32::try_from(cfg.endpoint_concurrency).unwrap_or(i32::MAX);
-        let endpoint_cap = row
-            .max_in_flight
-            .map_or(dispatcher_cap, |m| m.min(dispatcher_cap));
+        let endpoint_cap = in_flight::endpoint_cap(
+            &row,
+            i32::try_from(cfg.endpoint_concurrency).unwrap_or(i32::MAX),
+        );
         if let Some(l) = in_flight
             .lock()
             .expect("in-flight lock")
