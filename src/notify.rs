@@ -124,7 +124,7 @@ fn encode_handed(ids: &[Uuid]) -> String {
 
 /// The delivery ids a payload names, at most [`MAX_HANDED`]; anything that is not an id
 /// is skipped (anyone who can NOTIFY on the channel writes here). Empty asks for a scan.
-pub fn decode_handed(payload: &str) -> Vec<Uuid> {
+fn decode_handed(payload: &str) -> Vec<Uuid> {
     payload
         .split(',')
         .filter_map(|s| Uuid::try_parse(s.trim()).ok())

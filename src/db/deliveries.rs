@@ -429,14 +429,7 @@ pub async fn claim_shared(
     shares: &TenantShares,
 ) -> Result<Vec<ClaimedDelivery>, DbError> {
     fold_wakeups(pool).await?;
-    super::retry_conflicts(|| async {
-        Ok(
-            sqlx::query_as_with::<_, ClaimedDelivery, _>(CLAIM_SQL, claim_arguments(req, shares)?)
-                .fetch_all(on(pool))
-                .await?,
-        )
-    })
-    .await
+    lease(pool, CLAIM_SQL, req, shares, None).await
 }
 
 /// Leases the deliveries named in `handed` that are queued and due, with their
@@ -452,15 +445,27 @@ pub async fn claim_handed(
     shares: &TenantShares,
     handed: &[Uuid],
 ) -> Result<Vec<ClaimedDelivery>, DbError> {
+    lease(pool, CLAIM_HANDED_SQL, req, shares, Some(handed)).await
+}
+
+/// Runs one of the claim statements [`claim_sql!`] builds; `handed` is the handed
+/// statement's `$17`.
+async fn lease(
+    pool: &PgPool,
+    sql: &'static str,
+    req: &ClaimRequest,
+    shares: &TenantShares,
+    handed: Option<&[Uuid]>,
+) -> Result<Vec<ClaimedDelivery>, DbError> {
     super::retry_conflicts(|| async {
         let mut args = claim_arguments(req, shares)?;
-        args.add(handed)
-            .map_err(|e| DbError::Query(sqlx::Error::Encode(e)))?;
-        Ok(
-            sqlx::query_as_with::<_, ClaimedDelivery, _>(CLAIM_HANDED_SQL, args)
-                .fetch_all(on(pool))
-                .await?,
-        )
+        if let Some(handed) = handed {
+            args.add(handed)
+                .map_err(|e| DbError::Query(sqlx::Error::Encode(e)))?;
+        }
+        Ok(sqlx::query_as_with::<_, ClaimedDelivery, _>(sql, args)
+            .fetch_all(on(pool))
+            .await?)
     })
     .await
 }
