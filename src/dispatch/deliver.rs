@@ -294,38 +294,16 @@ mod tests {
     /// gzip and every delivery would fail.
     #[test]
     fn reserved_headers_stored_by_an_older_door_are_not_sent() {
-        let now = Utc::now();
         let d = ClaimedDelivery {
-            id: uuid::Uuid::now_v7(),
-            event_id: uuid::Uuid::now_v7(),
-            endpoint_id: uuid::Uuid::now_v7(),
-            tenant: "t".into(),
-            consumer: None,
-            attempts: 1,
-            claim_token: uuid::Uuid::now_v7(),
-            attempt_seq: 1,
-            config_version: 1,
-            lease_until: now,
-            event_type: "a.b".into(),
-            payload: "{}".into(),
-            event_created_at: now,
             source: Some("stripe-live".into()),
             source_event_id: Some("evt_1".into()),
             traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
             tracestate: Some("congo=t61rcWkgMzE".into()),
-            ordered: false,
-            url: "https://example.com".into(),
             headers: sqlx::types::Json(serde_json::json!({
                 "Content-Encoding": "gzip", "Webhook-Id": "forged", "X-Team": "billing",
                 "Hookd-Source": "forged", "Traceparent": "forged"
             })),
-            timeout_ms: None,
-            max_attempts: None,
-            retry_schedule_secs: None,
-            max_in_flight: None,
-            secret_ids: vec![],
-            secret_key_ids: vec![],
-            secret_ciphertexts: vec![],
+            ..crate::dispatch::claimed_row(uuid::Uuid::now_v7(), "t")
         };
         let h = signed_headers(&d, &[], trace_of(&d).as_ref());
         assert!(h.get("content-encoding").is_none());

@@ -298,44 +298,12 @@ pub(super) fn spawn_lease_renewer(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dispatch::claimed_row;
 
     fn hold(f: &mut InFlight, endpoint: Uuid, tenant: &str) {
         *f.per_endpoint.entry(endpoint).or_insert(0) += 1;
         *f.per_tenant.entry(tenant.into()).or_insert(0) += 1;
         *f.per_consumer.entry((tenant.into(), None)).or_insert(0) += 1;
-    }
-
-    fn row(endpoint_id: Uuid, tenant: &str) -> ClaimedDelivery {
-        let now = chrono::Utc::now();
-        ClaimedDelivery {
-            id: Uuid::now_v7(),
-            event_id: Uuid::now_v7(),
-            endpoint_id,
-            tenant: tenant.into(),
-            consumer: None,
-            attempts: 1,
-            claim_token: Uuid::now_v7(),
-            attempt_seq: 1,
-            config_version: 1,
-            lease_until: now,
-            event_type: "a.b".into(),
-            payload: "{}".into(),
-            event_created_at: now,
-            source: None,
-            source_event_id: None,
-            traceparent: None,
-            tracestate: None,
-            ordered: false,
-            url: "https://example.com".into(),
-            headers: sqlx::types::Json(serde_json::json!({})),
-            timeout_ms: None,
-            max_attempts: None,
-            retry_schedule_secs: None,
-            max_in_flight: None,
-            secret_ids: vec![],
-            secret_key_ids: vec![],
-            secret_ciphertexts: vec![],
-        }
     }
 
     /// Every send of a tenant ends while a claim runs, and the claim fills the tenant's
@@ -359,7 +327,9 @@ mod tests {
             for e in &held[..5] {
                 f.give_back(*e, owner(), 32, 17);
             }
-            let rows: Vec<_> = (0..leased).map(|_| row(Uuid::now_v7(), "t")).collect();
+            let rows: Vec<_> = (0..leased)
+                .map(|_| claimed_row(Uuid::now_v7(), "t"))
+                .collect();
             for r in &rows {
                 f.take(r);
             }
@@ -378,7 +348,7 @@ mod tests {
         hold(&mut f, other, "u");
         f.claiming(true);
         f.give_back(other, ("u".into(), None), 32, 17);
-        let rows = [row(Uuid::now_v7(), "t")];
+        let rows = [claimed_row(Uuid::now_v7(), "t")];
         f.take(&rows[0]);
         f.claimed(&rows, 32, 17);
         assert!(!f.freed_at_cap);

@@ -657,3 +657,39 @@ async fn deliver_one(
         .inc();
     finished
 }
+
+/// A claimed row of `endpoint_id` for unit tests: a tenant-wide endpoint's first attempt
+/// of an empty event, with no secrets.
+#[cfg(test)]
+fn claimed_row(endpoint_id: Uuid, tenant: &str) -> ClaimedDelivery {
+    let now = chrono::Utc::now();
+    ClaimedDelivery {
+        id: Uuid::now_v7(),
+        event_id: Uuid::now_v7(),
+        endpoint_id,
+        tenant: tenant.into(),
+        consumer: None,
+        attempts: 1,
+        claim_token: Uuid::now_v7(),
+        attempt_seq: 1,
+        config_version: 1,
+        lease_until: now,
+        event_type: "a.b".into(),
+        payload: "{}".into(),
+        event_created_at: now,
+        source: None,
+        source_event_id: None,
+        traceparent: None,
+        tracestate: None,
+        ordered: false,
+        url: "https://example.com".into(),
+        headers: sqlx::types::Json(serde_json::json!({})),
+        timeout_ms: None,
+        max_attempts: None,
+        retry_schedule_secs: None,
+        max_in_flight: None,
+        secret_ids: vec![],
+        secret_key_ids: vec![],
+        secret_ciphertexts: vec![],
+    }
+}
