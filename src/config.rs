@@ -286,7 +286,7 @@ pub struct DispatchSettings {
     /// Seconds an endpoint's circuit may stay open before hookd emits hookd.endpoint.circuit_open to the tenant's endpoints that subscribe to it (once per opening; 0: never)
     #[arg(long, env = "HOOKD_CIRCUIT_ALERT_SECS", default_value_t = 3600)]
     pub circuit_alert_secs: u64,
-    /// Fallback poll interval when no NOTIFY arrives, in milliseconds
+    /// Fallback poll interval, in milliseconds: the most time between two scans of the queue, whatever NOTIFYs arrive
     #[arg(long, env = "HOOKD_POLL_MS", default_value_t = 1000)]
     pub poll_ms: u64,
     /// LISTEN for the API's NOTIFY, which names new deliveries to lease at once (scans and polling still run)

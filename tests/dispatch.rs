@@ -2323,6 +2323,64 @@ async fn a_backlog_drains_beside_another_tenants_handed_events(pool: PgPool) {
     d.stop().await;
 }
 
+/// The poll is the backstop for a row due with no wake-up of its own (written straight to
+/// the table, as a restore or `hookd-bench`'s fill does), and it runs out while another
+/// tenant's events keep waking the dispatcher, each handed and leased without a scan.
+/// Counted from each wake-up, the poll never ran out while they came: the row waited
+/// for them to stop.
+#[sqlx::test]
+async fn the_poll_runs_out_while_handed_deliveries_keep_coming(pool: PgPool) {
+    let busy_rx = Receiver::start(&[SECRET_A]).await;
+    let quiet_rx = Receiver::start(&[SECRET_A]).await;
+    endpoint(&pool, opts("busy", busy_rx.url("/hook"))).await;
+    let quiet = endpoint(&pool, opts("quiet", quiet_rx.url("/hook"))).await;
+    let api = TestApi::start(&pool).await;
+    let d = TestDispatcher::start(
+        &pool,
+        hookd::config::DispatchSettings {
+            poll_ms: 500,
+            ..dispatch_settings()
+        },
+    )
+    .await;
+    wait_listening(&pool).await;
+    let mut written = None;
+    let mut found = None;
+    for i in 0..100 {
+        api.enqueue("busy", "a.b", "{}").await;
+        if i == 10 {
+            sqlx::query(
+                "WITH ev AS (
+                     INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash)
+                     VALUES (hookd.uuid_v7(), 'quiet', 'a.b', '{}', '\\x00'::bytea) RETURNING id
+                 )
+                 INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, status, attempts, visible_at)
+                 SELECT hookd.uuid_v7(), ev.id, $1, 'quiet', 'pending', 0, now() FROM ev",
+            )
+            .bind(quiet)
+            .execute(&pool)
+            .await
+            .unwrap();
+            written = Some(tokio::time::Instant::now());
+        }
+        if let Some(at) = written
+            && found.is_none()
+            && quiet_rx.count() > 0
+        {
+            found = Some(at.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    let found =
+        found.expect("the quiet row was not delivered while the other tenant's events came");
+    assert!(found < Duration::from_secs(2), "found after {found:?}");
+    assert!(
+        d.metrics.claimed_handed.get() > 50,
+        "the busy tenant's events were not handed"
+    );
+    d.stop().await;
+}
+
 /// At 200 events/s, sends overlap, and the new deliveries are still leased as handed, not
 /// by scans: a freed slot scans only when it was at a cap, and a handed id this loop has
 /// leased already (with its endpoint's older rows, or by a scan before its NOTIFY came)

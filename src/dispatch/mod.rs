@@ -174,6 +174,8 @@ struct Dispatcher {
     error_backoff: Duration,
     /// the last [`Dispatcher::next_due`] answer and when it was read
     next_due_read: Option<(Instant, Option<chrono::DateTime<Utc>>)>,
+    /// When the last scan started: the poll counts from it, not from the last wake-up
+    last_scan: Instant,
 }
 
 impl Dispatcher {
@@ -264,6 +266,7 @@ impl Dispatcher {
             tasks: JoinSet::new(),
             error_backoff: Duration::from_millis(100),
             next_due_read: None,
+            last_scan: Instant::now(),
         }
     }
 
@@ -323,6 +326,7 @@ impl Dispatcher {
     /// Scans for up to `limit` due deliveries ([`Dispatcher::lease`]). `None` when the
     /// claim failed; it returns after the error backoff, or at shutdown.
     async fn claim(&mut self, limit: usize, shutdown: &CancellationToken) -> Option<Leased> {
+        self.last_scan = Instant::now();
         match self.lease(limit, None).await {
             Ok(leased) => {
                 self.error_backoff = Duration::from_millis(100);
@@ -459,7 +463,14 @@ impl Dispatcher {
     /// a NOTIFY, a freed slot, the poll interval) or shutdown.
     async fn sleep_until_due(&mut self, shutdown: &CancellationToken) {
         let next_due = self.next_due().await;
-        let mut sleep_for = self.cfg.poll_interval;
+        // The poll is the backstop for whatever no wake-up names, so it is counted from
+        // the last scan: counted from each wake-up, handed deliveries coming more often
+        // than the poll interval kept it from ever running out, and a row due with no
+        // wake-up of its own waited for them to stop.
+        let mut sleep_for = self
+            .cfg
+            .poll_interval
+            .saturating_sub(self.last_scan.elapsed());
         if let Some(at) = next_due
             && let Ok(d) = (at - Utc::now()).to_std()
         {
