@@ -2254,6 +2254,29 @@ async fn a_backlog_queued_before_the_start_drains_without_notifications(pool: Pg
     d.stop().await;
 }
 
+/// Writes `n` events of `tenant` and a pending delivery of each, spread over `endpoints`
+/// in turn, straight to the tables as `hookd-bench` fills them (no API, no NOTIFY, no
+/// wake-up of a dispatcher), due since an hour ago.
+async fn write_due_rows(pool: &PgPool, tenant: &str, endpoints: &[Uuid], n: i64) {
+    sqlx::query(
+        "WITH ev AS (
+             INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash)
+             SELECT hookd.uuid_v7(), $2, 'test.event', '{}', '\\x00'::bytea
+             FROM generate_series(1, $3) RETURNING id
+         ), numbered AS (SELECT id, row_number() OVER () AS n FROM ev)
+         INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, status, attempts, visible_at)
+         SELECT hookd.uuid_v7(), id, ($1::uuid[])[1 + (n % cardinality($1::uuid[]))], $2,
+                'pending', 0, now() - interval '1 hour' + n * interval '1 microsecond'
+         FROM numbered",
+    )
+    .bind(endpoints)
+    .bind(tenant)
+    .bind(n)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 /// A tenant's backlog over a thousand endpoints keeps draining while another tenant's
 /// events are handed to the dispatcher as they come (`hookd-bench`'s crowd row). Sends
 /// that end while a claim runs free no slot at a cap as the counts then stand (the
@@ -2276,22 +2299,7 @@ async fn a_backlog_drains_beside_another_tenants_handed_events(pool: PgPool) {
             .await,
         );
     }
-    // as `hookd-bench` fills it: written straight to the tables, due since an hour ago
-    sqlx::query(
-        "WITH ev AS (
-             INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash)
-             SELECT hookd.uuid_v7(), 'crowd', 'test.event', '{}', '\\x00'::bytea
-             FROM generate_series(1, 18000) RETURNING id
-         ), numbered AS (SELECT id, row_number() OVER () AS n FROM ev)
-         INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, status, attempts, visible_at)
-         SELECT hookd.uuid_v7(), id, ($1::uuid[])[1 + (n % cardinality($1::uuid[]))], 'crowd',
-                'pending', 0, now() - interval '1 hour' + n * interval '1 microsecond'
-         FROM numbered",
-    )
-    .bind(&crowd)
-    .execute(&pool)
-    .await
-    .unwrap();
+    write_due_rows(&pool, "crowd", &crowd, 18_000).await;
     let small_rx = Receiver::start(&[SECRET_A]).await;
     endpoint(&pool, opts("small", small_rx.url("/hook"))).await;
     let api = TestApi::start(&pool).await;
@@ -2349,18 +2357,7 @@ async fn the_poll_runs_out_while_handed_deliveries_keep_coming(pool: PgPool) {
     for i in 0..100 {
         api.enqueue("busy", "a.b", "{}").await;
         if i == 10 {
-            sqlx::query(
-                "WITH ev AS (
-                     INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash)
-                     VALUES (hookd.uuid_v7(), 'quiet', 'a.b', '{}', '\\x00'::bytea) RETURNING id
-                 )
-                 INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, status, attempts, visible_at)
-                 SELECT hookd.uuid_v7(), ev.id, $1, 'quiet', 'pending', 0, now() FROM ev",
-            )
-            .bind(quiet)
-            .execute(&pool)
-            .await
-            .unwrap();
+            write_due_rows(&pool, "quiet", &[quiet], 1).await;
             written = Some(tokio::time::Instant::now());
         }
         if let Some(at) = written
