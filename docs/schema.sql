@@ -2078,13 +2078,6 @@ CREATE INDEX deliveries_consumer_status_page ON ONLY hookd.deliveries USING btre
 
 
 --
--- Name: deliveries_endpoint_created; Type: INDEX; Schema: hookd; Owner: -
---
-
-CREATE INDEX deliveries_endpoint_created ON ONLY hookd.deliveries USING btree (endpoint_id, created_at);
-
-
---
 -- Name: deliveries_endpoint_page; Type: INDEX; Schema: hookd; Owner: -
 --
 
@@ -2131,20 +2124,6 @@ CREATE INDEX delivery_attempts_delivery ON ONLY hookd.delivery_attempts USING bt
 --
 
 CREATE INDEX delivery_attempts_before_0014_delivery_id_attempt_idx ON hookd.delivery_attempts_before_0014 USING btree (delivery_id, attempt);
-
-
---
--- Name: delivery_history_endpoint_id_created_at_idx; Type: INDEX; Schema: hookd; Owner: -
---
-
-CREATE INDEX delivery_history_endpoint_id_created_at_idx ON ONLY hookd.delivery_history USING btree (endpoint_id, created_at);
-
-
---
--- Name: delivery_history_before_0014_endpoint_id_created_at_idx; Type: INDEX; Schema: hookd; Owner: -
---
-
-CREATE INDEX delivery_history_before_0014_endpoint_id_created_at_idx ON hookd.delivery_history_before_0014 USING btree (endpoint_id, created_at);
 
 
 --
@@ -2215,13 +2194,6 @@ CREATE INDEX delivery_history_updated ON ONLY hookd.delivery_history USING brin 
 --
 
 CREATE INDEX delivery_history_before_0014_updated_at_idx ON hookd.delivery_history_before_0014 USING brin (updated_at);
-
-
---
--- Name: delivery_queue_endpoint_id_created_at_idx; Type: INDEX; Schema: hookd; Owner: -
---
-
-CREATE INDEX delivery_queue_endpoint_id_created_at_idx ON hookd.delivery_queue USING btree (endpoint_id, created_at);
 
 
 --
@@ -2435,13 +2407,6 @@ ALTER INDEX hookd.delivery_attempts_pkey ATTACH PARTITION hookd.delivery_attempt
 
 
 --
--- Name: delivery_history_before_0014_endpoint_id_created_at_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
---
-
-ALTER INDEX hookd.delivery_history_endpoint_id_created_at_idx ATTACH PARTITION hookd.delivery_history_before_0014_endpoint_id_created_at_idx;
-
-
---
 -- Name: delivery_history_before_0014_endpoint_id_id_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
 --
 
@@ -2484,13 +2449,6 @@ ALTER INDEX hookd.delivery_history_updated ATTACH PARTITION hookd.delivery_histo
 
 
 --
--- Name: delivery_history_endpoint_id_created_at_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
---
-
-ALTER INDEX hookd.deliveries_endpoint_created ATTACH PARTITION hookd.delivery_history_endpoint_id_created_at_idx;
-
-
---
 -- Name: delivery_history_endpoint_id_id_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
 --
 
@@ -2523,13 +2481,6 @@ ALTER INDEX hookd.deliveries_consumer_status_page ATTACH PARTITION hookd.deliver
 --
 
 ALTER INDEX hookd.deliveries_status_page ATTACH PARTITION hookd.delivery_history_tenant_status_event_id_idx;
-
-
---
--- Name: delivery_queue_endpoint_id_created_at_idx; Type: INDEX ATTACH; Schema: hookd; Owner: -
---
-
-ALTER INDEX hookd.deliveries_endpoint_created ATTACH PARTITION hookd.delivery_queue_endpoint_id_created_at_idx;
 
 
 --

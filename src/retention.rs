@@ -261,7 +261,7 @@ pub async fn prune_once(
         // (fixed at fan-out); only after an endpoint moved tenants can the two differ,
         // and then a row is at worst kept longer, never deleted early.
         let scan_before = cutoff(days, now);
-        let mut after = (DateTime::UNIX_EPOCH, Uuid::nil());
+        let mut after = Uuid::nil();
         loop {
             let b = db::prune_endpoint_batch(
                 &mut conn,
@@ -541,5 +541,10 @@ mod tests {
         let after = Uuid::new_v7(ts(ms + 1));
         assert!(before < floor, "{before} < {floor}");
         assert!(at >= floor && after > floor);
+        // past the 48 bits of milliseconds, the bound is the top, not a wrapped-around
+        // small id that would select nothing
+        let far = DateTime::from_timestamp_millis(1 << 48).unwrap();
+        assert_eq!(uuid_v7_floor(far), Uuid::max());
+        assert!(uuid_v7_floor(far - TimeDelta::milliseconds(1)) > Uuid::new_v7(ts(ms)));
     }
 }

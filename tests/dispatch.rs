@@ -441,6 +441,14 @@ async fn fenced_writes_probe_the_primary_key_whatever_the_statistics(pool: PgPoo
             "{name} must not scan deliveries sequentially:\n{text}"
         );
     }
+    // an outcome's row is locked by its update alone: a lock of its own before the
+    // update wrote a lock record per delivery to the log (docs/benchmarks.md, issue 32)
+    let (_, complete) = &plans[0];
+    assert!(
+        !complete.iter().any(|l| l.contains("LockRows")),
+        "{}",
+        complete.join("\n")
+    );
 }
 
 // ---- signing and headers ----
@@ -1027,6 +1035,72 @@ async fn endpoint_replay_filters_by_status_and_window(pool: PgPool) {
         )
         .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+/// An endpoint replay's window is by creation time (the enqueue transaction's start), not
+/// by when the delivery's id was minted: a delivery enqueued inside a producer's
+/// transaction that began before `until` is in the window although its id was minted
+/// after it. The replay reads the endpoint's rows by id (migration 0040), with a bound
+/// that allows for such transactions; its lower bound, `since`, is exact.
+#[sqlx::test]
+async fn endpoint_replay_window_counts_from_the_enqueue_transactions_start(pool: PgPool) {
+    init();
+    let ep = endpoint(&pool, opts("late-id", "http://127.0.0.1:9/x".into())).await;
+    let api = TestApi::start(&pool).await;
+    let worker = Uuid::now_v7();
+    let mut tx = pool.begin().await.unwrap();
+    let started: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_sleep(0.3)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("SELECT hookd.enqueue('late-id', 'a.b', '{}')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let c = deliveries::claim(&pool, &claim_req(worker, 10, None))
+        .await
+        .unwrap();
+    assert_eq!(c.len(), 1);
+    complete(&pool, worker, &[outcome(&c[0], "dead")]).await;
+    let (created, minted): (DateTime<Utc>, DateTime<Utc>) = sqlx::query_as(
+        "SELECT created_at, to_timestamp(('x' || substr(replace(id::text, '-', ''), 1, 12))::bit(48)::bigint / 1000.0)
+         FROM hookd.deliveries WHERE id = $1",
+    )
+    .bind(c[0].id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(created, started);
+    let until = started + chrono::TimeDelta::milliseconds(100);
+    assert!(minted > until, "the id was minted after the window's end");
+
+    let replay = |since: DateTime<Utc>, until: DateTime<Utc>| {
+        let body = json!({"since": since, "until": until, "statuses": ["dead"]}).to_string();
+        let api = &api;
+        async move {
+            let (s, v) = api
+                .post_as("late-id", &format!("/v1/endpoints/{ep}/replay"), &body)
+                .await;
+            assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+            v["replayed"].clone()
+        }
+    };
+    // created after the window: not replayed
+    assert_eq!(
+        replay(started - chrono::TimeDelta::seconds(5), started).await,
+        json!(0)
+    );
+    // created in it, minted after it: replayed
+    assert_eq!(replay(started, until).await, json!(1));
+    assert_eq!(
+        delivery_status(&pool, c[0].id).await,
+        ("pending".to_string(), 0)
+    );
 }
 
 // ---- circuit breaker ----

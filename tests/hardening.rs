@@ -178,6 +178,77 @@ async fn replay_cannot_reopen_the_fence(pool: PgPool) {
     assert_eq!(attempt_numbers(&pool, id).await, vec![2]);
 }
 
+/// An outcome batch locks its rows only by updating them (no lock of its own first, which
+/// wrote a lock record per delivery to the log), so the fence is checked again on the row
+/// as the update finds it once locked: a row re-claimed by another worker while the batch
+/// waited for its lock is left alone, and no attempt of the stale claim is logged.
+#[sqlx::test]
+async fn an_outcome_that_waited_for_its_row_checks_the_fence_on_the_row_it_locked(pool: PgPool) {
+    let id = one_delivery(&pool).await;
+    let first = deliveries::claim(&pool, &claim_req(10, None))
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1);
+    // another worker's claim of the same row, in a transaction that holds the row while
+    // the first worker's outcome arrives (as a re-claim after a lapsed lease does)
+    let mut other = pool.begin().await.unwrap();
+    let token: Uuid = sqlx::query_scalar(
+        "UPDATE hookd.deliveries SET claim_token = gen_random_uuid(), attempt_seq = attempt_seq + 1
+         WHERE id = $1 AND status = 'in_progress' RETURNING claim_token",
+    )
+    .bind(id)
+    .fetch_one(&mut *other)
+    .await
+    .unwrap();
+    let stale = tokio::spawn({
+        let pool = pool.clone();
+        let c = outcome(&first[0], DeliveryOutcome::Dead);
+        async move { complete(&pool, &[c]).await }
+    });
+    // the batch is waiting for the row
+    let waiting = async {
+        loop {
+            let n: i64 = sqlx::query_scalar(
+                // (the statement's text is past what pg_stat_activity keeps of it)
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if n > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the outcome batch waits for the row lock");
+    other.commit().await.unwrap();
+    let passed = stale.await.unwrap();
+    assert!(passed.is_empty(), "a stale outcome passed the fence");
+    let (status, _) = delivery_status(&pool, id).await;
+    assert_eq!(status, "in_progress");
+    assert!(attempt_numbers(&pool, id).await.is_empty());
+    assert!(
+        !sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM hookd.dead_letters WHERE delivery_id = $1)"
+        )
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    );
+    let token_now: Uuid =
+        sqlx::query_scalar("SELECT claim_token FROM hookd.deliveries WHERE id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(token_now, token);
+}
+
 /// Item 4: a claim half-opens only the circuits it picked a row for.
 #[sqlx::test]
 async fn probe_slots_are_spent_only_on_probes(pool: PgPool) {

@@ -373,7 +373,7 @@ async fn claim_plan_stays_an_index_scan_after_pruning(pool: PgPool) {
     .unwrap()
     .join("\n");
     assert!(
-        prune_plan.contains("_endpoint_id_created_at_idx on delivery_history"),
+        prune_plan.contains("_endpoint_id_id_idx on delivery_history"),
         "{prune_plan}"
     );
     assert!(!prune_plan.contains("Seq Scan on deliver"), "{prune_plan}");

@@ -1122,6 +1122,34 @@ async fn the_fold_checks_no_foreign_key_per_entry_and_a_deleted_endpoint_takes_i
     assert_eq!(left, 0);
 }
 
+/// The queue partition has no index two readers could share (migration 0040): every one
+/// of them is written at the enqueue, again at the claim (never a HOT update: it changes
+/// the status and the visibility time) and once more in history when the outcome moves the
+/// row. An endpoint's rows in time order are its rows in id order (UUIDv7), so
+/// `deliveries_endpoint_page` (endpoint_id, id) serves the readers that once had an index
+/// on (endpoint_id, created_at) of their own.
+#[sqlx::test]
+async fn the_queue_partition_keeps_one_index_of_an_endpoints_rows(pool: PgPool) {
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexdef FROM pg_indexes
+         WHERE schemaname = 'hookd' AND tablename IN ('delivery_queue', 'deliveries') ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let on_endpoint: Vec<&String> = indexes
+        .iter()
+        .filter(|d| d.contains("(endpoint_id, ") && !d.contains("ordering"))
+        .collect();
+    assert_eq!(on_endpoint.len(), 3, "{on_endpoint:#?}");
+    for d in &on_endpoint {
+        assert!(
+            d.ends_with("(endpoint_id, id)") || d.ends_with("(endpoint_id, visible_at)"),
+            "{d}"
+        );
+    }
+}
+
 /// The queue keeps one index of turns, by tenant (migration 0037): an entry is written to
 /// two indexes, not three, when it is made and each time a claim serves it, which the
 /// trickle shape (thousands of endpoints with a delivery each) pays per delivery. The

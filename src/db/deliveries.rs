@@ -801,9 +801,9 @@ const COMPLETE_SQL: &str = r#"
                                  $11::text[], $12::text[])
               AS i(id, token, attempt, status, delay_ms, started_at, duration_ms, status_code,
                    error_class, error, snippet, dead_reason)
-        ), locked AS MATERIALIZED (
-            -- One primary-key probe per outcome, locking the row that holds the claim's
-            -- token. Written as a LATERAL so the plan is driven from the batch whatever
+        ), probed AS MATERIALIZED (
+            -- One primary-key probe per outcome, of the row that holds the claim's token.
+            -- Written as a LATERAL so the plan is driven from the batch whatever
             -- the statistics say: with the fence as a plain join filter the planner
             -- expects ~1 in_progress row (true of the table as a whole), scans the table
             -- and joins it to the batch in a nested loop: 0.3-0.8 s per 512 outcomes on
@@ -818,16 +818,18 @@ const COMPLETE_SQL: &str = r#"
             -- The outcome's own columns ride along, so the update below needs no join
             -- back to the batch (planned from the CTE's estimate of a few rows, that
             -- join was a nested loop over the whole batch per row: 4 x the statement).
+            -- No row lock here: the update takes it, and checks the fence again on the
+            -- row as it then is. Locked here first, each row wrote a lock record to the
+            -- write-ahead log besides its update (docs/benchmarks.md, issue 32).
             SELECT i.*, x.status AS row_status FROM i
             CROSS JOIN LATERAL (
                 SELECT d.status FROM hookd.deliveries d
                 WHERE d.id = i.id AND d.claim_token = i.token AND d.status IN ('pending', 'in_progress', 'failed')
-                FOR UPDATE OF d
             ) x
         ), fenced AS (
             -- the fence: the claim's token on a row still in flight. The token alone is
             -- not enough: some cancellations (an endpoint changing owner) keep it on the row.
-            SELECT * FROM locked WHERE row_status = 'in_progress'
+            SELECT * FROM probed WHERE row_status = 'in_progress'
         ), upd AS (
             UPDATE hookd.deliveries d
             SET status = CASE WHEN f.status = 'held' THEN 'failed' ELSE f.status END,
@@ -840,11 +842,12 @@ const COMPLETE_SQL: &str = r#"
                 last_error = f.error,
                 updated_at = now(),
                 completed_at = CASE WHEN f.status IN ('succeeded', 'dead') THEN now() END
-            -- no fence here: `fenced` checked it under the row locks this transaction now
-            -- holds, so nobody can have changed these rows since; the status list only
-            -- names the queue partition
+            -- The fence again, as the update's own condition: a row changed since the
+            -- statement's snapshot (re-claimed after its lease lapsed, cancelled) is
+            -- checked as it is once locked, and left alone when it fails. In fenced's
+            -- order, which is id order: the order the lease renewal locks rows in.
             FROM fenced f
-            WHERE d.id = f.id AND d.status IN ('pending', 'in_progress', 'failed')
+            WHERE d.id = f.id AND d.claim_token = f.token AND d.status = 'in_progress'
             RETURNING d.id, d.endpoint_id, d.tenant, f.token
         ), log AS (
             INSERT INTO hookd.delivery_attempts
@@ -1145,8 +1148,13 @@ pub struct EndpointReplay {
 
 /// Replays an endpoint's deliveries created in [since, until) (either end open when
 /// `None`) whose status is one of `statuses`, skipping leased ones; at most `limit` per
-/// call. `tenant` confines it to that tenant's deliveries (an endpoint whose tenant was
-/// changed keeps its older deliveries under the old one).
+/// call, oldest first. `tenant` confines it to that tenant's deliveries (an endpoint whose
+/// tenant was changed keeps its older deliveries under the old one).
+///
+/// A range of `deliveries_endpoint_page` (endpoint_id, id): a delivery's UUIDv7 is minted
+/// in its enqueue transaction, after the transaction's start (its `created_at`), so
+/// `since`'s floor bounds the scan exactly; the upper bound allows a day for that
+/// transaction, as retention's walk does ([`super::retention::uuid_v7_floor`]).
 pub async fn replay_endpoint(
     pool: &PgPool,
     endpoint_id: Uuid,
@@ -1165,9 +1173,11 @@ pub async fn replay_endpoint(
             WHERE endpoint_id = $1
               AND ($2::timestamptz IS NULL OR created_at >= $2)
               AND ($3::timestamptz IS NULL OR created_at < $3)
+              AND ($8::uuid IS NULL OR id >= $8)
+              AND ($9::uuid IS NULL OR id < $9)
               AND status = ANY($4)
               AND ($6::text IS NULL OR tenant = $6)
-            ORDER BY created_at
+            ORDER BY id
             LIMIT $5
             FOR UPDATE SKIP LOCKED
         ), ranked AS MATERIALIZED (
@@ -1206,6 +1216,13 @@ pub async fn replay_endpoint(
         .bind(limit)
         .bind(tenant)
         .bind(LINES_PER_REPLAY)
+        .bind(since.map(super::retention::uuid_v7_floor))
+        .bind(until.map(|t| {
+            super::retention::uuid_v7_floor(
+                t.checked_add_signed(chrono::TimeDelta::days(1))
+                    .unwrap_or(DateTime::<Utc>::MAX_UTC),
+            )
+        }))
         .fetch_one(on(pool))
         .await?)
     })

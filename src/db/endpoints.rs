@@ -1070,8 +1070,11 @@ pub struct HourlyOutcomes {
 
 /// Deliveries of the last 24 hours by the hour they were created in and how they ended
 /// (succeeded; dead, or failed and waiting for a retry). A range of
-/// `deliveries_endpoint_created`, capped at `cap` rows so a busy endpoint's page stays
-/// cheap (the counts are then a sample of the newest).
+/// `deliveries_endpoint_page` (endpoint_id, id), newest first, capped at `cap` rows so a
+/// busy endpoint's page stays cheap (the counts are then a sample of the newest). A
+/// delivery's UUIDv7 is minted after its `created_at` (the enqueue transaction's start), so
+/// the floor of the window's start bounds the scan; it is taken an hour early here, from
+/// this process's clock, against skew with the database's.
 pub async fn hourly_outcomes(
     pool: &PgPool,
     id: Uuid,
@@ -1086,8 +1089,9 @@ pub async fn hourly_outcomes(
                              date_trunc('hour', now()), interval '1 hour') AS h(hour)
         LEFT JOIN (
             SELECT d.created_at, d.status FROM hookd.deliveries d
-            WHERE d.endpoint_id = $1 AND d.created_at >= date_trunc('hour', now()) - interval '23 hours'
-            ORDER BY d.created_at DESC
+            WHERE d.endpoint_id = $1 AND d.id >= $3
+              AND d.created_at >= date_trunc('hour', now()) - interval '23 hours'
+            ORDER BY d.id DESC
             LIMIT $2
         ) x ON date_trunc('hour', x.created_at) = h.hour
         GROUP BY h.hour ORDER BY h.hour
@@ -1095,6 +1099,9 @@ pub async fn hourly_outcomes(
     )
     .bind(id)
     .bind(cap)
+    .bind(super::retention::uuid_v7_floor(
+        Utc::now() - chrono::TimeDelta::hours(25),
+    ))
     .fetch_all(on(pool))
     .await?)
 }

@@ -16,8 +16,13 @@ use super::{DbError, on};
 
 /// The smallest UUIDv7 of the millisecond `t`: every id minted at or after `t` sorts at
 /// or above it, so `id < floor` selects ids minted before `t` with a primary-key range.
+/// Past UUIDv7's 48 bits of milliseconds (the year 10889) it is the largest id, not a
+/// wrapped-around small one.
 pub fn uuid_v7_floor(t: DateTime<Utc>) -> Uuid {
     let ms = u64::try_from(t.timestamp_millis()).unwrap_or(0);
+    if ms >= 1 << 48 {
+        return Uuid::max();
+    }
     let mut bytes = [0u8; 16];
     bytes[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
     Uuid::from_bytes(bytes)
@@ -81,33 +86,30 @@ pub struct DeliveryBatch {
     pub attempts: i64,
     pub dead_letters: i64,
     pub events: i64,
-    /// (created_at, id) of the last row deleted, the cursor for the next batch
-    pub last: Option<(DateTime<Utc>, Uuid)>,
+    /// the id of the last row deleted, the cursor for the next batch
+    pub last: Option<Uuid>,
 }
 
 /// One delivery batch (see [`prune_endpoint_batch`]); shared with
 /// [`explain_prune_endpoint_batch`] so a test inspects the plan of exactly this text.
 const PRUNE_ENDPOINT_SQL: &str = r#"
         WITH doomed AS (
-            SELECT d.id, d.event_id, d.created_at
+            SELECT d.id, d.event_id
             FROM hookd.deliveries d
-            LEFT JOIN unnest($5::text[], $6::timestamptz[]) AS t(tenant, cutoff)
+            LEFT JOIN unnest($4::text[], $5::timestamptz[]) AS t(tenant, cutoff)
               ON t.tenant = d.tenant
             WHERE d.endpoint_id = $1
-              AND d.created_at < $2
-              AND d.created_at >= $3
-              AND (d.created_at, d.id) > ($3, $4)
+              -- ids minted before the scan's bound: the history days above it are left
+              -- out by the id range itself
+              AND d.id < $2
+              AND d.id > $3
               AND d.status IN ('succeeded', 'dead', 'cancelled')
-              AND d.updated_at < coalesce(t.cutoff, $7)
+              AND d.updated_at < coalesce(t.cutoff, $6)
               -- a row of a day that retention is about to drop whole is left to that drop
               -- for a grace period more (see `retention::DROP_GRACE`)
-              AND (d.id >= $9 OR d.updated_at < coalesce(t.cutoff, $7) - make_interval(secs => $10))
-              -- ids are minted with created_at (UUIDv7, same transaction): this bound
-              -- leaves out the history days newer than the scan, which the created_at
-              -- range alone cannot (the days are id ranges)
-              AND d.id < $11
-            ORDER BY d.created_at, d.id
-            LIMIT $8
+              AND (d.id >= $8 OR d.updated_at < coalesce(t.cutoff, $6) - make_interval(secs => $9))
+            ORDER BY d.id
+            LIMIT $7
             FOR UPDATE OF d SKIP LOCKED
         ), attempts AS (
             DELETE FROM hookd.delivery_attempts a USING doomed
@@ -132,32 +134,32 @@ const PRUNE_ENDPOINT_SQL: &str = r#"
             WHERE e.id = g.event_id
               AND (SELECT count(*) FROM hookd.deliveries o WHERE o.event_id = e.id) = g.n
             RETURNING 1
-        ), last AS (
-            SELECT created_at, id FROM doomed ORDER BY created_at DESC, id DESC LIMIT 1
         )
         SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM attempts),
                (SELECT count(*) FROM letters), (SELECT count(*) FROM events),
-               (SELECT created_at FROM last), (SELECT id FROM last)
+               (SELECT id FROM doomed ORDER BY id DESC LIMIT 1)
         "#;
 
-/// Deletes up to `limit` expired terminal deliveries of one endpoint created after the
+/// Deletes up to `limit` expired terminal deliveries of one endpoint with ids above the
 /// cursor `after`, with their attempts and dead letters, and the events whose last
 /// delivery this was.
 ///
-/// The walk is a range scan of `deliveries_endpoint_created` (endpoint_id, created_at)
-/// below `scan_before` (the endpoint's tenant cutoff: nothing created later can have
-/// expired), so its cost is the old rows of that endpoint, never the whole table. A row
-/// is expired when its own tenant's cutoff is past its `updated_at`: a delivery replayed
-/// yesterday counts from yesterday, not from its creation.
+/// The walk is a range scan of `deliveries_endpoint_page` (endpoint_id, id) below the
+/// UUIDv7 floor of `scan_before` (the endpoint's tenant cutoff: nothing created later can
+/// have expired), so its cost is the old rows of that endpoint, never the whole table. A
+/// delivery's id is minted after its enqueue transaction began, so a row whose transaction
+/// spanned the cutoff is left to the next pass, whose cutoff is later. A row is expired
+/// when its own tenant's cutoff is past its `updated_at`: a delivery replayed yesterday
+/// counts from yesterday, not from its creation.
 pub async fn prune_endpoint_batch(
     conn: &mut PgConnection,
     endpoint_id: Uuid,
     scan_before: DateTime<Utc>,
-    after: (DateTime<Utc>, Uuid),
+    after: Uuid,
     cutoffs: &Cutoffs,
     limit: i64,
 ) -> Result<DeliveryBatch, DbError> {
-    let row: (i64, i64, i64, i64, Option<DateTime<Utc>>, Option<Uuid>) = sqlx::query_as_with(
+    let row: (i64, i64, i64, i64, Option<Uuid>) = sqlx::query_as_with(
         PRUNE_ENDPOINT_SQL,
         prune_endpoint_arguments(endpoint_id, scan_before, after, cutoffs, limit)?,
     )
@@ -168,31 +170,28 @@ pub async fn prune_endpoint_batch(
         attempts: row.1,
         dead_letters: row.2,
         events: row.3,
-        last: row.4.zip(row.5),
+        last: row.4,
     })
 }
 
 fn prune_endpoint_arguments(
     endpoint_id: Uuid,
     scan_before: DateTime<Utc>,
-    after: (DateTime<Utc>, Uuid),
+    after: Uuid,
     cutoffs: &Cutoffs,
     limit: i64,
 ) -> Result<PgArguments, DbError> {
     let mut args = PgArguments::default();
     let encode = |e| DbError::Query(sqlx::Error::Encode(e));
     args.add(endpoint_id).map_err(encode)?;
-    args.add(scan_before).map_err(encode)?;
-    args.add(after.0).map_err(encode)?;
-    args.add(after.1).map_err(encode)?;
+    args.add(uuid_v7_floor(scan_before)).map_err(encode)?;
+    args.add(after).map_err(encode)?;
     args.add(&cutoffs.tenants).map_err(encode)?;
     args.add(&cutoffs.tenant_cutoffs).map_err(encode)?;
     args.add(cutoffs.default).map_err(encode)?;
     args.add(limit).map_err(encode)?;
     args.add(cutoffs.drop_below).map_err(encode)?;
     args.add(cutoffs.drop_grace.as_secs_f64()).map_err(encode)?;
-    args.add(uuid_v7_floor(scan_before + chrono::TimeDelta::days(1)))
-        .map_err(encode)?;
     Ok(args)
 }
 
@@ -224,13 +223,7 @@ pub async fn explain_prune_endpoint_batch(
     cutoffs: &Cutoffs,
     limit: i64,
 ) -> Result<Vec<String>, DbError> {
-    let args = prune_endpoint_arguments(
-        endpoint_id,
-        scan_before,
-        (DateTime::UNIX_EPOCH, Uuid::nil()),
-        cutoffs,
-        limit,
-    )?;
+    let args = prune_endpoint_arguments(endpoint_id, scan_before, Uuid::nil(), cutoffs, limit)?;
     explain(conn, PRUNE_ENDPOINT_SQL, args).await
 }
 const ORPHAN_EVENTS_SQL: &str = r#"

@@ -1,0 +1,13 @@
+-- A delivery writes less to the write-ahead log on its way through the queue (issue 32).
+-- Read with pg_waldump over `hookd-bench --only dispatch` (280,000 deliveries): half of
+-- what a delivery writes is index entries, and every index of the queue partition is
+-- written three times per delivery: at the enqueue, again at the claim (which changes the
+-- status and the visibility time, so it is never a HOT update) and in history when the
+-- outcome moves the row there.
+--
+-- deliveries_endpoint_created (endpoint_id, created_at) goes: deliveries_endpoint_page
+-- (endpoint_id, id) orders an endpoint's rows the same way, since a delivery's id is a
+-- UUIDv7 minted in its enqueue transaction. Its three readers (an endpoint's replay
+-- window, its hourly outcomes and retention's walk) read (endpoint_id, id) ranges instead
+-- (src/db). It was 8 % of a delivery's log.
+DROP INDEX hookd.deliveries_endpoint_created;
