@@ -409,10 +409,9 @@ impl From<DbError> for GroupError {
 /// The shared transaction of a group. Keys held elsewhere are not waited for: their jobs
 /// are marked to leave the group.
 async fn group_tx(pool: &PgPool, jobs: &[&[NewMessage]]) -> Result<GroupResult, GroupError> {
-    let mut tx = crate::db::begin(pool).await?;
     // A backstop: no wait inside a shared transaction is unbounded (keys are try-locked
     // below, so this only fires on something unforeseen).
-    let session = db::events::begin_enqueue(&mut tx, GROUP_LOCK_TIMEOUT).await?;
+    let mut tx = db::events::begin_enqueue(pool, GROUP_LOCK_TIMEOUT).await?;
     let keys: Vec<KeyLock> = jobs.iter().flat_map(|m| key_locks(m)).collect();
     let busy: std::collections::HashSet<KeyLock> = db::events::try_lock_keys(&mut tx, &keys)
         .await?
@@ -427,7 +426,7 @@ async fn group_tx(pool: &PgPool, jobs: &[&[NewMessage]]) -> Result<GroupResult, 
         .filter(|(_, t)| **t)
         .flat_map(|(m, _)| m.iter())
         .collect();
-    let (rows, outcomes) = insert_messages(&mut tx, &all).await?;
+    let (rows, outcomes, session) = insert_messages(&mut tx, &all).await?;
     let mut outcomes = outcomes.into_iter();
     let mut verdicts = Vec::with_capacity(jobs.len());
     let mut regroup = false;
@@ -453,8 +452,7 @@ async fn alone_tx(
     cfg: &OutboxConfig,
     messages: &[NewMessage],
 ) -> Result<Result<Vec<Enqueued>, EnqueueError>, GroupError> {
-    let mut tx = crate::db::begin(pool).await?;
-    let session = db::events::begin_enqueue(&mut tx, cfg.key_wait).await?;
+    let mut tx = db::events::begin_enqueue(pool, cfg.key_wait).await?;
     let keys = key_locks(messages);
     match db::events::lock_keys(&mut tx, &keys).await {
         Ok(()) => {}
@@ -471,7 +469,7 @@ async fn alone_tx(
         Err(e) => return Err(e.into()),
     }
     let all: Vec<&NewMessage> = messages.iter().collect();
-    let (rows, outcomes) = insert_messages(&mut tx, &all).await?;
+    let (rows, outcomes, session) = insert_messages(&mut tx, &all).await?;
     let mut out = Vec::with_capacity(outcomes.len());
     for o in outcomes {
         match o {
@@ -542,7 +540,14 @@ fn job_verdict(mine: Vec<MessageOutcome>, regroup: &mut bool) -> Verdict {
 async fn insert_messages(
     tx: &mut sqlx::PgConnection,
     messages: &[&NewMessage],
-) -> Result<(Vec<NewEvent>, Vec<MessageOutcome>), DbError> {
+) -> Result<
+    (
+        Vec<NewEvent>,
+        Vec<MessageOutcome>,
+        Option<db::events::Session>,
+    ),
+    DbError,
+> {
     let rows: Vec<NewEvent> = messages
         .iter()
         .map(|m| NewEvent {
@@ -564,9 +569,9 @@ async fn insert_messages(
         })
         .collect();
     if rows.is_empty() {
-        return Ok((rows, Vec::new()));
+        return Ok((rows, Vec::new(), None));
     }
-    let inserted = db::events::insert_with_fanout(tx, &rows).await?;
+    let (inserted, session) = db::events::insert_with_fanout(tx, &rows).await?;
     let mut by_id: HashMap<Uuid, Vec<Uuid>> = inserted
         .into_iter()
         .map(|r| (r.event_id, r.delivery_ids))
@@ -608,7 +613,7 @@ async fn insert_messages(
             None => MessageOutcome::Vanished,
         });
     }
-    Ok((created, out))
+    Ok((created, out, session))
 }
 
 /// COMMIT, and if its answer is lost, find out on a fresh connection whether it took
@@ -616,7 +621,7 @@ async fn insert_messages(
 async fn finish(
     pool: &PgPool,
     tx: sqlx::Transaction<'static, sqlx::Postgres>,
-    session: db::events::Session,
+    session: Option<db::events::Session>,
     created: &[NewEvent],
 ) -> Result<(), GroupError> {
     let e = match tx.commit().await {

@@ -1287,7 +1287,7 @@ async fn fan_out_reads_only_the_matching_subscriptions_whatever_the_statistics(p
         })
         .collect();
     let mut tx = pool.begin().await.unwrap();
-    let inserted = hookd::db::events::insert_with_fanout(&mut tx, &events)
+    let (inserted, _) = hookd::db::events::insert_with_fanout(&mut tx, &events)
         .await
         .unwrap();
     assert!(inserted.iter().all(|e| e.delivery_ids.len() == 1));

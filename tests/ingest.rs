@@ -1284,3 +1284,153 @@ async fn api_refuses_an_unmigrated_database(pool: PgPool) {
     assert!(stderr.contains("hookd migrate"), "{stderr}");
     drop_database(&pool, &name).await;
 }
+
+/// A TCP proxy in front of Postgres that counts the client's round trips: each simple
+/// query ('Q') and each Sync ('S') that ends an extended-protocol exchange waits for the
+/// server's ReadyForQuery. Plain TCP: the client must not ask for TLS.
+struct RoundTrips {
+    port: u16,
+    count: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+async fn count_round_trips(upstream: u16) -> RoundTrips {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let count = Arc::new(AtomicUsize::new(0));
+    let counted = count.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
+                continue;
+            };
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                tokio::spawn(async move { tokio::io::copy(&mut sr, &mut cw).await });
+                // the startup message has no type byte; every later one is a type byte
+                // and a length that counts itself
+                let mut pending: Vec<u8> = Vec::new();
+                let mut started = false;
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n) = cr.read(&mut buf).await {
+                    if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    pending.extend_from_slice(&buf[..n]);
+                    loop {
+                        let head = usize::from(started);
+                        if pending.len() < head + 4 {
+                            break;
+                        }
+                        let len = u32::from_be_bytes(pending[head..head + 4].try_into().unwrap())
+                            as usize;
+                        if pending.len() < head + len {
+                            break;
+                        }
+                        if started && matches!(pending[0], b'Q' | b'S') {
+                            counted.fetch_add(1, Ordering::SeqCst);
+                        }
+                        pending.drain(..head + len);
+                        started = true;
+                    }
+                }
+            });
+        }
+    });
+    RoundTrips { port, count }
+}
+
+/// An acknowledgement is three round trips to Postgres on a warm connection: the
+/// transaction's start with its settings (one message), the insert with its fan-out, and
+/// COMMIT. The settings were a statement of their own, and the pool pinged every
+/// connection it handed out, one round trip each (issue 32's latency path). A connection
+/// idle for longer is still pinged before it is used, so one the server dropped while it
+/// sat idle is replaced rather than failing a request. (The pool also checks a connection
+/// as it takes it back, after the answer: sqlx's own, one more round trip per ack here.)
+#[sqlx::test]
+async fn an_acknowledgement_is_three_round_trips(pool: PgPool) {
+    use std::sync::atomic::Ordering;
+    endpoint(
+        &pool,
+        EndpointOpts {
+            tenant: Some("trips".into()),
+            ..Default::default()
+        },
+    )
+    .await;
+    let proxy = count_round_trips(pool.connect_options().get_port()).await;
+    let o = pool.connect_options();
+    let counted = hookd::db::connect_lazy(&PoolSettings {
+        url: format!(
+            "postgres://{}@127.0.0.1:{}/{}?sslmode=disable",
+            o.get_username(),
+            proxy.port,
+            o.get_database().unwrap_or("postgres")
+        ),
+        max_connections: 1,
+        acquire_timeout: Duration::from_secs(5),
+    })
+    .unwrap();
+    let outbox = hookd::outbox::Outbox::start(
+        counted,
+        hookd::outbox::OutboxConfig {
+            committers: 1,
+            ..hookd::outbox::OutboxConfig::defaults()
+        },
+        hookd::notify::Notifier::disabled(),
+        hookd::metrics::Metrics::new(),
+    );
+    let message = |i: u32| hookd::outbox::NewMessage {
+        tenant: "trips".into(),
+        event_type: "a.b".into(),
+        payload: format!(r#"{{"i":{i}}}"#),
+        idempotency_key: None,
+        consumer: None,
+        origin: None,
+        trace: None,
+        ordering_key: None,
+    };
+    // The pool's check after an ack runs after its answer: wait for the round trips to
+    // reach what is expected, then a little longer for any beyond it.
+    let settled = |expected: usize| {
+        let count = proxy.count.clone();
+        async move {
+            wait_until(Duration::from_secs(5), || {
+                let count = count.clone();
+                async move { count.load(Ordering::SeqCst) >= expected }
+            })
+            .await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            count.load(Ordering::SeqCst)
+        }
+    };
+    // the connection is made and the statements prepared
+    for i in 0..2 {
+        outbox.enqueue(vec![message(i)]).await.unwrap();
+    }
+    // until the warm-up's last check has run: the count holds still
+    let mut last = usize::MAX;
+    while proxy.count.load(Ordering::SeqCst) != last {
+        last = proxy.count.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    proxy.count.store(0, Ordering::SeqCst);
+    for i in 0..10 {
+        let done = outbox.enqueue(vec![message(i)]).await.unwrap();
+        assert_eq!(done[0].delivery_ids.len(), 1);
+    }
+    assert_eq!(
+        settled(10 * (3 + 1)).await,
+        10 * (3 + 1),
+        "round trips of 10 acks, and the pool's check of the connection after each"
+    );
+
+    // idle past the bypass window: one ping first
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    proxy.count.store(0, Ordering::SeqCst);
+    outbox.enqueue(vec![message(10)]).await.unwrap();
+    assert_eq!(settled(1 + 3 + 1).await, 1 + 3 + 1, "a ping and the ack");
+}

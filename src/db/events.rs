@@ -62,11 +62,13 @@ pub struct ExistingByKey {
 /// `subscriptions` index, never a scan of the tenant's endpoints. Events whose idempotency key already
 /// exists are skipped (ON CONFLICT DO NOTHING, which also waits for a concurrent
 /// inserter of the same key to finish, so concurrent duplicates end as one event).
-/// Returns the inserted events only.
+/// Returns the inserted events only, and the server session the statement ran in (none
+/// when it inserted nothing), for [`settle_commit`]: read here, not by a statement of its
+/// own, to save the acknowledgement a round trip.
 pub async fn insert_with_fanout(
     conn: &mut PgConnection,
     events: &[NewEvent],
-) -> Result<Vec<EventIds>, DbError> {
+) -> Result<(Vec<EventIds>, Option<Session>), DbError> {
     let mut ids = Vec::with_capacity(events.len());
     let mut tenants = Vec::with_capacity(events.len());
     let mut types = Vec::with_capacity(events.len());
@@ -97,7 +99,7 @@ pub async fn insert_with_fanout(
         tracestates.push(e.trace.as_ref().and_then(|t| t.tracestate.as_deref()));
         ordering_keys.push(e.ordering_key.as_deref());
     }
-    let rows = sqlx::query_as::<_, EventIds>(
+    let rows = sqlx::query_as::<_, InsertedRow>(
         r#"
         WITH input AS (
             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::text[],
@@ -150,7 +152,9 @@ pub async fn insert_with_fanout(
             RETURNING id, event_id
         )
         SELECT ev.id AS event_id,
-               coalesce(array_agg(dl.id ORDER BY dl.id) FILTER (WHERE dl.id IS NOT NULL), '{}') AS delivery_ids
+               coalesce(array_agg(dl.id ORDER BY dl.id) FILTER (WHERE dl.id IS NOT NULL), '{}') AS delivery_ids,
+               pg_backend_pid() AS pid,
+               (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a) AS backend_start
         FROM ev LEFT JOIN dl ON dl.event_id = ev.id
         GROUP BY ev.id
         "#,
@@ -170,7 +174,27 @@ pub async fn insert_with_fanout(
     .bind(&ordering_keys)
     .fetch_all(on(conn))
     .await?;
-    Ok(rows)
+    let session = rows.first().map(|r| Session {
+        pid: r.pid,
+        backend_start: r.backend_start,
+    });
+    let events = rows
+        .into_iter()
+        .map(|r| EventIds {
+            event_id: r.event_id,
+            delivery_ids: r.delivery_ids,
+        })
+        .collect();
+    Ok((events, session))
+}
+
+/// A row of [`insert_with_fanout`]'s statement.
+#[derive(sqlx::FromRow)]
+struct InsertedRow {
+    event_id: Uuid,
+    delivery_ids: Vec<Uuid>,
+    pid: i32,
+    backend_start: DateTime<Utc>,
 }
 
 /// The server session an enqueue transaction runs in, so that a lost COMMIT answer can be
@@ -181,39 +205,34 @@ pub struct Session {
     backend_start: DateTime<Utc>,
 }
 
-/// First statement of every enqueue transaction: commit synchronously whatever the
-/// server's default (the commit backs a 2xx, invariant 9), bound every lock wait, and
-/// note the session.
+/// Opens an enqueue transaction, with its settings in the same round trip: commit
+/// synchronously whatever the server's default (the commit backs a 2xx, invariant 9), and
+/// bound every lock wait.
 pub async fn begin_enqueue(
-    conn: &mut PgConnection,
+    pool: &PgPool,
     lock_timeout: std::time::Duration,
-) -> Result<Session, DbError> {
-    let (pid, backend_start): (i32, DateTime<Utc>) = sqlx::query_as(
-        r#"
-        SELECT pg_backend_pid(),
-               (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())
-        FROM (SELECT set_config('synchronous_commit', 'on', true),
-                     set_config('lock_timeout', $1, true),
-                     -- Fan-out is primary-key probes whatever the planner estimates: with
-                     -- 100,000 consumers subscribed to `*` in one tenant it estimated a
-                     -- probe at 233,000 rows, chose a sequential scan of the subscriptions
-                     -- and JIT-compiled it (0.8 s), for every group of every tenant: 10
-                     -- events/s (`hookd-bench --only consumers`, 300,000 endpoints)
-                     set_config('enable_seqscan', 'off', true),
-                     set_config('jit', 'off', true),
-                     -- and planned once per connection: the group's arrays change size
-                     -- with every group, so the plan cache kept choosing a fresh custom
-                     -- plan of the fan-out statement for each one (about a millisecond
-                     -- of planning per group, most of Postgres's CPU at a steady 1,000
-                     -- single events/s); its probes are key lookups whatever the sizes
-                     set_config('plan_cache_mode', 'force_generic_plan', true)) s
-        "#,
-    )
-    .bind(format!("{}ms", lock_timeout.as_millis().max(1)))
-    .fetch_one(on(conn))
-    .await?;
-    Ok(Session { pid, backend_start })
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, DbError> {
+    let settings = format!(
+        "SET LOCAL synchronous_commit = on; SET LOCAL lock_timeout = '{}ms'; \
+         {ENQUEUE_PLAN_SETTINGS}",
+        lock_timeout.as_millis().max(1)
+    );
+    super::begin_with_settings(pool, &settings).await
 }
+
+/// How the fan-out statement is planned, in every enqueue transaction.
+const ENQUEUE_PLAN_SETTINGS: &str =
+    // Fan-out is primary-key probes whatever the planner estimates: with 100,000
+    // consumers subscribed to `*` in one tenant it estimated a probe at 233,000 rows,
+    // chose a sequential scan of the subscriptions and JIT-compiled it (0.8 s), for every
+    // group of every tenant: 10 events/s (`hookd-bench --only consumers`, 300,000
+    // endpoints). And it is planned once per connection: the group's arrays change size
+    // with every group, so the plan cache kept choosing a fresh custom plan of the fan-out
+    // statement for each one (about a millisecond of planning per group, most of
+    // Postgres's CPU at a steady 1,000 single events/s); its probes are key lookups
+    // whatever the sizes.
+    "SET LOCAL enable_seqscan = off; SET LOCAL jit = off; \
+     SET LOCAL plan_cache_mode = force_generic_plan";
 
 /// A key an enqueue transaction holds until it commits: an idempotency key, or an
 /// ordering key (its line: same-key enqueues commit one after the other, so the sequence
@@ -321,7 +340,7 @@ pub enum Settled {
 /// and the outcome is unknown.
 pub async fn settle_commit(
     pool: &PgPool,
-    session: Session,
+    session: Option<Session>,
     event_ids: &[Uuid],
     within: std::time::Duration,
 ) -> Result<Settled, DbError> {
@@ -329,6 +348,13 @@ pub async fn settle_commit(
         // nothing of its own to write: every message was an idempotent repeat
         return Ok(Settled::Committed);
     }
+    // the statement that returned the ids named its session: one without the other is a
+    // caller's mistake, and the outcome is then unknown
+    let Some(session) = session else {
+        return Err(DbError::Query(sqlx::Error::Protocol(
+            "no server session is known for the rows written".into(),
+        )));
+    };
     let deadline = tokio::time::Instant::now() + within;
     loop {
         let attempt: Result<Option<bool>, DbError> = async {
