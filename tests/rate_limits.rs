@@ -113,9 +113,12 @@ async fn four_dispatchers_keep_one_endpoint_under_its_limit(pool: PgPool) {
     );
     // The burst, then the rate: at most 25 leases in any second. The receiver counts
     // arrivals, which a loaded 2-core machine can delay after their lease and so bunch:
-    // 100 ms of such delay (2 more) is allowed; the 4 dispatchers unlimited send 120.
+    // 250 ms of such delay (5 more) is allowed. 100 ms was not enough for a CI run with
+    // the suite beside it (29 arrivals in one second, stop 50); alone, 25-27. The 4
+    // dispatchers unlimited send 120 in well under a second, and the span below still
+    // holds the average to the rate.
     assert!(
-        most <= (per_second as usize) + burst as usize + (per_second / 10.0) as usize,
+        most <= (per_second as usize) + burst as usize + (per_second / 4.0) as usize,
         "{most} deliveries within one second (limit {per_second}/s, burst {burst})"
     );
     let least = Duration::from_secs_f64((n - burst as usize) as f64 / per_second);
