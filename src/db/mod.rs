@@ -569,32 +569,8 @@ pub fn connect_lazy_to(settings: &PoolSettings, database: Option<&str>) -> Resul
         .max_connections(settings.max_connections)
         .min_connections(0)
         .acquire_timeout(settings.acquire_timeout)
-        // A connection is pinged before it is handed out only when it sat idle for a
-        // while (HikariCP's alive-bypass window does the same): the ping is a round trip
-        // of its own, paid by every acknowledgement, claim and outcome batch when each
-        // acquire pinged. One the server dropped while it sat idle (a restart, an idle
-        // timeout, a pooler's) is still found out and replaced before a request uses it.
-        .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
-            Box::pin(async move {
-                if meta.idle_for < PING_WHEN_IDLE_FOR {
-                    return Ok(true);
-                }
-                use sqlx::Connection;
-                match conn.ping().await {
-                    Ok(()) => Ok(true),
-                    Err(e) => {
-                        tracing::info!(error = %e, "an idle database connection is gone; replacing it");
-                        Ok(false)
-                    }
-                }
-            })
-        })
         .connect_lazy_with(opts))
 }
-
-/// How long a pooled connection may sit idle and still be handed out without a ping.
-const PING_WHEN_IDLE_FOR: Duration = Duration::from_millis(500);
 
 /// An example of the URL format, for error messages.
 const URL_FORMAT: &str = "postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE, e.g. postgres://postgres@localhost:5432/hookd";
