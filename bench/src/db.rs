@@ -1,10 +1,11 @@
 //! Every SQL statement of the bench (the rule "all SQL in `db`" holds per crate): its
 //! dedicated database, the server settings it reports, the plain-SQL baselines it
-//! compares ingest with, and set-based fixture fills. What the bench measures of hookd
-//! itself goes through `hookd::db`.
+//! compares ingest with, set-based fixture fills, and the lease model's drain. What the
+//! bench measures of hookd itself goes through `hookd::db`.
 //!
 //! Nothing here is part of the hookd product, and the bench only ever runs it inside a
-//! database it created itself (`hookd_bench_<pid>_<n>`), which it drops at the end.
+//! database it created itself (`hookd_bench_<pid>_<n>`, and `…_model` for the lease
+//! model), which it drops at the end.
 
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -576,4 +577,200 @@ pub async fn dead_tuples(pool: &PgPool) -> Result<i64, DbError> {
     )
     .fetch_one(pool)
     .await?)
+}
+
+// ---- the lease model (section `lease-model`) ----
+//
+// A model of where a delivery's lease lives, on hookd's own tables and indexes in a
+// database of its own (`<bench database>_model`): nothing of it is hookd's code. It
+// answers one question with the server's own counters: what would a claim cost if it
+// changed none of the queue partition's indexed columns (its update HOT), against the
+// claim of today, which moves `status` and `visible_at`?
+
+/// Prepares a freshly migrated model database: a column for a lease kept apart from the
+/// indexed columns, no queue triggers (the model measures the row's own writes, which is
+/// where the two designs differ), no autovacuum between runs, and `endpoints` endpoints.
+const MODEL_PREPARE: [&str; 4] = [
+    "ALTER TABLE hookd.deliveries ADD COLUMN lease_until timestamptz",
+    "ALTER TABLE hookd.deliveries DISABLE TRIGGER USER",
+    "ALTER TABLE hookd.delivery_queue SET (autovacuum_enabled = false)",
+    r#"
+    CREATE PROCEDURE hookd.model_drain(apart boolean, depth int) LANGUAGE plpgsql AS $$
+    DECLARE
+      eps uuid[] := ARRAY(SELECT id FROM hookd.endpoints ORDER BY id);
+      worker uuid := gen_random_uuid();
+      turn int := 0;
+      idle int := 0;
+      claimed uuid[];
+      out jsonb := '[]';
+      oldest uuid[];
+    BEGIN
+      LOOP
+        -- one claim: up to 32 due rows of the next endpoint, each in its own transaction
+        IF apart THEN
+          WITH c AS (SELECT id FROM hookd.deliveries
+                     WHERE endpoint_id = eps[1 + turn % cardinality(eps)]
+                       AND status IN ('pending', 'in_progress', 'failed')
+                       AND visible_at <= now()
+                       AND (lease_until IS NULL OR lease_until <= now())
+                     ORDER BY visible_at LIMIT 32 FOR UPDATE SKIP LOCKED),
+               u AS (UPDATE hookd.deliveries d
+                     SET attempts = d.attempts + 1, attempt_seq = d.attempt_seq + 1,
+                         claim_token = gen_random_uuid(), lease_until = now() + interval '30 s',
+                         locked_by = worker, updated_at = now()
+                     FROM c WHERE d.id = c.id AND d.status IN ('pending', 'in_progress', 'failed')
+                     RETURNING d.id)
+          SELECT array_agg(id) INTO claimed FROM u;
+        ELSE
+          WITH c AS (SELECT id FROM hookd.deliveries
+                     WHERE endpoint_id = eps[1 + turn % cardinality(eps)]
+                       AND status IN ('pending', 'in_progress', 'failed')
+                       AND visible_at <= now()
+                     ORDER BY visible_at LIMIT 32 FOR UPDATE SKIP LOCKED),
+               u AS (UPDATE hookd.deliveries d
+                     SET status = 'in_progress', attempts = d.attempts + 1,
+                         attempt_seq = d.attempt_seq + 1, claim_token = gen_random_uuid(),
+                         visible_at = now() + interval '30 s', locked_by = worker,
+                         updated_at = now()
+                     FROM c WHERE d.id = c.id AND d.status IN ('pending', 'in_progress', 'failed')
+                     RETURNING d.id)
+          SELECT array_agg(id) INTO claimed FROM u;
+        END IF;
+        COMMIT;
+        turn := turn + 1;
+        IF claimed IS NULL THEN
+          idle := idle + 1;
+        ELSE
+          idle := 0;
+          out := out || jsonb_build_array(to_jsonb(claimed));
+        END IF;
+        -- outcomes: the oldest batch out succeeds (its rows move to history) once
+        -- `depth` newer ones are out, and every batch once nothing is left to claim
+        WHILE jsonb_array_length(out) > depth
+              OR (idle >= cardinality(eps) AND jsonb_array_length(out) > 0) LOOP
+          oldest := ARRAY(SELECT jsonb_array_elements_text(out -> 0)::uuid);
+          out := out - 0;
+          UPDATE hookd.deliveries
+          SET status = 'succeeded', completed_at = now(), updated_at = now(),
+              last_status_code = 204, visible_at = now()
+          WHERE id = ANY (oldest) AND status IN ('pending', 'in_progress', 'failed');
+          COMMIT;
+        END LOOP;
+        EXIT WHEN idle >= cardinality(eps);
+      END LOOP;
+    END $$
+    "#,
+];
+
+/// [`MODEL_PREPARE`] and `endpoints` endpoints of one tenant.
+pub async fn model_prepare(pool: &PgPool, endpoints: i64) -> Result<(), DbError> {
+    for sql in MODEL_PREPARE {
+        sqlx::query(sql).execute(pool).await?;
+    }
+    sqlx::query(
+        "INSERT INTO hookd.endpoints (id, tenant, url, managed_by)
+         SELECT hookd.uuid_v7(), 'model', 'http://127.0.0.1:9/' || g, 'api'
+         FROM generate_series(1, $1) g",
+    )
+    .bind(endpoints)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Empties the model's queue and history, sets the queue partition's fillfactor (which
+/// the inserts that follow keep free) and fills `rows` due deliveries over the endpoints
+/// in turn, each with its event (payload 256 B). Then a checkpoint, so every run starts
+/// with each page's first change carrying its image, as after any checkpoint; `false`
+/// when the role may not checkpoint.
+pub async fn model_fill(pool: &PgPool, fillfactor: i32, rows: i64) -> Result<bool, DbError> {
+    sqlx::query("TRUNCATE hookd.deliveries, hookd.events CASCADE")
+        .execute(pool)
+        .await?;
+    // a reloption takes no parameter; the value is an integer from the caller
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE hookd.delivery_queue SET (fillfactor = {})",
+        fillfactor.clamp(10, 100)
+    )))
+    .execute(pool)
+    .await?;
+    sqlx::query(
+        "WITH ev AS (
+           INSERT INTO hookd.events (id, tenant, event_type, payload, request_hash)
+           SELECT hookd.uuid_v7(), 'model', 'model.event', repeat('x', 256), '\\x00'
+           FROM generate_series(1, $1)
+           RETURNING id
+         ), eps AS (
+           SELECT id, row_number() OVER (ORDER BY id) - 1 AS n, count(*) OVER () AS k
+           FROM hookd.endpoints
+         )
+         INSERT INTO hookd.deliveries (id, event_id, endpoint_id, tenant, visible_at)
+         SELECT hookd.uuid_v7(), ev.id, eps.id, 'model', now() - interval '1 hour'
+         FROM (SELECT id, row_number() OVER (ORDER BY id) AS r FROM ev) ev
+         JOIN eps ON eps.n = ev.r % eps.k
+         ORDER BY ev.r",
+    )
+    .bind(rows)
+    .execute(pool)
+    .await?;
+    sqlx::query("ANALYZE hookd.deliveries, hookd.events")
+        .execute(pool)
+        .await?;
+    match sqlx::query("CHECKPOINT").execute(pool).await {
+        Ok(_) => Ok(true),
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501") => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What one model drain did: rows moved to history, and the queue partition's updates
+/// and HOT updates over the drain.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelDrain {
+    pub succeeded: i64,
+    pub updates: i64,
+    pub hot_updates: i64,
+}
+
+/// Runs [`MODEL_PREPARE`]'s drain on one connection with asynchronous commits (the
+/// model measures work, not the disk's flush), `depth` batches of 32 in flight.
+pub async fn model_drain(
+    conn: &mut sqlx::PgConnection,
+    apart: bool,
+    depth: i32,
+) -> Result<ModelDrain, DbError> {
+    const COUNTERS: &str = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+                            WHERE relid = 'hookd.delivery_queue'::regclass";
+    sqlx::query("SET synchronous_commit = off")
+        .execute(&mut *conn)
+        .await?;
+    let (upd0, hot0): (i64, i64) = sqlx::query_as(COUNTERS).fetch_one(&mut *conn).await?;
+    sqlx::query("CALL hookd.model_drain($1, $2)")
+        .bind(apart)
+        .bind(depth)
+        .execute(&mut *conn)
+        .await?;
+    // this backend's counters reach the shared statistics when a transaction of its
+    // ends after the flag is set, i.e. with this statement (PostgreSQL 15 and later;
+    // before, the backend sends them to the collector within half a second of idling)
+    match sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&mut *conn)
+        .await
+    {
+        Ok(_) => {}
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42883") => {
+            tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let (upd1, hot1): (i64, i64) = sqlx::query_as(COUNTERS).fetch_one(&mut *conn).await?;
+    let succeeded: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM hookd.deliveries WHERE status = 'succeeded'")
+            .fetch_one(&mut *conn)
+            .await?;
+    Ok(ModelDrain {
+        succeeded,
+        updates: upd1 - upd0,
+        hot_updates: hot1 - hot0,
+    })
 }

@@ -15,6 +15,7 @@
 
 mod cpu;
 mod db;
+mod lease_model;
 pub mod load;
 pub mod receiver;
 mod sections;
@@ -134,6 +135,9 @@ pub enum Section {
     Sustained,
     /// Only when named in --only: the dispatch section's trickle pair, five times
     Trickle,
+    /// Only when named in --only: a model of the claim with its lease kept apart from
+    /// the queue's indexed columns, against today's (issue 32)
+    LeaseModel,
 }
 
 impl Section {
@@ -162,6 +166,7 @@ impl Section {
             Section::Ordering => "ordering",
             Section::Sustained => "sustained",
             Section::Trickle => "trickle",
+            Section::LeaseModel => "lease-model",
         }
     }
 }
@@ -605,7 +610,7 @@ async fn run_sections(ctx: &Ctx) -> Result<Report, BenchError> {
     } else {
         Section::ALL
             .into_iter()
-            .chain([Section::Sustained, Section::Trickle])
+            .chain([Section::Sustained, Section::Trickle, Section::LeaseModel])
             .filter(|s| ctx.args.only.contains(s))
             .collect()
     };
@@ -624,6 +629,7 @@ async fn run_sections(ctx: &Ctx) -> Result<Report, BenchError> {
             Section::Ordering => sections::ordering(ctx, &mut report).await?,
             Section::Sustained => sections::sustained(ctx, &mut report).await?,
             Section::Trickle => sections::trickle(ctx, &mut report).await?,
+            Section::LeaseModel => lease_model::lease_model(ctx, &mut report).await?,
         }
         progress(&format!(
             "section {} done in {:.1} s",

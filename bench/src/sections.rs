@@ -2298,6 +2298,8 @@ struct Minute {
     p99: f64,
     postgres_cores: Option<f64>,
     hookd_cores: Option<f64>,
+    /// the whole server's write-ahead log over the window, per event (one delivery each)
+    wal_per_delivery: Option<f64>,
     db_bytes: i64,
     dead_tuples: i64,
 }
@@ -2349,6 +2351,7 @@ pub(crate) async fn sustained(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
                 p99: ms(percentile(&p.latencies, 99.0)),
                 postgres_cores: spent.postgres.map(|c| c / took),
                 hookd_cores: spent.dispatchers.map(|c| c / took),
+                wal_per_delivery: spent.wal_bytes.map(|b| b / p.events.max(1) as f64),
                 db_bytes: db::database_size(&ctx.pool).await?,
                 dead_tuples: db::dead_tuples(&ctx.pool).await?,
             };
@@ -2384,11 +2387,13 @@ pub(crate) async fn sustained(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
             value: m.achieved,
             unit: "ev/s",
             detail: format!(
-                "p50 {:.2} ms p99 {:.2} ms; CPU Postgres {}, hookd processes {} of a core; database {} MB, {} dead tuples",
+                "p50 {:.2} ms p99 {:.2} ms; CPU Postgres {}, hookd processes {} of a core; WAL {} per delivery; database {} MB, {} dead tuples",
                 m.p50,
                 m.p99,
                 pct(m.postgres_cores),
                 pct(m.hookd_cores),
+                m.wal_per_delivery
+                    .map_or("n/a".to_string(), |b| format!("{b:.0} B")),
                 m.db_bytes / 1_000_000,
                 m.dead_tuples
             ),
@@ -2402,11 +2407,12 @@ pub(crate) async fn sustained(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
         v.map(|v| v.iter().sum::<f64>() / v.len().max(1) as f64)
     };
     let (first, last) = (&minutes[..k], &minutes[windows - k..]);
-    let figures: [(&str, &str, Figure); 4] = [
+    let figures: [(&str, &str, Figure); 5] = [
         ("throughput", "ev/s", |m| Some(m.achieved)),
         ("latency p50", "ms", |m| Some(m.p50)),
         ("latency p99", "ms", |m| Some(m.p99)),
         ("Postgres CPU", "cores", |m| m.postgres_cores),
+        ("WAL per delivery", "B", |m| m.wal_per_delivery),
     ];
     for (name, unit, f) in figures {
         let (Some(a), Some(b)) = (mean(f, first), mean(f, last)) else {

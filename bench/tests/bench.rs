@@ -232,12 +232,69 @@ async fn sustained_runs_when_named(pool: PgPool) {
         "sustained",
         "latency p99, last 1 / first 1 windows",
     );
+    // issue 32's WAL goal is per delivery at a steady rate: every window says it
+    assert_row(
+        &report,
+        "sustained",
+        "WAL per delivery, last 1 / first 1 windows",
+    );
+    for w in 1..=3 {
+        let row = report
+            .row("sustained", &format!("window {w} throughput"))
+            .unwrap();
+        assert!(row.detail.contains(" B per delivery"), "{}", row.detail);
+    }
     assert!(report.checks.len() >= 3, "{}", report.render());
     assert!(
         report.checks.iter().all(|c| c.expected == c.actual),
         "{}",
         report.render()
     );
+}
+
+/// The lease model runs only when named, in a database of its own that is gone
+/// afterwards: every variant drains every row, today's claim is never HOT (it moves
+/// indexed columns) and the claim with its lease apart is, given room on the page.
+#[sqlx::test]
+async fn lease_model_runs_when_named(pool: PgPool) {
+    init();
+    let mut args = BenchArgs::new(Some(database_url(&pool)));
+    args.smoke = true;
+    args.only = vec![Section::LeaseModel];
+    let report = run_report(args, CancellationToken::new()).await.unwrap();
+    assert!(
+        report.rows.iter().all(|r| r.section == "lease-model"),
+        "{}",
+        report.render()
+    );
+    assert_eq!(report.checks.len(), 10, "{}", report.render());
+    assert!(report.checks.iter().all(|c| c.ok()), "{}", report.render());
+    for figure in [
+        "WAL per delivery, lease in indexed columns (today), fillfactor 80",
+        "WAL per delivery, lease apart, fillfactor 30",
+        "WAL, lease apart, fillfactor 30 / lease in indexed columns (today), fillfactor 80",
+    ] {
+        assert_row(&report, "lease-model", figure);
+    }
+    let hot = |figure: &str| report.row("lease-model", figure).unwrap().value;
+    assert_eq!(
+        hot("claims HOT, lease in indexed columns (today), fillfactor 80"),
+        0.0,
+        "{}",
+        report.render()
+    );
+    assert!(
+        hot("claims HOT, lease apart, fillfactor 30") >= 90.0,
+        "{}",
+        report.render()
+    );
+    let left: Vec<String> = sqlx::query_scalar(
+        "SELECT datname FROM pg_database WHERE datname LIKE 'hookd_bench_%_model'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(left.is_empty(), "model databases left: {left:?}");
 }
 
 /// The trickle section runs only when named: the dispatch section's trickle pair five
