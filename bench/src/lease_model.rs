@@ -38,8 +38,13 @@ struct Run {
     hot_share: f64,
 }
 
+/// The model's own database beside the bench's `database`.
+pub(crate) fn database_name(database: &str) -> String {
+    format!("{database}_model")
+}
+
 pub(crate) async fn lease_model(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
-    let name = format!("{}_model", ctx.database);
+    let name = database_name(&ctx.database);
     db::create_database(&ctx.pool, &name).await?;
     let outcome = measure(ctx, &name, report).await;
     let dropped = db::drop_database(&ctx.pool, &name).await;

@@ -550,8 +550,10 @@ pub async fn run_report(
     }
     .await;
 
-    // Always drop what we created, whatever happened above.
-    let dropped = db::drop_database(&admin, &database).await;
+    // Always drop what we created, whatever happened above: an interrupted lease model
+    // leaves its own database behind (IF EXISTS: most runs make none).
+    let model = db::drop_database(&admin, &lease_model::database_name(&database)).await;
+    let dropped = db::drop_database(&admin, &database).await.and(model);
     admin.close().await;
     if let Some(t) = temp
         && let Err(e) = t.shutdown().await

@@ -30,6 +30,21 @@ fn database_url(pool: &PgPool) -> String {
     )
 }
 
+/// The databases this process's bench runs made (`hookd_bench_<pid>_<n>`, the bench's
+/// naming) that end in `suffix`: other tests run their benches beside this one.
+async fn bench_databases(pool: &PgPool, suffix: &str) -> Vec<String> {
+    let all: Vec<String> = sqlx::query_scalar(
+        "SELECT datname::text FROM pg_database WHERE datname LIKE 'hookd_bench_%'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let mine = format!("hookd_bench_{}_", std::process::id());
+    all.into_iter()
+        .filter(|d| d.starts_with(&mine) && d.ends_with(suffix))
+        .collect()
+}
+
 fn assert_row(report: &Report, section: &str, figure: &str) -> f64 {
     let row = report
         .row(section, figure)
@@ -288,13 +303,37 @@ async fn lease_model_runs_when_named(pool: PgPool) {
         "{}",
         report.render()
     );
-    let left: Vec<String> = sqlx::query_scalar(
-        "SELECT datname FROM pg_database WHERE datname LIKE 'hookd_bench_%_model'",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let left = bench_databases(&pool, "_model").await;
     assert!(left.is_empty(), "model databases left: {left:?}");
+}
+
+/// A run interrupted while the lease model works leaves neither database behind.
+#[sqlx::test]
+async fn an_interrupted_lease_model_leaves_no_database(pool: PgPool) {
+    init();
+    let mut args = BenchArgs::new(Some(database_url(&pool)));
+    args.smoke = true;
+    args.only = vec![Section::LeaseModel];
+    let stop = CancellationToken::new();
+    let models = || bench_databases(&pool, "_model");
+    // interrupt the run once the model's database exists (both polled by this task)
+    let interrupt = async {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while models().await.is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the model's database never appeared"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+    };
+    let (outcome, ()) = tokio::join!(run_report(args, stop.clone()), interrupt);
+    assert!(outcome.is_err(), "an interrupted run reports it");
+    let left = models().await;
+    assert!(left.is_empty(), "left: {left:?}");
+    let bench = bench_databases(&pool, "").await;
+    assert!(bench.is_empty(), "left: {bench:?}");
 }
 
 /// The trickle section runs only when named: the dispatch section's trickle pair five
