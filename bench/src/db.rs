@@ -589,7 +589,7 @@ pub async fn dead_tuples(pool: &PgPool) -> Result<i64, DbError> {
 
 /// Prepares a freshly migrated model database: a column for a lease kept apart from the
 /// indexed columns, no queue triggers (the model measures the row's own writes, which is
-/// where the two designs differ), no autovacuum between runs, and `endpoints` endpoints.
+/// where the two designs differ), no autovacuum between runs, and the model's drain.
 const MODEL_PREPARE: [&str; 4] = [
     "ALTER TABLE hookd.deliveries ADD COLUMN lease_until timestamptz",
     "ALTER TABLE hookd.deliveries DISABLE TRIGGER USER",
