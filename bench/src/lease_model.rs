@@ -11,6 +11,7 @@
 //! (queue triggers, attempt rows, the endpoint row) is left out of both.
 
 use super::{BenchError, Check, Ctx, Report, Row};
+use crate::load::mean_of_all;
 use crate::{cpu, db};
 
 /// (lease apart from the indexed columns, the queue partition's fillfactor)
@@ -43,13 +44,12 @@ pub(crate) fn database_name(database: &str) -> String {
     format!("{database}_model")
 }
 
+/// The section. Its database is dropped where the bench's own is, at the end of the run
+/// whatever happened (`run_report`), so an error or an interruption leaves none behind.
 pub(crate) async fn lease_model(ctx: &Ctx, report: &mut Report) -> Result<(), BenchError> {
     let name = database_name(&ctx.database);
     db::create_database(&ctx.pool, &name).await?;
-    let outcome = measure(ctx, &name, report).await;
-    let dropped = db::drop_database(&ctx.pool, &name).await;
-    outcome?;
-    Ok(dropped?)
+    measure(ctx, &name, report).await
 }
 
 async fn measure(ctx: &Ctx, name: &str, report: &mut Report) -> Result<(), BenchError> {
@@ -99,16 +99,12 @@ async fn measure(ctx: &Ctx, name: &str, report: &mut Report) -> Result<(), Bench
                 "no CHECKPOINT (the role may not);"
             }
         );
-        let mean = |v: &[Option<f64>]| -> Option<f64> {
-            let v: Option<Vec<f64>> = v.iter().copied().collect();
-            v.map(|v| v.iter().sum::<f64>() / v.len().max(1) as f64)
-        };
         let mut means = Vec::new();
         for (i, &(apart, fillfactor)) in VARIANTS.iter().enumerate() {
             let r = &runs[i];
-            let wal = mean(&r.iter().map(|r| r.wal).collect::<Vec<_>>());
-            let cpu = mean(&r.iter().map(|r| r.postgres_us).collect::<Vec<_>>());
-            let hot = r.iter().map(|r| r.hot_share).sum::<f64>() / r.len().max(1) as f64;
+            let wal = mean_of_all(r.iter().map(|r| r.wal));
+            let cpu = mean_of_all(r.iter().map(|r| r.postgres_us));
+            let hot = mean_of_all(r.iter().map(|r| Some(r.hot_share))).unwrap_or(0.0);
             let each: Vec<String> = r
                 .iter()
                 .map(|r| r.wal.map_or("n/a".into(), |b| format!("{b:.0}")))

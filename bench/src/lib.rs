@@ -550,8 +550,8 @@ pub async fn run_report(
     }
     .await;
 
-    // Always drop what we created, whatever happened above: an interrupted lease model
-    // leaves its own database behind (IF EXISTS: most runs make none).
+    // Always drop what we created, whatever happened above: the lease model's database
+    // too (IF EXISTS: most runs make none).
     let model = db::drop_database(&admin, &lease_model::database_name(&database)).await;
     let dropped = db::drop_database(&admin, &database).await.and(model);
     admin.close().await;

@@ -2402,10 +2402,6 @@ pub(crate) async fn sustained(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
     }
     // the last windows against the first: a quarter of the run each, at least one
     let k = (windows / 5).max(1);
-    let mean = |f: Figure, ms: &[Minute]| -> Option<f64> {
-        let v: Option<Vec<f64>> = ms.iter().map(f).collect();
-        v.map(|v| v.iter().sum::<f64>() / v.len().max(1) as f64)
-    };
     let (first, last) = (&minutes[..k], &minutes[windows - k..]);
     let figures: [(&str, &str, Figure); 5] = [
         ("throughput", "ev/s", |m| Some(m.achieved)),
@@ -2415,7 +2411,10 @@ pub(crate) async fn sustained(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
         ("WAL per delivery", "B", |m| m.wal_per_delivery),
     ];
     for (name, unit, f) in figures {
-        let (Some(a), Some(b)) = (mean(f, first), mean(f, last)) else {
+        let (Some(a), Some(b)) = (
+            load::mean_of_all(first.iter().map(f)),
+            load::mean_of_all(last.iter().map(f)),
+        ) else {
             continue;
         };
         report.rows.push(Row {

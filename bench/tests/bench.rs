@@ -194,16 +194,9 @@ async fn smoke_run_has_every_row_and_counts_add_up(pool: PgPool) {
     assert!(table.contains("synchronous_commit"), "{table}");
 
     // nothing left behind on the server
-    let leftover: Vec<String> = sqlx::query_scalar(
-        "SELECT datname::text FROM pg_database WHERE datname LIKE 'hookd_bench_%'",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let leftover = bench_databases(&pool, "").await;
     assert!(
-        leftover
-            .iter()
-            .all(|d| !d.starts_with(&format!("hookd_bench_{}_", std::process::id()))),
+        leftover.is_empty(),
         "bench database not dropped: {leftover:?}"
     );
 }
