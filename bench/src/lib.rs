@@ -87,7 +87,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     pub only: Vec<Section>,
     /// Connections of each component's pool (the API's and the dispatcher's; the baselines use the API's size)
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     pub pool_size: u32,
     /// Make the receiver verify every signature (off by default: that is the receiver's CPU, not hookd's)
     #[arg(long)]
@@ -96,8 +96,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub explain: bool,
     /// Windows (of a minute at full scale) of the `sustained` section, which runs only when
-    /// named in --only; default 15
-    #[arg(long)]
+    /// named in --only; at least 2 (the last windows are compared with the first); default 15
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
     pub sustained_minutes: Option<u32>,
     /// A tiny run for the test suite (seconds in a debug build)
     #[arg(long, hide = true)]
@@ -523,7 +523,7 @@ pub async fn run_report(
     progress(&format!("created database {database}"));
     let pool_settings = PoolSettings {
         url: server_url,
-        max_connections: args.pool_size.max(1),
+        max_connections: args.pool_size,
         acquire_timeout: Duration::from_secs(10),
     };
 

@@ -2313,8 +2313,7 @@ pub(crate) async fn sustained(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
     let windows = ctx
         .args
         .sustained_minutes
-        .map_or(s.sustained_windows, |m| m as usize)
-        .max(2);
+        .map_or(s.sustained_windows, |m| m as usize);
     reset(ctx).await?;
     let rx = start_receiver(ctx).await?;
     let types: Vec<String> = (0..8).map(|i| format!("bench.sustained.{i}")).collect();

@@ -216,6 +216,38 @@ async fn only_runs_the_named_sections(pool: PgPool) {
     assert_eq!(report.rows.len(), 4, "{}", report.render());
 }
 
+/// Flags whose value the bench could not honour are refused when parsed, with the range
+/// in the message, instead of being raised silently (a run of `--sustained-minutes 0` ran
+/// two windows).
+#[test]
+fn flags_out_of_range_are_refused() {
+    use clap::Parser;
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+    for (flag, value, range) in [
+        ("--sustained-minutes", "0", "2.."),
+        ("--sustained-minutes", "1", "2.."),
+        ("--pool-size", "0", "1.."),
+    ] {
+        let err = Cli::try_parse_from(["hookd-bench", flag, value]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{err}");
+        assert!(err.to_string().contains(range), "{flag} {value}: {err}");
+    }
+    let ok = Cli::try_parse_from([
+        "hookd-bench",
+        "--sustained-minutes",
+        "2",
+        "--pool-size",
+        "1",
+    ])
+    .unwrap();
+    assert_eq!(ok.bench.sustained_minutes, Some(2));
+    assert_eq!(ok.bench.pool_size, 1);
+}
+
 /// The sustained section runs only when named, and reports every window and the last
 /// windows against the first.
 #[sqlx::test]
