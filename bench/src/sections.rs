@@ -2399,7 +2399,7 @@ pub(crate) async fn sustained(ctx: &Ctx, report: &mut Report) -> Result<(), Benc
             conditions: cond.clone(),
         });
     }
-    // the last windows against the first: a quarter of the run each, at least one
+    // the last windows against the first: a fifth of the run each, at least one
     let k = (windows / 5).max(1);
     let (first, last) = (&minutes[..k], &minutes[windows - k..]);
     let figures: [(&str, &str, Figure); 5] = [

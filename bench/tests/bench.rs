@@ -30,6 +30,15 @@ fn database_url(pool: &PgPool) -> String {
     )
 }
 
+/// The bench's arguments for a tiny run (`--smoke`) of `only` (all sections when empty)
+/// on the server behind `pool`.
+fn smoke_args(pool: &PgPool, only: &[Section]) -> BenchArgs {
+    let mut args = BenchArgs::new(Some(database_url(pool)));
+    args.smoke = true;
+    args.only = only.to_vec();
+    args
+}
+
 /// The databases this process's bench runs made (`hookd_bench_<pid>_<n>`, the bench's
 /// naming) that end in `suffix`: other tests run their benches beside this one.
 async fn bench_databases(pool: &PgPool, suffix: &str) -> Vec<String> {
@@ -65,8 +74,7 @@ fn assert_row(report: &Report, section: &str, figure: &str) -> f64 {
 #[sqlx::test]
 async fn smoke_run_has_every_row_and_counts_add_up(pool: PgPool) {
     init();
-    let mut args = BenchArgs::new(Some(database_url(&pool)));
-    args.smoke = true;
+    let args = smoke_args(&pool, &[]);
     let report = run_report(args, CancellationToken::new()).await.unwrap();
     let table = report.render();
 
@@ -204,9 +212,7 @@ async fn smoke_run_has_every_row_and_counts_add_up(pool: PgPool) {
 #[sqlx::test]
 async fn only_runs_the_named_sections(pool: PgPool) {
     init();
-    let mut args = BenchArgs::new(Some(database_url(&pool)));
-    args.smoke = true;
-    args.only = vec![Section::Claim];
+    let args = smoke_args(&pool, &[Section::Claim]);
     let report = run_report(args, CancellationToken::new()).await.unwrap();
     assert!(
         report.rows.iter().all(|r| r.section == "claim"),
@@ -253,9 +259,7 @@ fn flags_out_of_range_are_refused() {
 #[sqlx::test]
 async fn sustained_runs_when_named(pool: PgPool) {
     init();
-    let mut args = BenchArgs::new(Some(database_url(&pool)));
-    args.smoke = true;
-    args.only = vec![Section::Sustained];
+    let mut args = smoke_args(&pool, &[Section::Sustained]);
     args.sustained_minutes = Some(3);
     let report = run_report(args, CancellationToken::new()).await.unwrap();
     assert!(
@@ -298,9 +302,7 @@ async fn sustained_runs_when_named(pool: PgPool) {
 #[sqlx::test]
 async fn lease_model_runs_when_named(pool: PgPool) {
     init();
-    let mut args = BenchArgs::new(Some(database_url(&pool)));
-    args.smoke = true;
-    args.only = vec![Section::LeaseModel];
+    let args = smoke_args(&pool, &[Section::LeaseModel]);
     let report = run_report(args, CancellationToken::new()).await.unwrap();
     assert!(
         report.rows.iter().all(|r| r.section == "lease-model"),
@@ -336,9 +338,7 @@ async fn lease_model_runs_when_named(pool: PgPool) {
 #[sqlx::test]
 async fn an_interrupted_lease_model_leaves_no_database(pool: PgPool) {
     init();
-    let mut args = BenchArgs::new(Some(database_url(&pool)));
-    args.smoke = true;
-    args.only = vec![Section::LeaseModel];
+    let args = smoke_args(&pool, &[Section::LeaseModel]);
     let stop = CancellationToken::new();
     let models = || bench_databases(&pool, "_model");
     // interrupt the run once the model's database exists (both polled by this task)
@@ -367,9 +367,7 @@ async fn an_interrupted_lease_model_leaves_no_database(pool: PgPool) {
 #[sqlx::test]
 async fn trickle_runs_when_named(pool: PgPool) {
     init();
-    let mut args = BenchArgs::new(Some(database_url(&pool)));
-    args.smoke = true;
-    args.only = vec![Section::Trickle];
+    let args = smoke_args(&pool, &[Section::Trickle]);
     let report = run_report(args, CancellationToken::new()).await.unwrap();
     assert!(
         report.rows.iter().all(|r| r.section == "trickle"),
